@@ -1,0 +1,147 @@
+//! Assembly: storages from configuration, the relay, the gRPC server, health, drain.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use txoutbox_proto::v1::admin_server::AdminServer;
+use txoutbox_proto::v1::relay_server::RelayServer;
+
+use crate::config::{Config, OutboxConfig};
+use crate::grpc::admin_service::AdminService;
+use crate::grpc::relay_service::RelayService;
+use crate::health;
+use crate::relay::drain::Drain;
+use crate::relay::{Outbox, Relay};
+use crate::storage::postgres::{self, PostgresOptions, PostgresStorage};
+use crate::storage::Storage;
+
+/// Extra time, past the drain timeout, for subscriptions to give their leases back.
+const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
+
+/// Opens a storage per outbox, sharing one connection pool per database. Pools connect
+/// lazily: a database that is down at start makes its outboxes NOT_SERVING, not the
+/// server fail.
+pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
+    let mut pools = BTreeMap::new();
+    for (name, database) in &config.databases {
+        let pool = postgres::lazy_pool(&database.url, database.max_connections)
+            .with_context(|| format!("databases.{name}"))?;
+        pools.insert(name.clone(), pool);
+    }
+    let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
+    for (name, outbox) in &config.outboxes {
+        let database = &config.databases[&outbox.database];
+        let pool = pools[&outbox.database].clone();
+        let storage =
+            PostgresStorage::from_pool(pool, Some(database.url.clone()), postgres_options(outbox))
+                .with_context(|| format!("outboxes.{name}"))?;
+        storages.insert(name.clone(), Arc::new(storage));
+    }
+    Ok(storages)
+}
+
+fn postgres_options(outbox: &OutboxConfig) -> PostgresOptions {
+    PostgresOptions {
+        schema: outbox.schema.clone(),
+        table: outbox.table.clone(),
+        strict_ordering: outbox.strict_ordering,
+        delete_on_ack: outbox.delete_on_ack,
+        visibility_delay: outbox.visibility_delay,
+        notify_channel: outbox.notify_channel.clone(),
+    }
+}
+
+pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
+    let storages = open_storages(config)?;
+    let outboxes = storages.into_iter().map(|(name, storage)| {
+        let outbox_config = config.outboxes[&name].clone();
+        Arc::new(Outbox::new(
+            name,
+            outbox_config,
+            storage,
+            config.server.max_message_bytes,
+        ))
+    });
+    Ok(Relay::new(outboxes))
+}
+
+/// Serves until `shutdown` completes, then drains: no new batches, subscribers get
+/// `drain_timeout` to answer, what they still hold is given back, and `run` returns.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let relay = Arc::new(build_relay(&config)?);
+    let drain = Drain::new(config.server.drain_timeout);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let stop_health = CancellationToken::new();
+    let health_task = tokio::spawn(health::watch(
+        Arc::clone(&relay),
+        health_reporter.clone(),
+        config.server.health_interval,
+        stop_health.clone(),
+    ));
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(txoutbox_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .context("building the reflection service")?;
+
+    let address = listener.local_addr()?;
+    let stop_serving = CancellationToken::new();
+    let server = Server::builder()
+        // Detects subscribers behind a cut network, so their leases come back promptly.
+        .http2_keepalive_interval(Some(Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(RelayServer::new(RelayService::new(
+            Arc::clone(&relay),
+            drain.clone(),
+        )))
+        .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))))
+        .serve_with_incoming_shutdown(
+            TcpListenerStream::new(listener),
+            stop_serving.clone().cancelled_owned(),
+        );
+    let mut server = tokio::spawn(server);
+    let outboxes: Vec<&str> = relay.outboxes().map(|o| o.name.as_str()).collect();
+    tracing::info!(%address, outboxes = ?outboxes, "txoutboxd listening");
+
+    tokio::select! {
+        () = shutdown => {}
+        result = &mut server => {
+            stop_health.cancel();
+            return result.context("server task")?.context("gRPC server failed");
+        }
+    }
+
+    tracing::info!(timeout = %humantime::format_duration(drain.timeout()), "draining");
+    health::mark_draining(&relay, &health_reporter).await;
+    drain.start();
+    if tokio::time::timeout(drain.timeout() + GIVE_BACK_GRACE, drain.finished())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "some subscriptions did not finish in time; their leases expire on their own"
+        );
+    }
+    stop_health.cancel();
+    stop_serving.cancel();
+    let _ = health_task.await;
+    server
+        .await
+        .context("server task")?
+        .context("gRPC server failed")?;
+    tracing::info!("stopped");
+    Ok(())
+}

@@ -1,0 +1,146 @@
+//! The `txoutboxd` command line: `run` (the default), `check-config`, `schema`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::config::{Config, Overrides};
+use crate::{app, telemetry};
+
+/// Looked for in the working directory when no `--config` is given.
+const DEFAULT_CONFIG_FILE: &str = "txoutboxd.toml";
+
+const EXAMPLES: &str = "\
+Examples:
+  txoutboxd --config deploy/txoutboxd.example.toml
+  txoutboxd --config txoutboxd.toml check-config
+  txoutboxd --config txoutboxd.toml schema orders | psql \"$DATABASE_URL\"
+  TXOUTBOX_SERVER__LISTEN=0.0.0.0:7411 txoutboxd --config txoutboxd.toml
+
+Any setting can be overridden by an environment variable: TXOUTBOX_ followed by its
+key path with __ between levels, for example TXOUTBOX_DATABASES__MAIN__URL.";
+
+#[derive(Debug, Parser)]
+#[command(name = "txoutboxd", version, about = "Transactional-outbox relay served over gRPC", after_help = EXAMPLES)]
+struct Cli {
+    /// Configuration file (TOML). Default: ./txoutboxd.toml if it exists.
+    #[arg(long, short, env = "TXOUTBOX_CONFIG", global = true)]
+    config: Option<PathBuf>,
+    /// Listen address, overriding server.listen.
+    #[arg(long, global = true)]
+    listen: Option<SocketAddr>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve (the default).
+    Run,
+    /// Validate the configuration and exit: 0 when valid, 2 with every problem listed.
+    CheckConfig,
+    /// Print the DDL of an outbox's table, for a migration tool.
+    Schema {
+        /// Name of a configured outbox.
+        outbox: String,
+    },
+}
+
+pub async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let path = cli.config.clone().or_else(|| {
+        let default = Path::new(DEFAULT_CONFIG_FILE);
+        default.exists().then(|| default.to_path_buf())
+    });
+    let overrides = Overrides { listen: cli.listen };
+    let config = match Config::load(path.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("txoutboxd: {error}");
+            if path.is_none() {
+                eprintln!(
+                    "hint: pass --config FILE; deploy/txoutboxd.example.toml is a starting point"
+                );
+            }
+            return ExitCode::from(2);
+        }
+    };
+    match cli.command.unwrap_or(Command::Run) {
+        Command::CheckConfig => {
+            println!(
+                "configuration is valid: {} database(s), outboxes: {}",
+                config.databases.len(),
+                config
+                    .outboxes
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            ExitCode::SUCCESS
+        }
+        Command::Schema { outbox } => schema(&config, &outbox),
+        Command::Run => serve(config).await,
+    }
+}
+
+fn schema(config: &Config, outbox: &str) -> ExitCode {
+    if !config.outboxes.contains_key(outbox) {
+        let configured: Vec<&str> = config.outboxes.keys().map(String::as_str).collect();
+        eprintln!(
+            "txoutboxd: outbox `{outbox}` is not configured; configured: {}",
+            configured.join(", ")
+        );
+        return ExitCode::from(2);
+    }
+    match app::open_storages(config) {
+        Ok(storages) => {
+            println!("{}", storages[outbox].schema_sql());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("txoutboxd: {error:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve(config: Config) -> ExitCode {
+    telemetry::init(config.server.log_format);
+    let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(listen = %config.server.listen, %error, "cannot listen; set server.listen or --listen to a free address");
+            return ExitCode::FAILURE;
+        }
+    };
+    match app::run(config, listener, shutdown_signal()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!(error = format!("{error:#}"), "txoutboxd failed");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on the first SIGINT or SIGTERM; a second one exits at once.
+async fn shutdown_signal() {
+    wait_for_signal().await;
+    tracing::info!("shutdown signal received; a second signal exits at once");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        tracing::warn!("second signal; exiting without draining");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}

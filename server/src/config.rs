@@ -1,0 +1,499 @@
+//! Configuration: one TOML file, overridden by `TXOUTBOX_*` environment variables and
+//! command-line flags, validated once at start.
+//!
+//! Databases are declared once under `[databases.NAME]` and outboxes reference them by
+//! name under `[outboxes.NAME]`. Every per-outbox knob of the seed has a home here.
+//! Unknown keys are errors (a typo must not silently fall back to a default), and every
+//! validation problem is reported at once, each naming the key and what is allowed.
+//!
+//! Environment overrides use `__` between levels, for example
+//! `TXOUTBOX_SERVER__LISTEN=0.0.0.0:7411` or `TXOUTBOX_DATABASES__MAIN__URL=postgres://...`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::storage::ident;
+
+/// Where `txoutboxd` listens when nothing says otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
+
+/// Largest batch or window a caller may ask for.
+pub const MAX_WINDOW: u32 = 10_000;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub databases: BTreeMap<String, DatabaseConfig>,
+    #[serde(default)]
+    pub outboxes: BTreeMap<String, OutboxConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// gRPC listen address.
+    pub listen: SocketAddr,
+    /// On SIGTERM/SIGINT, how long subscribers get to answer what they hold.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// `text` or `json` log lines.
+    pub log_format: LogFormat,
+    /// How often each outbox's database is pinged for the health service.
+    #[serde(with = "humantime_serde")]
+    pub health_interval: Duration,
+    /// Largest message payload handed out, in bytes; bigger rows are dead-lettered
+    /// with an error saying so instead of failing every stream that claims them.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: DEFAULT_LISTEN.parse().expect("valid default address"),
+            drain_timeout: Duration::from_secs(30),
+            log_format: LogFormat::Text,
+            health_interval: Duration::from_secs(5),
+            max_message_bytes: 4 * 1024 * 1024 - 64 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseConfig {
+    /// Connection URL, for example `postgres://app@127.0.0.1:5432/app`.
+    pub url: String,
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+}
+
+fn default_max_connections() -> u32 {
+    10
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxConfig {
+    /// Name of a `[databases.NAME]` entry.
+    pub database: String,
+    /// Schema of the table; empty uses the connection's search path.
+    pub schema: Option<String>,
+    pub table: String,
+    /// Hold back a row while an earlier pending row of its key is leased or retrying.
+    pub strict_ordering: bool,
+    /// Delete delivered rows instead of marking them done.
+    pub delete_on_ack: bool,
+    /// Only claim rows older than this: guards against commit-order races.
+    #[serde(with = "humantime_serde")]
+    pub visibility_delay: Duration,
+    /// PostgreSQL LISTEN/NOTIFY channel that wakes claiming on insert.
+    pub notify_channel: Option<String>,
+    /// Default lease per message when a subscriber does not ask for one.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Longest lease a subscriber may ask for or extend to.
+    #[serde(with = "humantime_serde")]
+    pub max_lease: Duration,
+    /// A message that fails on this attempt is dead-lettered.
+    pub max_attempts: u32,
+    /// Most rows claimed at once for one subscriber.
+    pub max_batch_size: u32,
+    pub backoff: BackoffConfig,
+    pub poll: PollConfig,
+    /// Create the table (and trigger) at start if missing.
+    pub create_schema: bool,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        Self {
+            database: String::new(),
+            schema: None,
+            table: "outbox".to_owned(),
+            strict_ordering: true,
+            delete_on_ack: false,
+            visibility_delay: Duration::ZERO,
+            notify_channel: None,
+            lease: Duration::from_secs(30),
+            max_lease: Duration::from_secs(15 * 60),
+            max_attempts: 10,
+            max_batch_size: 100,
+            backoff: BackoffConfig::default(),
+            poll: PollConfig::default(),
+            create_schema: false,
+        }
+    }
+}
+
+/// Retry delay for attempt `n` is `min(base * factor^(n-1), maximum)`, multiplied by a
+/// random factor in `[1 - jitter, 1 + jitter]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BackoffConfig {
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    pub factor: f64,
+    #[serde(with = "humantime_serde")]
+    pub maximum: Duration,
+    pub jitter: f64,
+}
+
+impl Default for BackoffConfig {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            maximum: Duration::from_secs(5 * 60),
+            jitter: 0.25,
+        }
+    }
+}
+
+/// Idle polling, the fallback when no insert notification arrives: the wait between
+/// empty claims grows from `min` by `factor` up to `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PollConfig {
+    #[serde(with = "humantime_serde")]
+    pub min: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+    pub factor: f64,
+}
+
+impl Default for PollConfig {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_millis(50),
+            max: Duration::from_secs(5),
+            factor: 2.0,
+        }
+    }
+}
+
+/// A configuration that could not be loaded; the message names the file and the key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{0}")]
+    Parse(String),
+    #[error("invalid configuration{source_note}:\n{}", problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        source_note: String,
+        problems: Vec<String>,
+    },
+}
+
+/// Flag values that override the file and the environment.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+}
+
+impl Config {
+    /// Loads `path` (if given), then `TXOUTBOX_*` variables, then flag overrides.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
+        let mut figment = Figment::new();
+        if let Some(path) = path {
+            if !path.exists() {
+                return Err(ConfigError::Parse(format!(
+                    "configuration file {} does not exist",
+                    path.display()
+                )));
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(
+            Env::prefixed("TXOUTBOX_")
+                .filter(|key| key.as_str().contains("__"))
+                .split("__"),
+        );
+        figment = figment.merge(Serialized::default("server", overrides));
+        let config: Config = figment.extract().map_err(|error| {
+            let origin = path
+                .map(|p| format!(" in {}", p.display()))
+                .unwrap_or_default();
+            ConfigError::Parse(format!("configuration error{origin}: {}", describe(error)))
+        })?;
+        let source_note = path
+            .map(|p| format!(" in {}", p.display()))
+            .unwrap_or_default();
+        config.validate().map_err(|problems| ConfigError::Invalid {
+            source_note,
+            problems,
+        })?;
+        Ok(config)
+    }
+
+    /// Parses a TOML document (tests and embedded defaults); no environment.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let config: Config = Figment::from(Toml::string(text))
+            .extract()
+            .map_err(|error| {
+                ConfigError::Parse(format!("configuration error: {}", describe(error)))
+            })?;
+        config.validate().map_err(|problems| ConfigError::Invalid {
+            source_note: String::new(),
+            problems,
+        })?;
+        Ok(config)
+    }
+
+    /// Every problem at once, each naming its key.
+    pub fn validate(&self) -> Result<(), Vec<String>> {
+        let mut problems = Vec::new();
+        if self.outboxes.is_empty() {
+            problems.push("no outbox is configured: add an [outboxes.NAME] table".to_owned());
+        }
+        for (name, database) in &self.databases {
+            let key = format!("databases.{name}");
+            if !(database.url.starts_with("postgres://")
+                || database.url.starts_with("postgresql://"))
+            {
+                problems.push(format!(
+                    "{key}.url: unsupported database URL (scheme of {:?}); supported: postgres://",
+                    redact(&database.url)
+                ));
+            }
+            if database.max_connections < 2 {
+                problems.push(format!(
+                    "{key}.max_connections = {}: must be at least 2 (one connection is held by the insert listener)",
+                    database.max_connections
+                ));
+            }
+        }
+        for (name, outbox) in &self.outboxes {
+            outbox.validate(name, &self.databases, &mut problems);
+        }
+        if self.server.drain_timeout.is_zero() {
+            problems.push("server.drain_timeout: must be positive, for example \"30s\"".to_owned());
+        }
+        if self.server.max_message_bytes < 1024 {
+            problems.push("server.max_message_bytes: must be at least 1024".to_owned());
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+impl OutboxConfig {
+    fn validate(
+        &self,
+        name: &str,
+        databases: &BTreeMap<String, DatabaseConfig>,
+        problems: &mut Vec<String>,
+    ) {
+        let key = format!("outboxes.{name}");
+        if let Err(why) = ident::validate(name) {
+            problems.push(format!("{key}: outbox name {why}"));
+        }
+        if self.database.is_empty() {
+            problems.push(format!(
+                "{key}.database: missing; name one of the [databases.*] entries"
+            ));
+        } else if !databases.contains_key(&self.database) {
+            let known: Vec<&str> = databases.keys().map(String::as_str).collect();
+            problems.push(format!(
+                "{key}.database = {:?}: no such database; configured: {}",
+                self.database,
+                if known.is_empty() {
+                    "none (add a [databases.NAME] table)".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+        let identifiers = [
+            ("table", Some(&self.table)),
+            ("schema", self.schema.as_ref()),
+            ("notify_channel", self.notify_channel.as_ref()),
+        ];
+        for (field, value) in identifiers {
+            if let Some(value) = value {
+                if let Err(why) = ident::validate(value) {
+                    problems.push(format!("{key}.{field} = {value:?}: {why}"));
+                }
+            }
+        }
+        if self.lease.is_zero() {
+            problems.push(format!(
+                "{key}.lease: must be positive, for example \"30s\""
+            ));
+        }
+        if self.max_lease < self.lease {
+            problems.push(format!(
+                "{key}.max_lease: must be at least lease ({})",
+                humantime::format_duration(self.lease)
+            ));
+        }
+        if self.max_attempts == 0 {
+            problems.push(format!("{key}.max_attempts: must be at least 1"));
+        }
+        if self.max_batch_size == 0 || self.max_batch_size > MAX_WINDOW {
+            problems.push(format!(
+                "{key}.max_batch_size = {}: must be within 1..={MAX_WINDOW}",
+                self.max_batch_size
+            ));
+        }
+        let backoff = &self.backoff;
+        if backoff.base.is_zero() {
+            problems.push(format!(
+                "{key}.backoff.base: must be positive, for example \"1s\""
+            ));
+        }
+        if backoff.factor < 1.0 || !backoff.factor.is_finite() {
+            problems.push(format!(
+                "{key}.backoff.factor = {}: must be at least 1",
+                backoff.factor
+            ));
+        }
+        if backoff.maximum < backoff.base {
+            problems.push(format!(
+                "{key}.backoff.maximum: must be at least backoff.base"
+            ));
+        }
+        if !(0.0..=1.0).contains(&backoff.jitter) {
+            problems.push(format!(
+                "{key}.backoff.jitter = {}: must be within 0..=1",
+                backoff.jitter
+            ));
+        }
+        let poll = &self.poll;
+        if poll.min.is_zero() || poll.max < poll.min {
+            problems.push(format!("{key}.poll: need 0 < poll.min <= poll.max"));
+        }
+        if poll.factor < 1.0 || !poll.factor.is_finite() {
+            problems.push(format!(
+                "{key}.poll.factor = {}: must be at least 1",
+                poll.factor
+            ));
+        }
+    }
+}
+
+/// A figment error with its key path, without the noise of the provider chain.
+fn describe(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|e| {
+            let path = e.path.join(".");
+            let mut kind = e.kind.to_string();
+            if kind.contains("unknown field") {
+                kind.push_str(" (check the spelling; see deploy/txoutboxd.example.toml)");
+            }
+            if path.is_empty() {
+                kind
+            } else {
+                format!("{path}: {kind}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// A URL with its password replaced, for error messages and logs.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let Some((userinfo, host)) = rest.split_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+        [databases.main]
+        url = "postgres://postgres@127.0.0.1/test"
+        [outboxes.orders]
+        database = "main"
+    "#;
+
+    #[test]
+    fn minimal_config_gets_the_seed_defaults() {
+        let config = Config::from_toml(MINIMAL).unwrap();
+        let orders = &config.outboxes["orders"];
+        assert_eq!(orders.table, "outbox");
+        assert!(orders.strict_ordering);
+        assert_eq!(orders.max_attempts, 10);
+        assert_eq!(orders.backoff, BackoffConfig::default());
+        assert_eq!(config.server.listen.to_string(), DEFAULT_LISTEN);
+    }
+
+    #[test]
+    fn durations_are_human_readable() {
+        let text = format!(
+            "{MINIMAL}\nlease = \"90s\"\nvisibility_delay = \"2s\"\nbackoff.maximum = \"10m\"\n"
+        );
+        let orders = &Config::from_toml(&text).unwrap().outboxes["orders"];
+        assert_eq!(orders.lease, Duration::from_secs(90));
+        assert_eq!(orders.visibility_delay, Duration::from_secs(2));
+        assert_eq!(orders.backoff.maximum, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let text = format!("{MINIMAL}\nleese = \"90s\"\n");
+        let error = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(error.contains("leese"), "{error}");
+        assert!(error.contains("outboxes.orders"), "{error}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_at_once_with_its_key() {
+        let text = r#"
+            [databases.main]
+            url = "mysql://root@localhost/test"
+            [outboxes.orders]
+            database = "nope"
+            table = "outbox; drop table users"
+            max_attempts = 0
+            backoff.jitter = 2.0
+        "#;
+        let error = Config::from_toml(text).unwrap_err().to_string();
+        for needle in [
+            "databases.main.url",
+            "outboxes.orders.database = \"nope\": no such database; configured: main",
+            "outboxes.orders.table",
+            "outboxes.orders.max_attempts",
+            "outboxes.orders.backoff.jitter",
+        ] {
+            assert!(error.contains(needle), "missing {needle:?} in:\n{error}");
+        }
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("postgres://app:secret@db/app"),
+            "postgres://app:***@db/app"
+        );
+        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
+    }
+}

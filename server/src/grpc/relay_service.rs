@@ -1,0 +1,257 @@
+//! `txoutbox.v1.Relay`: translates between protobuf and the relay; no rules live here.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument;
+use txoutbox_proto::v1::{self, subscribe_request};
+
+use super::convert::{self, timestamp};
+use super::status::to_status;
+use crate::config::MAX_WINDOW;
+use crate::relay::drain::Drain;
+use crate::relay::subscription::{self, Answer, SubscriptionSpec};
+use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
+use crate::storage::NackResult;
+
+/// How long a new stream may take to send its `open` message.
+const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Answers buffered between the network reader and the subscription loop.
+const ANSWER_BUFFER: usize = 256;
+/// Events buffered towards the subscriber.
+const EVENT_BUFFER: usize = 32;
+
+pub struct RelayService {
+    relay: Arc<Relay>,
+    drain: Drain,
+}
+
+impl RelayService {
+    pub fn new(relay: Arc<Relay>, drain: Drain) -> Self {
+        Self { relay, drain }
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<v1::SubscribeResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl v1::relay_server::Relay for RelayService {
+    type SubscribeStream = EventStream;
+
+    async fn subscribe(
+        &self,
+        request: Request<Streaming<v1::SubscribeRequest>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
+            .await
+            .map_err(|_| {
+                Status::deadline_exceeded("no `open` message within 30s of opening the stream")
+            })??;
+        let open = match first.and_then(|r| r.request) {
+            Some(subscribe_request::Request::Open(open)) => open,
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "the first message of Subscribe must be `open`",
+                ))
+            }
+            None => return Err(Status::invalid_argument("the stream ended before `open`")),
+        };
+        if self.drain.is_started() {
+            return Err(to_status(RelayError::ShuttingDown));
+        }
+        let outbox = Arc::clone(self.relay.outbox(&open.outbox)?);
+        validate_subscriber(&open.subscriber)?;
+        validate_topics(&open.topics)?;
+        if open.max_in_flight == 0 || open.max_in_flight > MAX_WINDOW {
+            return Err(Status::invalid_argument(format!(
+                "max_in_flight = {}: must be within 1..={MAX_WINDOW}",
+                open.max_in_flight
+            )));
+        }
+        let spec = SubscriptionSpec {
+            lease: outbox.lease(Duration::from_millis(open.lease_ms))?,
+            subscriber: open.subscriber,
+            topics: open.topics,
+            max_in_flight: open.max_in_flight,
+        };
+        let (answers_tx, answers_rx) = mpsc::channel(ANSWER_BUFFER);
+        let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
+        tokio::spawn(read_answers(inbound, answers_tx));
+        let span =
+            tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = %spec.subscriber);
+        self.drain.spawn(
+            subscription::run(outbox, spec, answers_rx, events_tx, self.drain.clone())
+                .instrument(span),
+        );
+        let events = ReceiverStream::new(events_rx)
+            .map(|event| event.map(convert::event).map_err(to_status));
+        Ok(Response::new(Box::pin(events)))
+    }
+
+    async fn claim(
+        &self,
+        request: Request<v1::ClaimRequest>,
+    ) -> Result<Response<v1::ClaimResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
+        let claimed = outbox
+            .claim(
+                &request.worker_id,
+                request.batch_size,
+                lease,
+                &request.topics,
+            )
+            .await?;
+        Ok(Response::new(v1::ClaimResponse {
+            messages: claimed.messages.into_iter().map(convert::message).collect(),
+            lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
+        }))
+    }
+
+    async fn ack(
+        &self,
+        request: Request<v1::AckRequest>,
+    ) -> Result<Response<v1::AckResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let (acked, fenced) = outbox.ack(&request.worker_id, &request.ids).await?;
+        Ok(Response::new(v1::AckResponse { acked, fenced }))
+    }
+
+    async fn nack(
+        &self,
+        request: Request<v1::NackRequest>,
+    ) -> Result<Response<v1::NackResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let delay = request.retry_delay_ms.map(Duration::from_millis);
+        let result = outbox
+            .nack(&request.worker_id, request.id, &request.error, delay)
+            .await?;
+        let response = match result {
+            NackResult::Retried { retry_at, released } => v1::NackResponse {
+                outcome: v1::NackOutcome::RetryScheduled.into(),
+                retry_at: Some(timestamp(retry_at)),
+                released,
+            },
+            NackResult::DeadLettered { released } => v1::NackResponse {
+                outcome: v1::NackOutcome::DeadLettered.into(),
+                retry_at: None,
+                released,
+            },
+            NackResult::Fenced => v1::NackResponse {
+                outcome: v1::NackOutcome::Fenced.into(),
+                retry_at: None,
+                released: Vec::new(),
+            },
+        };
+        Ok(Response::new(response))
+    }
+
+    async fn release(
+        &self,
+        request: Request<v1::ReleaseRequest>,
+    ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
+        let (released, fenced) = outbox
+            .release(&request.worker_id, &request.ids, delay)
+            .await?;
+        Ok(Response::new(v1::ReleaseResponse { released, fenced }))
+    }
+
+    async fn dead_letter(
+        &self,
+        request: Request<v1::DeadLetterRequest>,
+    ) -> Result<Response<v1::DeadLetterResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let dead_lettered = outbox
+            .dead_letter(&request.worker_id, request.id, &request.error)
+            .await?;
+        Ok(Response::new(v1::DeadLetterResponse { dead_lettered }))
+    }
+
+    async fn extend_lease(
+        &self,
+        request: Request<v1::ExtendLeaseRequest>,
+    ) -> Result<Response<v1::ExtendLeaseResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
+        let (extended, fenced) = outbox
+            .extend_lease(&request.worker_id, &request.ids, lease)
+            .await?;
+        Ok(Response::new(v1::ExtendLeaseResponse {
+            extended: extended.ids,
+            fenced,
+            lease_expires_at: Some(timestamp(extended.lease_expires_at)),
+        }))
+    }
+}
+
+/// Forwards the subscriber's answers to its subscription. A malformed answer ends the
+/// subscription with an error; a broken or closed stream just ends it.
+async fn read_answers(
+    mut inbound: Streaming<v1::SubscribeRequest>,
+    answers: mpsc::Sender<RelayResult<Answer>>,
+) {
+    loop {
+        // Stop reading once the subscription has ended, so the request stream is dropped
+        // and the RPC completes (a graceful server shutdown waits for it).
+        let next = tokio::select! {
+            next = inbound.message() => next,
+            () = answers.closed() => return,
+        };
+        let request = match next {
+            Ok(Some(request)) => request,
+            Ok(None) => return,
+            Err(status) => {
+                tracing::debug!(%status, "subscriber stream broke");
+                return;
+            }
+        };
+        let answer = answer(request);
+        let malformed = answer.is_err();
+        if answers.send(answer).await.is_err() || malformed {
+            return;
+        }
+    }
+}
+
+fn answer(request: v1::SubscribeRequest) -> RelayResult<Answer> {
+    use subscribe_request::Request as R;
+    let invalid = |text: &str| Err(RelayError::InvalidArgument(text.to_owned()));
+    match request.request {
+        Some(R::Ack(ack)) => Ok(Answer::Ack(ack.ids)),
+        Some(R::Nack(nack)) => Ok(Answer::Nack {
+            id: nack.id,
+            error: nack.error,
+            delay: nack.retry_delay_ms.map(Duration::from_millis),
+        }),
+        Some(R::Release(release)) => Ok(Answer::Release {
+            ids: release.ids,
+            delay: Duration::from_millis(release.retry_delay_ms.unwrap_or(0)),
+        }),
+        Some(R::DeadLetter(dead)) => Ok(Answer::DeadLetter {
+            id: dead.id,
+            error: dead.error,
+        }),
+        Some(R::ExtendLease(extend)) => Ok(Answer::ExtendLease {
+            ids: extend.ids,
+            lease: Duration::from_millis(extend.lease_ms),
+        }),
+        Some(R::Open(_)) => invalid("`open` may only be sent once, as the first message"),
+        None => invalid(
+            "empty SubscribeRequest: set one of ack, nack, release, dead_letter, extend_lease",
+        ),
+    }
+}

@@ -1,0 +1,70 @@
+//! Per-outbox health for `grpc.health.v1`: each outbox is a service named after it,
+//! SERVING while its database answers and its table exists, NOT_SERVING otherwise.
+//! With `create_schema = true`, a missing table is created here, so a server started
+//! before its database still comes up on its own.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tonic_health::server::HealthReporter;
+use tonic_health::ServingStatus;
+
+use crate::relay::Relay;
+use crate::storage::StorageError;
+
+/// Pings every outbox now and then every `interval` until `stop`.
+pub async fn watch(
+    relay: Arc<Relay>,
+    reporter: HealthReporter,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut last: HashMap<String, bool> = HashMap::new();
+    loop {
+        for outbox in relay.outboxes() {
+            let mut result = outbox.storage().ping().await;
+            if matches!(result, Err(StorageError::MissingTable { .. }))
+                && outbox.config.create_schema
+            {
+                result = outbox.storage().create_schema().await;
+                if result.is_ok() {
+                    tracing::info!(outbox = %outbox.name, "created the outbox table");
+                }
+            }
+            let healthy = result.is_ok();
+            if last.get(&outbox.name) != Some(&healthy) {
+                match &result {
+                    Ok(()) => tracing::info!(outbox = %outbox.name, "outbox is serving"),
+                    Err(error) => {
+                        tracing::warn!(outbox = %outbox.name, %error, "outbox is not serving")
+                    }
+                }
+                last.insert(outbox.name.clone(), healthy);
+            }
+            let status = if healthy {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            reporter.set_service_status(&outbox.name, status).await;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.
+pub async fn mark_draining(relay: &Relay, reporter: &HealthReporter) {
+    for outbox in relay.outboxes() {
+        reporter
+            .set_service_status(&outbox.name, ServingStatus::NotServing)
+            .await;
+    }
+    reporter
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+}

@@ -1,0 +1,214 @@
+//! Where outbox rows live. One trait, [`Storage`], one module per backend.
+//!
+//! The trait mirrors the seed's five storage methods (claim, ack, nack, release,
+//! dead-letter) plus what a server needs: lease extension, giving back the leases of a
+//! lost subscriber, stats, purge, the DDL, an insert for tests and demos, a health ping
+//! and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
+//! by the given owner, and reports which ids it applied to so callers can count the rest
+//! as fenced.
+//!
+//! All times that matter for leases and retries are taken from the database clock, so
+//! several servers (and a skewed application clock) agree on when a lease runs out.
+
+pub mod ident;
+pub mod postgres;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use tokio::sync::watch;
+
+/// Identifier of an outbox row. Insertion order is id order.
+pub type MessageId = i64;
+
+/// One row handed to a publisher.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxMessage {
+    pub id: MessageId,
+    pub topic: String,
+    pub key: Option<String>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+    /// Claims so far, including the current one.
+    pub attempts: u32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A row to insert (tests, demos, the CLI; producers insert in their own transaction).
+#[derive(Debug, Clone, Default)]
+pub struct NewMessage {
+    pub topic: String,
+    pub key: Option<String>,
+    pub payload: Vec<u8>,
+    pub headers: BTreeMap<String, String>,
+}
+
+impl NewMessage {
+    pub fn new(topic: impl Into<String>, payload: impl Into<Vec<u8>>) -> Self {
+        Self {
+            topic: topic.into(),
+            payload: payload.into(),
+            ..Self::default()
+        }
+    }
+
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+}
+
+/// What to claim, and for whom.
+#[derive(Debug, Clone, Copy)]
+pub struct ClaimRequest<'a> {
+    /// Lease owner: a stream's unique owner id, or a unary caller's worker id.
+    pub owner: &'a str,
+    pub batch_size: u32,
+    pub lease: Duration,
+    /// Only these topics; empty means every topic.
+    pub topics: &'a [String],
+}
+
+/// Messages claimed, in id order, all leased until `lease_expires_at`.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub messages: Vec<OutboxMessage>,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// What the retry policy decided for a failed message, given its attempts so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum FailureDecision {
+    RetryAfter(Duration),
+    DeadLetter,
+}
+
+/// The outbox's retry policy, consulted by [`Storage::nack`] inside its transaction, once
+/// the row's attempts are known.
+pub trait RetryPolicy: Send + Sync {
+    fn on_failure(&self, attempts: u32, requested_delay: Option<Duration>) -> FailureDecision;
+}
+
+/// What a nack did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NackResult {
+    /// Retry scheduled; `released` are the later rows of the same key the owner held,
+    /// given back untried with the same retry time.
+    Retried {
+        retry_at: DateTime<Utc>,
+        released: Vec<MessageId>,
+    },
+    /// The row used its last attempt and is dead-lettered; `released` as above, claimable now.
+    DeadLettered { released: Vec<MessageId> },
+    /// The owner does not hold the row: nothing changed.
+    Fenced,
+}
+
+/// Rows whose lease was extended, and until when.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Extended {
+    pub ids: Vec<MessageId>,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// Counts of one topic, or of the whole outbox (`topic` empty).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TopicStats {
+    pub topic: String,
+    pub pending: u64,
+    pub leased: u64,
+    pub dead: u64,
+    pub oldest_pending_age: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    pub total: TopicStats,
+    pub topics: Vec<TopicStats>,
+}
+
+/// Errors of the storage layer. Backends translate driver errors into these by kind, so
+/// the layers above can tell "the database is down" from "the table is missing".
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    #[error("database unreachable: {0}")]
+    Unavailable(String),
+    #[error("outbox table {table} does not exist; create it with `txoutboxd schema <outbox>` or set create_schema = true")]
+    MissingTable { table: String },
+    #[error(transparent)]
+    Other(#[from] anyhow::Error),
+}
+
+pub type StorageResult<T> = Result<T, StorageError>;
+
+/// An outbox table in some database. Implementations are cheap to share (`Arc`).
+#[async_trait]
+pub trait Storage: Send + Sync + 'static {
+    /// Backend name for admin output, for example `postgres`.
+    fn backend(&self) -> &'static str;
+
+    /// Due, unleased, pending rows in id order, leased to `owner`, attempts counted.
+    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed>;
+
+    /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
+    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>>;
+
+    /// Records the error and schedules a retry or dead-letters, per `policy`. The later
+    /// rows of the same key that `owner` holds are released untried with the same time.
+    async fn nack(
+        &self,
+        id: MessageId,
+        owner: &str,
+        error: &str,
+        requested_delay: Option<Duration>,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<NackResult>;
+
+    /// Gives rows back untried: attempt refunded, no error, claimable after `delay`.
+    async fn release(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>>;
+
+    /// Parks a row for good; false when `owner` does not hold it.
+    async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool>;
+
+    /// Extends the lease of the rows `owner` holds to `lease` from now.
+    async fn extend_lease(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        lease: Duration,
+    ) -> StorageResult<Extended>;
+
+    /// Leases of a subscriber that went away: claimable again now, attempts kept (the
+    /// messages may have been published). Returns how many rows were given back.
+    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64>;
+
+    async fn stats(&self) -> StorageResult<Stats>;
+
+    /// Deletes delivered rows whose delivery is older than `older_than`.
+    async fn purge(&self, older_than: Duration) -> StorageResult<u64>;
+
+    /// The DDL of the outbox table (and its triggers), for a migration tool.
+    fn schema_sql(&self) -> String;
+
+    /// Runs [`Storage::schema_sql`]; idempotent.
+    async fn create_schema(&self) -> StorageResult<()>;
+
+    /// Checks that the database answers and the table exists.
+    async fn ping(&self) -> StorageResult<()>;
+
+    /// Inserts one row outside any caller transaction (tests and demos only).
+    async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;
+
+    /// A signal that changes whenever a row was inserted, if the backend can tell
+    /// (PostgreSQL LISTEN/NOTIFY). `None`: callers poll.
+    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}
