@@ -1,0 +1,142 @@
+//! Translations between the driver and the storage types: errors, intervals, rows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{types::PgInterval, PgRow};
+use sqlx::types::Json;
+use sqlx::Row;
+
+use crate::storage::{Claimed, MessageId, OutboxMessage, StorageError, TopicStats};
+
+/// Longest interval sent to the database; longer delays mean "practically never" and
+/// would otherwise overflow a timestamp.
+const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// The one place driver errors become [`StorageError`]s: by kind, not by message.
+pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
+    let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
+    match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => unavailable(&err),
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // Class 08: connection exception. 57P01-03: admin/crash shutdown, cannot
+            // connect now. 53300: too many connections. 25006: read-only transaction, a
+            // standby answering after a failover, until the pool reaches the new primary.
+            Some(code)
+                if code.starts_with("08")
+                    || matches!(code, "57P01" | "57P02" | "57P03" | "53300" | "25006") =>
+            {
+                unavailable(&err)
+            }
+            // Undefined table, or undefined schema (part of the qualified name).
+            Some("42P01" | "3F000") => StorageError::MissingTable {
+                table: table.to_owned(),
+            },
+            _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),
+        },
+        _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),
+    }
+}
+
+pub(super) fn interval(duration: Duration) -> PgInterval {
+    let microseconds = duration.min(MAX_INTERVAL).as_micros();
+    PgInterval {
+        months: 0,
+        days: 0,
+        microseconds: microseconds as i64,
+    }
+}
+
+/// Attempts as stored (INTEGER) to the trait's count.
+pub(super) fn attempts(stored: i32) -> u32 {
+    u32::try_from(stored).unwrap_or(0)
+}
+
+/// JSONB headers to strings; a non-string value becomes its JSON text.
+pub(super) fn headers_from_json(value: serde_json::Value) -> BTreeMap<String, String> {
+    let serde_json::Value::Object(map) = value else {
+        return BTreeMap::new();
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(text) => (name, text),
+            other => (name, other.to_string()),
+        })
+        .collect()
+}
+
+/// Rows of the claim statement: messages, plus the deadline every row (even the row of
+/// NULLs returned when nothing was claimed) carries.
+pub(super) fn decode_claim(rows: Vec<PgRow>) -> Result<Claimed, sqlx::Error> {
+    let mut lease_expires_at = None;
+    let mut messages = Vec::with_capacity(rows.len());
+    for row in rows {
+        lease_expires_at = Some(row.try_get::<DateTime<Utc>, _>("lease_expires_at")?);
+        let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
+            continue;
+        };
+        messages.push(OutboxMessage {
+            id,
+            topic: row.try_get("topic")?,
+            key: row.try_get("key")?,
+            payload: row.try_get("payload")?,
+            headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
+            attempts: attempts(row.try_get("attempts")?),
+            created_at: row.try_get("created_at")?,
+        });
+    }
+    let lease_expires_at = lease_expires_at.ok_or(sqlx::Error::RowNotFound)?;
+    Ok(Claimed {
+        messages,
+        lease_expires_at,
+    })
+}
+
+pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error> {
+    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let oldest: Option<f64> = row.try_get("oldest_pending_secs")?;
+    Ok(TopicStats {
+        topic: row.try_get("topic")?,
+        pending: count("pending")?,
+        leased: count("leased")?,
+        dead: count("dead")?,
+        oldest_pending_age: oldest.and_then(|secs| Duration::try_from_secs_f64(secs.max(0.0)).ok()),
+    })
+}
+
+pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
+    ids.sort_unstable();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_keep_strings_and_render_other_values_as_json() {
+        let headers = headers_from_json(serde_json::json!({"a": "x", "n": 1, "o": {"k": true}}));
+        assert_eq!(headers["a"], "x");
+        assert_eq!(headers["n"], "1");
+        assert_eq!(headers["o"], r#"{"k":true}"#);
+        assert!(headers_from_json(serde_json::json!([1])).is_empty());
+    }
+
+    #[test]
+    fn intervals_are_clamped() {
+        assert_eq!(
+            interval(Duration::from_millis(1500)).microseconds,
+            1_500_000
+        );
+        assert_eq!(
+            interval(Duration::MAX).microseconds,
+            MAX_INTERVAL.as_micros() as i64
+        );
+    }
+}
