@@ -1,0 +1,37 @@
+//! Harness of the end-to-end tests: a fresh PostgreSQL schema per test, a real
+//! `txoutboxd` process on a port of its own, and a small streaming subscriber.
+//!
+//! Every wait is a condition polled against a generous deadline, never a bare sleep, so
+//! the suite stays reliable on a busy two-core machine.
+
+pub mod db;
+pub mod server;
+pub mod subscriber;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use db::TestDb;
+pub use server::Server;
+pub use subscriber::Subscriber;
+
+/// Deadline for conditions that should hold within a second on an idle machine.
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Polls `condition` every 25ms until it returns `Some`, or panics after `deadline`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut condition: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = tokio::time::Instant::now();
+    loop {
+        if let Some(value) = condition().await {
+            return value;
+        }
+        if started.elapsed() > deadline {
+            panic!("timed out after {deadline:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

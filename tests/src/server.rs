@@ -1,0 +1,185 @@
+//! A real `txoutboxd` process, listening on a port the kernel picked, its log lines
+//! echoed to the test's output.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::oneshot;
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
+use txoutbox_proto::v1::admin_client::AdminClient;
+use txoutbox_proto::v1::relay_client::RelayClient;
+
+use crate::{eventually, DEADLINE};
+
+/// The `txoutboxd` binary of this build: `TXOUTBOXD_BIN`, or the one cargo built next to
+/// the test executable (`cargo test --workspace` and `cargo nextest run --workspace`
+/// build it).
+pub fn binary() -> PathBuf {
+    if let Ok(path) = std::env::var("TXOUTBOXD_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let profile_dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>");
+    let binary = profile_dir.join("txoutboxd");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with `cargo nextest run --workspace` (or build it with `cargo build -p txoutbox-server`)",
+        binary.display()
+    );
+    binary
+}
+
+pub struct Server {
+    child: Child,
+    pub address: String,
+    /// Every log line the server printed so far.
+    pub log: Arc<Mutex<Vec<String>>>,
+    _config: tempfile::NamedTempFile,
+}
+
+impl Server {
+    /// Starts `txoutboxd` with this configuration and waits until it listens.
+    pub async fn start(config: &str) -> Self {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+        let mut child = Command::new(binary())
+            .arg("--config")
+            .arg(file.path())
+            .env("RUST_LOG", "info,txoutbox_server=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting txoutboxd");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (address_tx, address_rx) = oneshot::channel();
+        tokio::spawn(echo_log(stderr, Arc::clone(&log), address_tx));
+        let address = tokio::time::timeout(DEADLINE, address_rx)
+            .await
+            .expect("txoutboxd did not report its address in time")
+            .expect("txoutboxd exited before listening; see its log above");
+        Self {
+            child,
+            address,
+            log,
+            _config: file,
+        }
+    }
+
+    /// Starts the server and waits until outbox `orders` is SERVING (table created).
+    pub async fn start_serving(config: &str) -> Self {
+        let server = Self::start(config).await;
+        server.wait_serving("orders").await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.address)
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Endpoint::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .expect("connecting to txoutboxd")
+    }
+
+    pub async fn relay(&self) -> RelayClient<Channel> {
+        RelayClient::new(self.channel().await)
+    }
+
+    pub async fn admin(&self) -> AdminClient<Channel> {
+        AdminClient::new(self.channel().await)
+    }
+
+    pub async fn health(&self, service: &str) -> ServingStatus {
+        let mut client = HealthClient::new(self.channel().await);
+        let request = HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        match client.check(request).await {
+            Ok(response) => response.into_inner().status(),
+            Err(_) => ServingStatus::Unknown,
+        }
+    }
+
+    pub async fn wait_serving(&self, outbox: &str) {
+        eventually(
+            &format!("outbox {outbox} to be SERVING"),
+            DEADLINE,
+            || async { (self.health(outbox).await == ServingStatus::Serving).then_some(()) },
+        )
+        .await
+    }
+
+    /// Sends SIGTERM (graceful drain).
+    pub fn terminate(&self) {
+        self.signal("-TERM");
+    }
+
+    /// Sends SIGKILL: no drain, no goodbye.
+    pub fn kill(&self) {
+        self.signal("-KILL");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().expect("server still running").to_string();
+        let status = std::process::Command::new("kill")
+            .args([signal, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    pub async fn wait_exit(&mut self, deadline: Duration) -> ExitStatus {
+        tokio::time::timeout(deadline, self.child.wait())
+            .await
+            .expect("txoutboxd did not exit in time")
+            .unwrap()
+    }
+
+    pub fn log_contains(&self, needle: &str) -> bool {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|line| line.contains(needle))
+    }
+}
+
+async fn echo_log(
+    stderr: tokio::process::ChildStderr,
+    log: Arc<Mutex<Vec<String>>>,
+    address: oneshot::Sender<String>,
+) {
+    let mut address = Some(address);
+    let mut lines = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        eprintln!("[txoutboxd] {line}");
+        if let Some(sender) = address.take_if(|_| line.contains("txoutboxd listening")) {
+            let _ = sender.send(listening_address(&line));
+        }
+        log.lock().unwrap().push(line);
+    }
+}
+
+fn listening_address(line: &str) -> String {
+    let value: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+    value["fields"]["address"]
+        .as_str()
+        .expect("address field")
+        .to_owned()
+}
