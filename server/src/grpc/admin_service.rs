@@ -7,7 +7,8 @@ use tonic::{Request, Response, Status};
 use txoutbox_proto::v1;
 
 use super::convert;
-use crate::relay::Relay;
+use crate::relay::{Relay, RelayError};
+use crate::storage::NewMessage;
 
 pub struct AdminService {
     relay: Arc<Relay>,
@@ -55,5 +56,38 @@ impl v1::admin_server::Admin for AdminService {
         let deleted = outbox.purge(older_than).await?;
         tracing::info!(outbox = %outbox.name, deleted, older_than = %humantime::format_duration(older_than), "purged delivered rows");
         Ok(Response::new(v1::PurgeResponse { deleted }))
+    }
+
+    async fn schema(
+        &self,
+        request: Request<v1::SchemaRequest>,
+    ) -> Result<Response<v1::SchemaResponse>, Status> {
+        let outbox = self.relay.outbox(&request.get_ref().outbox)?;
+        Ok(Response::new(v1::SchemaResponse {
+            sql: outbox.storage().schema_sql(),
+        }))
+    }
+
+    async fn insert_message(
+        &self,
+        request: Request<v1::InsertMessageRequest>,
+    ) -> Result<Response<v1::InsertMessageResponse>, Status> {
+        let request = request.into_inner();
+        let outbox = self.relay.outbox(&request.outbox)?;
+        if request.topic.is_empty() {
+            return Err(Status::invalid_argument("topic must not be empty"));
+        }
+        let message = NewMessage {
+            topic: request.topic,
+            key: request.key,
+            payload: request.payload,
+            headers: request.headers.into_iter().collect(),
+        };
+        let id = outbox
+            .storage()
+            .insert(message)
+            .await
+            .map_err(RelayError::from)?;
+        Ok(Response::new(v1::InsertMessageResponse { id }))
     }
 }
