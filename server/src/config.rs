@@ -271,11 +271,8 @@ impl Config {
                     redact(&database.url)
                 ));
             }
-            if database.max_connections < 2 {
-                problems.push(format!(
-                    "{key}.max_connections = {}: must be at least 2 (one connection is held by the insert listener)",
-                    database.max_connections
-                ));
+            if database.max_connections == 0 {
+                problems.push(format!("{key}.max_connections: must be at least 1"));
             }
         }
         for (name, outbox) in &self.outboxes {

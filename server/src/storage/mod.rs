@@ -208,6 +208,11 @@ pub trait Storage: Send + Sync + 'static {
 
     /// A signal that changes whenever a row was inserted, if the backend can tell
     /// (PostgreSQL LISTEN/NOTIFY). `None`: callers poll.
+    ///
+    /// Treat every change as "claim now", and keep polling slowly as well: the value also
+    /// moves when inserts may have been missed (after the backend's listener connected or
+    /// reconnected), and wake-ups are lost while it is disconnected. With a visibility
+    /// delay, a wake-up comes once the inserted rows are claimable, not at insert time.
     fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
         None
     }

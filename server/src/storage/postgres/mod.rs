@@ -439,7 +439,7 @@ impl Storage for PostgresStorage {
                 .map_err(self.error("purge"))?;
             purged += done.rows_affected();
             if done.rows_affected() < PURGE_BATCH as u64 {
-                tracing::info!(purged, "purged delivered rows");
+                tracing::debug!(purged, "purged delivered rows");
                 return Ok(purged);
             }
         }

@@ -1,0 +1,256 @@
+//! The storage contract: what every backend must do, written once.
+//!
+//! `storage_contract!(name, factory)` expands to one `#[tokio::test]` per case in
+//! [`cases`] (`storage_contract/cases.rs`), each with a fresh [`Backend`] from `factory`
+//! (an expression that may `.await`). Adding a backend is one line at the bottom of this
+//! file plus its [`Backend`] impl, like [`pg`]'s (`storage_contract/pg.rs`). The cases carry the seed's `StorageContract` over and add what the
+//! server relies on (nack policy, successors, lease extension, purge, wake-ups, errors).
+//!
+//! PostgreSQL: every test gets a uniquely named schema in the database at
+//! `TXOUTBOX_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
+//! dropped when the test ends, even when it fails.
+
+// The crate root of a test resolves `mod x;` beside itself; these live in a folder.
+#[path = "storage_contract/cases.rs"]
+mod cases;
+#[path = "storage_contract/pg.rs"]
+mod pg;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use txoutbox_server::storage::{
+    ClaimRequest, FailureDecision, MessageId, NewMessage, OutboxMessage, RetryPolicy, Storage,
+};
+
+/// A lease that does not run out during a test.
+const LEASE: Duration = Duration::from_secs(30);
+/// A lease that runs out during a test; real time, since the database keeps the clock.
+const SHORT_LEASE: Duration = Duration::from_millis(200);
+const FUTURE: Duration = Duration::from_secs(3600);
+/// Longest wait for something that should happen.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// The knobs every backend has.
+#[derive(Debug, Clone)]
+struct Setup {
+    strict_ordering: bool,
+    delete_on_ack: bool,
+    visibility_delay: Duration,
+    notify: bool,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            strict_ordering: true,
+            delete_on_ack: false,
+            visibility_delay: Duration::ZERO,
+            notify: false,
+        }
+    }
+}
+
+/// What a backend provides to the contract: one fresh table per test.
+trait Backend {
+    /// A storage on this test's table, created if needed. Every call is a separate
+    /// instance with connections of its own, like another server on the same database.
+    async fn open(&self, setup: Setup) -> Arc<dyn Storage>;
+    /// Rows in this test's table, whatever their status.
+    async fn row_count(&self) -> u64;
+    /// A storage whose table does not exist.
+    async fn missing_table(&self) -> Arc<dyn Storage>;
+    /// A storage whose database cannot be reached.
+    async fn unreachable(&self) -> Arc<dyn Storage>;
+    /// Waits until the insert listener of a storage opened with `notify` listens.
+    async fn until_listening(&self);
+}
+
+/// Retries after the requested delay (a minute by default) until `max_attempts`.
+struct TestPolicy {
+    max_attempts: u32,
+}
+
+impl RetryPolicy for TestPolicy {
+    fn on_failure(&self, attempts: u32, requested_delay: Option<Duration>) -> FailureDecision {
+        if attempts >= self.max_attempts {
+            FailureDecision::DeadLetter
+        } else {
+            FailureDecision::RetryAfter(requested_delay.unwrap_or(Duration::from_secs(60)))
+        }
+    }
+}
+
+const POLICY: TestPolicy = TestPolicy { max_attempts: 5 };
+
+macro_rules! storage_contract {
+    ($backend:ident, $factory:expr) => {
+        mod $backend {
+            use super::*;
+
+            storage_contract!(@cases $factory;
+                empty_claim,
+                claim_returns_insertion_order_with_attempt_one,
+                claim_respects_batch_size,
+                leased_rows_are_invisible_to_other_workers,
+                expired_lease_is_reclaimable_with_the_next_attempt,
+                concurrent_claims_do_not_overlap,
+                concurrent_claims_do_not_overlap_without_strict_ordering,
+                acked_rows_are_never_claimed_again,
+                empty_write_backs_are_noops,
+                nack_schedules_a_retry,
+                nack_without_delay_is_claimable_now_with_the_next_attempt,
+                release_refunds_the_attempt,
+                release_without_delay_is_claimable_with_the_same_attempt,
+                dead_letter_is_never_claimed_again,
+                stale_ack_is_fenced,
+                stale_nack_release_and_extension_are_fenced,
+                stale_dead_letter_is_fenced,
+                strict_ordering_holds_back_successors_of_a_retrying_message,
+                strict_ordering_holds_back_successors_of_a_leased_message,
+                strict_ordering_under_concurrent_claims_of_two_servers,
+                strict_ordering_is_kept_across_topic_filters,
+                stats_count_per_topic,
+                nack_on_the_last_attempt_dead_letters_and_releases_successors,
+                nack_releases_successors_with_the_same_retry_time,
+                extend_lease_keeps_a_row_leased,
+                return_leases_makes_rows_claimable_with_the_attempt_kept,
+                purge_deletes_only_old_delivered_rows,
+                delete_on_ack_deletes,
+                visibility_delay_hides_fresh_rows,
+                topic_filter,
+                headers_round_trip,
+                missing_table_is_reported,
+                unreachable_database_is_reported,
+                insert_signal_bumps_on_insert,
+                insert_signal_waits_for_visibility,
+                insert_signal_ends_with_the_storage,
+            );
+        }
+    };
+    (@cases $factory:expr; $($case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let backend = $factory;
+                cases::$case(&backend).await;
+            }
+        )+
+    };
+}
+
+// -- helpers ---------------------------------------------------------------------------
+
+async fn insert(storage: &dyn Storage, topic: &str, payload: &str, key: Option<&str>) -> MessageId {
+    let mut message = NewMessage::new(topic, payload);
+    message.key = key.map(str::to_owned);
+    storage.insert(message).await.expect("insert")
+}
+
+/// A claim of up to 10 rows for a [`LEASE`], any topic.
+fn request(owner: &str) -> ClaimRequest<'_> {
+    ClaimRequest {
+        owner,
+        batch_size: 10,
+        lease: LEASE,
+        topics: &[],
+    }
+}
+
+async fn claim_topics(
+    storage: &dyn Storage,
+    owner: &str,
+    batch_size: u32,
+    lease: Duration,
+    topics: &[String],
+) -> Vec<OutboxMessage> {
+    let request = ClaimRequest {
+        owner,
+        batch_size,
+        lease,
+        topics,
+    };
+    storage.claim(request).await.expect("claim").messages
+}
+
+async fn claim(
+    storage: &dyn Storage,
+    owner: &str,
+    batch_size: u32,
+    lease: Duration,
+) -> Vec<OutboxMessage> {
+    claim_topics(storage, owner, batch_size, lease, &[]).await
+}
+
+fn ids(messages: &[OutboxMessage]) -> Vec<MessageId> {
+    messages.iter().map(|m| m.id).collect()
+}
+
+fn payloads(messages: &[OutboxMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect()
+}
+
+/// Claims until something comes back; fails after [`DEADLINE`].
+async fn claim_eventually(
+    storage: &dyn Storage,
+    owner: &str,
+    batch_size: u32,
+) -> Vec<OutboxMessage> {
+    let start = Instant::now();
+    loop {
+        let got = claim(storage, owner, batch_size, LEASE).await;
+        if !got.is_empty() {
+            return got;
+        }
+        assert!(
+            start.elapsed() < DEADLINE,
+            "nothing became claimable within {DEADLINE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Long enough for a [`SHORT_LEASE`] to run out; only where nothing can be awaited instead.
+async fn outlive_short_lease() {
+    tokio::time::sleep(SHORT_LEASE * 2).await;
+}
+
+/// `at` is about `expected` from now (database and test share the machine's clock).
+fn assert_about_from_now(at: chrono::DateTime<Utc>, expected: Duration) {
+    let from_now = (at - Utc::now()).to_std().unwrap_or_default();
+    let slack = Duration::from_secs(5);
+    assert!(
+        from_now + slack >= expected && from_now <= expected + slack,
+        "{from_now:?} from now, expected about {expected:?}"
+    );
+}
+
+/// The storage's insert signal once its listener listens, with every wake-up so far seen;
+/// `None` when the backend has no signal.
+async fn listening_signal(
+    backend: &impl Backend,
+    storage: &dyn Storage,
+    settle: Duration,
+) -> Option<tokio::sync::watch::Receiver<u64>> {
+    let mut signal = storage.insert_signal()?;
+    backend.until_listening().await;
+    // The wake-up that follows (re)connecting is about to come: let it pass.
+    tokio::time::sleep(settle).await;
+    signal.borrow_and_update();
+    Some(signal)
+}
+
+async fn next_signal(signal: &mut tokio::sync::watch::Receiver<u64>) {
+    tokio::time::timeout(DEADLINE, signal.changed())
+        .await
+        .expect("no insert signal within the deadline")
+        .expect("insert signal closed");
+}
+
+use pg::PgBackend;
+
+storage_contract!(postgres, PgBackend::new().await);
