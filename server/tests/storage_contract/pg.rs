@@ -195,3 +195,68 @@ async fn pools_run_without_jit() {
         .unwrap();
     assert_eq!(jit, "off");
 }
+
+/// The race the key-heads locks exist for: a producer inserts a row of a key inside a
+/// transaction that is still open while the relay acks the key's last pending row. The
+/// relay must not declare the key empty behind the producer's back, or the new row would
+/// never be claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_inserted_while_its_key_drains_is_still_claimed() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = format!("\"{}\".outbox", backend.schema);
+    for round in 0..10 {
+        let first = insert(&*storage, "t", "first", Some("k")).await;
+        assert_eq!(
+            ids(&claim(&*storage, "w", 10, LEASE).await),
+            [first],
+            "round {round}"
+        );
+
+        let mut producer = PgConnection::connect(&url()).await.unwrap();
+        producer.execute("BEGIN").await.unwrap();
+        let second: MessageId = sqlx::query_scalar(&format!(
+            "INSERT INTO {table} (topic, key, payload) VALUES ('t', 'k', 'second') RETURNING id"
+        ))
+        .fetch_one(&mut producer)
+        .await
+        .unwrap();
+        // The ack runs while the producer's transaction is open; it may wait for it.
+        let acking = {
+            let storage = Arc::clone(&storage);
+            tokio::spawn(async move { storage.ack(&[first], "w").await.unwrap() })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        producer.execute("COMMIT").await.unwrap();
+        assert_eq!(acking.await.unwrap(), [first]);
+
+        let got = claim_eventually(&*storage, "w", 1).await;
+        assert_eq!(
+            ids(&got),
+            [second],
+            "round {round}: the new row was orphaned"
+        );
+        storage.ack(&[second], "w").await.unwrap();
+    }
+}
+
+/// With a hot key's head leased, a claim still finds every other key's head (through the
+/// key-heads table) and nothing of the hot key. What it costs is the benchmark's business.
+#[tokio::test]
+async fn a_blocked_hot_key_does_not_hide_other_keys() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = format!("\"{}\".outbox", backend.schema);
+    backend
+        .execute(&format!(
+            "INSERT INTO {table} (topic, key, payload) SELECT 't', 'hot', 'x' FROM generate_series(1, 20000); \
+             INSERT INTO {table} (topic, key, payload) SELECT 't', 'k' || g, 'y' FROM generate_series(1, 10) g"
+        ))
+        .await;
+    let hot = claim(&*storage, "w1", 5, LEASE).await;
+    assert!(hot.iter().all(|m| m.key.as_deref() == Some("hot")));
+    let others = claim(&*storage, "w2", 100, LEASE).await;
+    let keys: Vec<&str> = others.iter().filter_map(|m| m.key.as_deref()).collect();
+    assert_eq!(keys.len(), 10, "{keys:?}");
+    assert!(keys.iter().all(|k| *k != "hot"));
+}

@@ -11,6 +11,7 @@
 //! still runs in parallel.
 
 mod convert;
+mod heads;
 mod listen;
 mod sql;
 
@@ -168,6 +169,21 @@ impl PostgresStorage {
         &self.options
     }
 
+    /// With strict ordering: `finished` rows stopped being pending in `conn`'s
+    /// transaction; moves their keys' heads on (see `heads.rs`).
+    async fn move_heads_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        finished: &[MessageId],
+    ) -> Result<(), sqlx::Error> {
+        match &self.sql.heads {
+            Some(heads) => {
+                heads::move_on(conn, &heads.lock_finished, &heads.advance, finished).await
+            }
+            None => Ok(()),
+        }
+    }
+
     /// Translates a driver error for `action`; see [`classify`].
     fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
         move |err| classify(err, &self.sql.display_table, action)
@@ -257,12 +273,16 @@ impl Storage for PostgresStorage {
         } else {
             &self.sql.ack
         };
-        let applied = sqlx::query_scalar(statement)
+        let err = || self.error("ack");
+        let mut tx = self.pool.begin().await.map_err(err())?;
+        let applied: Vec<MessageId> = sqlx::query_scalar(statement)
             .bind(ids)
             .bind(owner)
-            .fetch_all(&self.pool)
+            .fetch_all(&mut *tx)
             .await
-            .map_err(self.error("ack"))?;
+            .map_err(err())?;
+        self.move_heads_on(&mut tx, &applied).await.map_err(err())?;
+        tx.commit().await.map_err(err())?;
         Ok(sorted(applied))
     }
 
@@ -310,6 +330,9 @@ impl Storage for PostgresStorage {
                 .await
                 .map_err(err())?,
         };
+        if decision == FailureDecision::DeadLetter {
+            self.move_heads_on(&mut tx, &[id]).await.map_err(err())?;
+        }
         let released = match key {
             Some(key) => sqlx::query_scalar(&self.sql.release_successors)
                 .bind(key)
@@ -352,14 +375,21 @@ impl Storage for PostgresStorage {
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
+        let err = || self.error("dead-letter");
+        let mut tx = self.pool.begin().await.map_err(err())?;
         let applied: Option<MessageId> = sqlx::query_scalar(&self.sql.dead_letter)
             .bind(id)
             .bind(owner)
             .bind(error)
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *tx)
             .await
-            .map_err(self.error("dead-letter"))?;
-        Ok(applied.is_some())
+            .map_err(err())?;
+        let finished: Vec<MessageId> = applied.into_iter().collect();
+        self.move_heads_on(&mut tx, &finished)
+            .await
+            .map_err(err())?;
+        tx.commit().await.map_err(err())?;
+        Ok(!finished.is_empty())
     }
 
     async fn extend_lease(
@@ -426,11 +456,9 @@ impl Storage for PostgresStorage {
 
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
         let mut purged = 0;
-        loop {
+        // With delete_on_ack there are no delivered rows to purge, only drained heads.
+        while !self.options.delete_on_ack {
             let done = sqlx::query(&self.sql.purge_batch)
                 .bind(interval(older_than))
                 .bind(PURGE_BATCH)
@@ -439,10 +467,24 @@ impl Storage for PostgresStorage {
                 .map_err(self.error("purge"))?;
             purged += done.rows_affected();
             if done.rows_affected() < PURGE_BATCH as u64 {
-                tracing::debug!(purged, "purged delivered rows");
-                return Ok(purged);
+                break;
             }
         }
+        if let Some(heads) = &self.sql.heads {
+            // Drained keys' heads rows; a producer about to fill one keeps it (row lock).
+            loop {
+                let done = sqlx::query(&heads.purge_drained)
+                    .bind(PURGE_BATCH)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(self.error("purge"))?;
+                if done.rows_affected() < PURGE_BATCH as u64 {
+                    break;
+                }
+            }
+        }
+        tracing::debug!(purged, "purged delivered rows");
+        Ok(purged)
     }
 
     fn schema_sql(&self) -> String {

@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use super::heads;
 use crate::storage::ident::{self, Ident};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
@@ -47,6 +48,15 @@ pub(super) struct Statements {
     pub ping: String,
     pub insert: String,
     pub schema: String,
+    /// Key-heads maintenance, with strict ordering (see `heads.rs`).
+    pub heads: Option<HeadStatements>,
+}
+
+#[derive(Debug)]
+pub(super) struct HeadStatements {
+    pub lock_finished: String,
+    pub advance: String,
+    pub purge_drained: String,
 }
 
 /// What shapes the statements besides the table name.
@@ -144,6 +154,14 @@ impl Statements {
                  RETURNING id"
             ),
             schema: schema(&t, shape),
+            heads: shape.strict_ordering.then(|| {
+                let h = heads_table(shape);
+                HeadStatements {
+                    lock_finished: heads::lock_finished(&h),
+                    advance: heads::advance(&t, &h),
+                    purge_drained: heads::purge_drained(&h),
+                }
+            }),
             display_table,
         }
     }
@@ -167,30 +185,20 @@ fn claim(t: &str, shape: &Shape<'_>, topics: bool) -> String {
     let topics_param = topics.then(&mut param);
     let delay_param = (!shape.visibility_delay.is_zero()).then(&mut param);
 
+    if shape.strict_ordering {
+        return heads::claim(
+            t,
+            &heads_table(shape),
+            topics_param.as_deref(),
+            delay_param.as_deref(),
+        );
+    }
     let mut filters = String::new();
     if let Some(p) = &delay_param {
         filters += &format!(" AND o.created_at <= statement_timestamp() - {p}::interval");
     }
     if let Some(p) = &topics_param {
         filters += &format!(" AND o.topic = ANY({p})");
-    }
-    if shape.strict_ordering {
-        // An earlier pending row of the key holds this one back unless it is claimable by
-        // this very claim (then it comes first in id order and is taken in the same batch).
-        // Not claimable: leased or waiting for a retry, or, beyond the seed, not visible
-        // yet or outside the topic filter; either would otherwise let a later row of the
-        // key overtake it.
-        let mut blocked = String::from("p.available_at > statement_timestamp()");
-        if let Some(p) = &delay_param {
-            blocked += &format!(" OR p.created_at > statement_timestamp() - {p}::interval");
-        }
-        if let Some(p) = &topics_param {
-            blocked += &format!(" OR p.topic <> ALL({p})");
-        }
-        filters += &format!(
-            " AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-             WHERE p.key = o.key AND p.id < o.id AND p.status = 'pending' AND ({blocked})))"
-        );
     }
     format!(
         "WITH claimed AS (\
@@ -233,12 +241,27 @@ CREATE INDEX IF NOT EXISTS {pending} ON {t} (id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS {key_pending} ON {t} (key, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS {processed} ON {t} (processed_at) WHERE status = 'done';
 CREATE INDEX IF NOT EXISTS {dead} ON {t} (id) WHERE status = 'dead';
+CREATE INDEX IF NOT EXISTS {keyless} ON {t} (id) WHERE status = 'pending' AND key IS NULL;
 ",
+        keyless = name("_keyless_idx"),
         pending = name("_pending_idx"),
         key_pending = name("_key_pending_idx"),
         processed = name("_processed_idx"),
         dead = name("_dead_idx"),
     );
+    if shape.strict_ordering {
+        let qualified = |n: String| match shape.schema {
+            Some(schema) => format!("{}.{}", schema.quoted(), n),
+            None => n,
+        };
+        sql += &heads::schema(
+            t,
+            &heads_table(shape),
+            &qualified(name("_heads_on_insert")),
+            &name("_heads_on_insert"),
+            &name("_heads_idx"),
+        );
+    }
     if let Some(channel) = shape.notify_channel {
         let function = match shape.schema {
             Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
@@ -262,6 +285,15 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t}
         );
     }
     sql
+}
+
+/// The key-heads table of a strict outbox, quoted and qualified like the outbox table.
+fn heads_table(shape: &Shape<'_>) -> String {
+    let heads = ident::quote(&derived_name(shape.table.as_str(), "_heads"));
+    match shape.schema {
+        Some(schema) => format!("{}.{heads}", schema.quoted()),
+        None => heads,
+    }
 }
 
 /// `table` + `suffix`, kept within PostgreSQL's 63 bytes. A long table name is cut and
@@ -323,7 +355,7 @@ mod tests {
     fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
         let table = Ident::new("Outbox").unwrap();
         let channel = Ident::new("outbox_inserted").unwrap();
-        assert!(!schema("\"Outbox\"", &shape(&table, None)).contains("TRIGGER"));
+        assert!(!schema("\"Outbox\"", &shape(&table, None)).contains("pg_notify"));
         let sql = schema("\"Outbox\"", &shape(&table, Some(&channel)));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
         assert!(sql.contains("pg_notify('outbox_inserted', '')"));
