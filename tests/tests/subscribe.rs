@@ -220,3 +220,38 @@ async fn drain_timeout_gives_back_what_a_silent_subscriber_holds() {
     assert_eq!((got[0].id, got[0].attempts), (id, 2));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn acks_sent_back_to_back_are_each_confirmed() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let rows: Vec<(Option<String>, Vec<u8>)> = (0..50)
+        .map(|i| (Some(format!("k{}", i % 5)), vec![i as u8]))
+        .collect();
+    let ids = db.insert_many("t", &rows).await;
+    let mut sub = Subscriber::open(&server, "e2e", 50, 0).await;
+    let got = sub.take(50).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    // One answer per message without waiting: the server may apply them together, but
+    // confirms each answer on its own, in order.
+    for id in &ids {
+        sub.send(Req::Ack(v1::AckMessages { ids: vec![*id] })).await;
+    }
+    // A stale id among them is reported as fenced, in its own confirmation.
+    sub.send(Req::Ack(v1::AckMessages { ids: vec![ids[0]] }))
+        .await;
+    let settled = tokio::time::timeout(DEADLINE, async {
+        while sub.settled.len() < ids.len() + 1 {
+            assert!(sub.pump().await.unwrap(), "stream ended");
+        }
+        sub.settled.drain(..).collect::<Vec<_>>()
+    })
+    .await
+    .expect("confirmations in time");
+    for (settled, id) in settled.iter().zip(&ids) {
+        assert_eq!(settled.acked, [*id]);
+    }
+    assert_eq!(settled.last().unwrap().fenced, [ids[0]]);
+    assert_eq!(db.count("done").await, 50);
+    db.drop().await;
+}

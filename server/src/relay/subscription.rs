@@ -5,7 +5,7 @@
 //! The loop owns all state of the stream (the held rows and their deadlines), so there is
 //! no locking: answers, claims, wake-ups and the drain are events of one `select!`.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,6 +18,8 @@ use super::poller::Poller;
 use super::{Outbox, RelayError, RelayResult};
 use crate::storage::{Claimed, MessageId, NackResult, StorageError};
 
+/// Most ids applied in one coalesced ack.
+const MAX_COALESCED_ACKS: usize = 1000;
 /// Pause after a failed claim before trying again.
 const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
@@ -228,8 +230,7 @@ impl Subscription {
                 biased;
                 answer = answers.recv() => {
                     let Some(answer) = answer else { return Ok(Stop::SubscriberGone) };
-                    let settlement = self.apply(answer?).await?;
-                    self.send(Event::Settled(settlement)).await?;
+                    self.answer(answer?, answers).await?;
                 }
                 _ = self.events.closed() => return Ok(Stop::SubscriberGone),
                 _ = drain.started(), if drain_deadline.is_none() => {
@@ -300,6 +301,53 @@ impl Subscription {
         } else {
             Instant::now() + self.poller.idle()
         })
+    }
+
+    /// Applies one answer and confirms it. Acks already waiting behind an ack are applied
+    /// with it in one storage call (a subscriber acking message by message would otherwise
+    /// cost a transaction each), and still confirmed one `settled` per answer.
+    async fn answer(
+        &mut self,
+        answer: Answer,
+        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+    ) -> RelayResult<()> {
+        let Answer::Ack(ids) = answer else {
+            let settlement = self.apply(answer).await?;
+            return self.send(Event::Settled(settlement)).await;
+        };
+        let mut acks = vec![ids];
+        let mut behind = None;
+        while acks.iter().map(Vec::len).sum::<usize>() < MAX_COALESCED_ACKS {
+            match answers.try_recv() {
+                Ok(Ok(Answer::Ack(ids))) => acks.push(ids),
+                Ok(other) => {
+                    behind = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let all: Vec<MessageId> = acks.iter().flatten().copied().collect();
+        let (acked, _) = self.outbox.ack(&self.owner, &all).await?;
+        self.held.remove_all(&all);
+        // Each applied id is credited to the first answer that named it; a repeat is stale.
+        let mut acked: HashSet<MessageId> = acked.into_iter().collect();
+        for ids in acks {
+            let (acked, fenced) = ids.into_iter().partition(|id| acked.remove(id));
+            let settlement = Settlement {
+                acked,
+                fenced,
+                ..Settlement::default()
+            };
+            self.send(Event::Settled(settlement)).await?;
+        }
+        match behind {
+            Some(answer) => {
+                let settlement = self.apply(answer?).await?;
+                self.send(Event::Settled(settlement)).await
+            }
+            None => Ok(()),
+        }
     }
 
     async fn apply(&mut self, answer: Answer) -> RelayResult<Settlement> {
