@@ -1,0 +1,76 @@
+//! The `txoutboxd` command line: `check-config` and `schema`, with exit codes scripts can
+//! rely on and errors that name the file and the key.
+
+use std::process::Output;
+
+use txoutbox_tests::server::binary;
+
+fn txoutboxd(config: &str, args: &[&str]) -> Output {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+    std::process::Command::new(binary())
+        .arg("--config")
+        .arg(file.path())
+        .args(args)
+        .env_remove("TXOUTBOX_CONFIG")
+        .output()
+        .unwrap()
+}
+
+const VALID: &str = r#"
+[databases.main]
+url = "postgres://postgres@127.0.0.1:5432/test"
+[outboxes.orders]
+database = "main"
+schema = "shop"
+notify_channel = "orders_inserted"
+"#;
+
+#[test]
+fn check_config_accepts_a_valid_file() {
+    let output = txoutboxd(VALID, &["check-config"]);
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("outboxes: orders"));
+}
+
+#[test]
+fn check_config_lists_every_problem_with_its_key_and_exits_2() {
+    let config = VALID.replace("database = \"main\"", "database = \"other\"\nmax_attempts = 0");
+    let output = txoutboxd(&config, &["check-config"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("outboxes.orders.database = \"other\""), "{stderr}");
+    assert!(stderr.contains("configured: main"), "{stderr}");
+    assert!(stderr.contains("outboxes.orders.max_attempts"), "{stderr}");
+}
+
+#[test]
+fn a_misspelt_key_is_named() {
+    let output = txoutboxd(&format!("{VALID}leese = \"1m\"\n"), &["check-config"]);
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("leese"), "{stderr}");
+}
+
+#[test]
+fn an_invalid_identifier_never_reaches_sql() {
+    let config = VALID.replace("schema = \"shop\"", "schema = \"shop; DROP TABLE users\"");
+    let output = txoutboxd(&config, &["schema", "orders"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(output.stdout.is_empty(), "printed SQL for an invalid identifier");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("outboxes.orders.schema"), "{stderr}");
+}
+
+#[test]
+fn schema_prints_the_ddl_of_an_outbox() {
+    let output = txoutboxd(VALID, &["schema", "orders"]);
+    assert!(output.status.success(), "{output:?}");
+    let sql = String::from_utf8_lossy(&output.stdout);
+    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"outbox\""), "{sql}");
+    assert!(sql.contains("pg_notify('orders_inserted'"), "{sql}");
+
+    let output = txoutboxd(VALID, &["schema", "billing"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("configured: orders"));
+}
