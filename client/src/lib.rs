@@ -1,7 +1,86 @@
-//! Rust client for `txoutboxd`.
+//! Rust client for `txoutboxd`, the transactional-outbox relay.
 //!
-//! For now this crate re-exports the generated protocol stubs; the subscriber runtime,
-//! producer-side insert helpers and publishers arrive with their own issue. Start with
-//! [`proto::v1::relay_client::RelayClient`].
+//! The server owns the outbox tables: it claims rows, leases them, keeps per-key order,
+//! schedules retries and dead-letters. This crate is the other half:
+//!
+//! - [`Subscriber`]: the streaming runtime. It holds a `Subscribe` stream open to one of
+//!   your servers and hands each message to your [`Publisher`]: messages of one key one
+//!   after another, different keys concurrently; failures nacked and the rest of their key
+//!   held back; slow publishes kept leased; reconnection with backoff; graceful stop.
+//! - [`Worker`]: one round at a time over the unary calls ([`Worker::run_once`]), for
+//!   cron jobs.
+//! - [`producer`] (feature `postgres`, on by default): insert outbox rows inside your own
+//!   sqlx transaction, so they commit with your data.
+//! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
+//!   [`proto`] for the admin calls and the raw protocol.
+//!
+//! # A publisher in a dozen lines
+//!
+//! ```no_run
+//! use txoutbox_client::{Message, PublishError, Subscriber};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let subscriber = Subscriber::builder(["http://127.0.0.1:50051"], "orders")
+//!         .name("orders-printer")
+//!         .concurrency(8)
+//!         .build(|message: Message| async move {
+//!             // Publish to your broker here; return Ok only once it has the message.
+//!             println!("{} {:?} {}", message.topic, message.key, message.payload_str()?);
+//!             Ok::<_, PublishError>(())
+//!         })?;
+//!     subscriber.run_until_signal().await?; // Ctrl-C: finish in-flight, give back the rest
+//!     Ok(())
+//! }
+//! ```
+//!
+//! Implement [`Publisher`] on a type instead of a closure when the publisher holds a
+//! client (a Kafka producer, an HTTP client); return [`PublishError::permanent`] for a
+//! message no retry can fix, and [`PublishError::retry_after`] to choose the delay.
+//!
+//! # Delivery
+//!
+//! At-least-once: a message is acked only after the publisher returned `Ok`, and one whose
+//! answer was lost (a crash, a cut connection) is delivered again. Downstream consumers
+//! deduplicate on [`Message::id`].
+//!
+//! Start reading at [`subscriber`]; [`publisher`] and [`message`] are the types your code
+//! touches.
 
+#![warn(missing_docs)]
+
+mod connect;
+mod error;
+pub mod events;
+pub mod message;
+#[cfg(feature = "postgres")]
+pub mod producer;
+pub mod publisher;
+pub mod run_once;
+pub mod subscriber;
+
+pub use connect::connect;
+pub use error::ClientError;
+pub use events::{CounterSnapshot, Counters, Event};
+pub use message::Message;
+pub use publisher::{PublishError, Publisher};
+pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};
+pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
+
+/// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the
+/// runtime does not cover.
 pub use txoutbox_proto as proto;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send<T: Send>(_: T) {}
+
+    /// The runtime's futures can be spawned on a multi-threaded runtime.
+    #[allow(dead_code)]
+    fn futures_are_send(subscriber: Subscriber, worker: &Worker) {
+        assert_send(subscriber.run(async {}));
+        assert_send(worker.run_once());
+    }
+}

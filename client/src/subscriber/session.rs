@@ -1,0 +1,564 @@
+//! One `Subscribe` stream, from `open` to its end: receives batches, runs publishes (one
+//! per key at a time, up to `concurrency`), answers, extends leases, and on a requested
+//! stop finishes what is in flight and gives the rest back untried.
+//!
+//! Like the server's side of the stream, the loop owns all state: server responses,
+//! finished publishes, the lease ticker and the stop signal are events of one `select!`.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::{AbortHandle, JoinError, JoinSet};
+use tokio::time::{interval_at, Instant, MissedTickBehavior};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::transport::Endpoint;
+use tonic::Streaming;
+
+use super::dispatch::{Blocked, Dispatch, State};
+use super::{Shared, Stop};
+use crate::connect::error_chain;
+use crate::error::is_permanent;
+use crate::events::{Count, Event};
+use crate::message::system_time;
+use crate::proto::v1::relay_client::RelayClient;
+use crate::proto::v1::subscribe_request::Request;
+use crate::proto::v1::subscribe_response::Response;
+use crate::proto::v1::{self, SubscribeRequest};
+use crate::{Message, PublishError};
+
+/// How a stream ended.
+#[derive(Debug)]
+pub(super) enum End {
+    /// A requested stop completed: do not reconnect.
+    Stopped,
+    /// The stream broke, ended or could not be opened: reconnect.
+    Lost(String),
+    /// The server refused in a way reconnecting cannot fix.
+    Refused(tonic::Status),
+}
+
+/// What a publish task returns.
+pub(super) struct Outcome {
+    message: Message,
+    result: Result<(), PublishError>,
+    elapsed: Duration,
+}
+
+/// Publishes still running when a stream ended: awaited before the next stream, so a
+/// message redelivered there never runs alongside its older self.
+pub(super) type Leftovers = JoinSet<Outcome>;
+
+/// An answer sent and not settled yet. The server settles answers in the order sent.
+enum Sent {
+    Ack,
+    Nack {
+        id: i64,
+        key: Option<String>,
+        error: String,
+        /// The later messages of its key; the server releases them with the nack.
+        blocked: Vec<i64>,
+    },
+    DeadLetter {
+        id: i64,
+        key: Option<String>,
+        error: String,
+    },
+    Release {
+        /// Given back on stop or drain (counted as released), not behind a failure.
+        untried: bool,
+    },
+    Extend {
+        at: Instant,
+    },
+}
+
+/// Opens a stream on `endpoint`. `Err` carries the end to report.
+pub(super) async fn open(
+    shared: &Arc<Shared>,
+    address: String,
+    endpoint: Endpoint,
+) -> Result<(Session, Streaming<v1::SubscribeResponse>), End> {
+    let config = &shared.config;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|error| End::Lost(error_chain(&error)))?;
+    let mut client = RelayClient::new(channel).max_decoding_message_size(usize::MAX);
+    let (requests, outgoing) = mpsc::unbounded_channel();
+    let open = v1::OpenSubscription {
+        outbox: config.outbox.clone(),
+        subscriber: config.name.clone(),
+        topics: config.topics.clone(),
+        max_in_flight: config.max_in_flight,
+        lease_ms: config.lease.map_or(0, |lease| lease.as_millis() as u64),
+    };
+    let _ = requests.send(SubscribeRequest {
+        request: Some(Request::Open(open)),
+    });
+    let opening = async {
+        let mut inbound = client
+            .subscribe(UnboundedReceiverStream::new(outgoing))
+            .await?
+            .into_inner();
+        let first = inbound.message().await?;
+        Ok::<_, tonic::Status>((inbound, first))
+    };
+    let (inbound, first) = tokio::time::timeout(config.connect_timeout * 2, opening)
+        .await
+        .map_err(|_| End::Lost("no answer to `open` in time".to_owned()))?
+        .map_err(ended_by)?;
+    let subscribed = match first.and_then(|r| r.response) {
+        Some(Response::Subscribed(subscribed)) => subscribed,
+        other => {
+            return Err(End::Lost(format!(
+                "expected `subscribed` first, got {other:?}"
+            )))
+        }
+    };
+    let session = Session {
+        shared: Arc::clone(shared),
+        address,
+        owner: subscribed.owner,
+        lease: Duration::from_millis(subscribed.lease_ms.max(100)),
+        requests: Some(requests),
+        dispatch: Dispatch::default(),
+        sent: VecDeque::new(),
+        tasks: JoinSet::new(),
+        running: HashMap::new(),
+        task_ids: HashMap::new(),
+        pending_acks: Vec::new(),
+        draining: false,
+        stopping: false,
+    };
+    Ok((session, inbound))
+}
+
+/// The end a failed call or broken stream means.
+fn ended_by(status: tonic::Status) -> End {
+    if is_permanent(&status) {
+        End::Refused(status)
+    } else {
+        End::Lost(format!("{}: {}", status.code(), status.message()))
+    }
+}
+
+pub(super) struct Session {
+    shared: Arc<Shared>,
+    /// The server's address, for events.
+    pub address: String,
+    /// The lease owner the server gave this stream.
+    pub owner: String,
+    /// The effective lease of every delivered message.
+    lease: Duration,
+    /// Answers towards the server; `None` once the client has closed its side.
+    /// Unbounded so the loop never waits on the network (answers are bounded by the
+    /// window anyway).
+    requests: Option<mpsc::UnboundedSender<SubscribeRequest>>,
+    dispatch: Dispatch,
+    sent: VecDeque<Sent>,
+    tasks: JoinSet<Outcome>,
+    /// Abort handles of running publishes, by message id (to stop one whose lease is lost).
+    running: HashMap<i64, AbortHandle>,
+    /// Message id of each task, for tasks that end without an outcome (panic, abort).
+    task_ids: HashMap<tokio::task::Id, i64>,
+    /// Published messages whose ack is not sent yet: sent together after each event.
+    pending_acks: Vec<i64>,
+    /// The server is shutting down: start nothing new.
+    draining: bool,
+    /// A stop was requested: start nothing new, then close.
+    stopping: bool,
+}
+
+impl Session {
+    /// Serves the stream until it ends; returns how, and the publishes still running.
+    pub async fn run(
+        mut self,
+        inbound: &mut Streaming<v1::SubscribeResponse>,
+        stop: &Stop,
+    ) -> (End, Leftovers) {
+        let period = self.lease / 4;
+        let mut ticker = interval_at(Instant::now() + period, period);
+        ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        let end = loop {
+            self.start_publishes();
+            self.flush_acks();
+            if self.stopping && self.tasks.is_empty() && self.sent.is_empty() {
+                break self.close(inbound, stop).await;
+            }
+            tokio::select! {
+                biased;
+                _ = stop.now.cancelled() => break End::Stopped,
+                _ = stop.graceful.cancelled(), if !self.stopping => {
+                    tracing::info!(owner = %self.owner, publishing = self.tasks.len(), "stopping: finishing publishes in flight");
+                    self.stopping = true;
+                }
+                response = inbound.message() => match response {
+                    Ok(Some(response)) => {
+                        if let Err(problem) = self.on_response(response) {
+                            break End::Lost(problem);
+                        }
+                    }
+                    Ok(None) if self.draining => break End::Lost("the server drained the stream".to_owned()),
+                    Ok(None) => break End::Lost("the server ended the stream".to_owned()),
+                    Err(status) => break ended_by(status),
+                },
+                Some(joined) = self.tasks.join_next_with_id() => {
+                    self.on_joined(joined);
+                    // Collect every other finished publish too, so their acks go together.
+                    while let Some(joined) = self.tasks.try_join_next_with_id() {
+                        self.on_joined(joined);
+                    }
+                }
+                _ = ticker.tick() => self.extend_leases(),
+            }
+        };
+        (end, std::mem::take(&mut self.tasks))
+    }
+
+    /// Gives back every message not started (no attempt counted), closes the client side
+    /// and reads the stream to its end for the last settlements.
+    async fn close(&mut self, inbound: &mut Streaming<v1::SubscribeResponse>, stop: &Stop) -> End {
+        let untried = self.dispatch.take_queued();
+        tracing::info!(owner = %self.owner, untried = untried.len(), "giving back untried messages and closing the stream");
+        self.release(untried, true);
+        // Closing right behind the release leaves the server no moment to claim more for
+        // this stream (it reads the release and the end of the stream together).
+        self.requests = None;
+        let mut late = 0;
+        loop {
+            let response = tokio::select! {
+                biased;
+                _ = stop.now.cancelled() => break,
+                response = inbound.message() => response,
+            };
+            match response {
+                Ok(Some(v1::SubscribeResponse {
+                    response: Some(Response::Settled(settled)),
+                })) => {
+                    let _ = self.on_settled(settled);
+                }
+                Ok(Some(v1::SubscribeResponse {
+                    response: Some(Response::Batch(batch)),
+                })) => late += batch.messages.len(),
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if late > 0 {
+            // The server claimed them before it read the release: it gives them back as
+            // the stream ends, with their attempt counted. The protocol has no "stop
+            // claiming" request that would avoid this.
+            tracing::warn!(owner = %self.owner, late, "messages arrived while closing; the server gives them back");
+        }
+        End::Stopped
+    }
+
+    fn on_response(&mut self, response: v1::SubscribeResponse) -> Result<(), String> {
+        match response.response {
+            Some(Response::Batch(batch)) => self.on_batch(batch),
+            Some(Response::Settled(settled)) => self.on_settled(settled)?,
+            Some(Response::LeasesExpired(expired)) => {
+                tracing::warn!(owner = %self.owner, count = expired.ids.len(), "leases ran out before an answer");
+                for id in expired.ids {
+                    self.lose(id);
+                }
+            }
+            Some(Response::Draining(_)) => {
+                tracing::info!(owner = %self.owner, "server is draining: finishing publishes in flight, giving back the rest");
+                self.draining = true;
+                self.shared.reporter.emit(Event::Draining {
+                    address: self.address.clone(),
+                });
+                let untried = self.dispatch.take_queued();
+                self.release(untried, true);
+            }
+            Some(Response::Subscribed(_)) | None => {
+                return Err("unexpected response from the server".to_owned())
+            }
+        }
+        Ok(())
+    }
+
+    fn on_batch(&mut self, batch: v1::Batch) {
+        let config = &self.shared.config;
+        let deadline = Instant::now() + self.lease;
+        let limit = deadline + config.max_lease_extension;
+        self.shared
+            .reporter
+            .add(Count::Received, batch.messages.len());
+        tracing::debug!(owner = %self.owner, count = batch.messages.len(), "batch received");
+        for message in batch.messages {
+            // Delivered again while still held: the server found its lease run out before
+            // telling us. The old delivery is lost; this one replaces it.
+            if self.dispatch.state(message.id).is_some() {
+                self.lose(message.id);
+            }
+            self.dispatch.add(Message::from(message), deadline, limit);
+        }
+        if self.draining {
+            let untried = self.dispatch.take_queued();
+            self.release(untried, true);
+        }
+    }
+
+    fn on_settled(&mut self, settled: v1::Settled) -> Result<(), String> {
+        let Some(sent) = self.sent.pop_front() else {
+            return Err("a settlement arrived for no answer".to_owned());
+        };
+        let reporter = self.shared.reporter.clone();
+        match sent {
+            Sent::Ack => {
+                for id in &settled.acked {
+                    self.dispatch.acked(*id);
+                }
+                reporter.add(Count::Acked, settled.acked.len());
+            }
+            Sent::Nack {
+                id,
+                key,
+                error,
+                blocked,
+            } => {
+                if settled.retried.contains(&id) {
+                    reporter.add(Count::Retried, 1);
+                    reporter.emit(Event::Retried {
+                        id,
+                        key,
+                        error,
+                        retry_at: settled.retry_at.and_then(system_time),
+                    });
+                } else if settled.dead_lettered.contains(&id) {
+                    reporter.add(Count::DeadLettered, 1);
+                    reporter.emit(Event::DeadLettered { id, key, error });
+                } else {
+                    // Fenced: the lease was gone, so the server released nothing for us.
+                    reporter.add(Count::LeaseLost, 1);
+                    reporter.emit(Event::LeaseLost { id });
+                    self.release(blocked, false);
+                }
+                return Ok(());
+            }
+            Sent::DeadLetter { id, key, error } => {
+                if settled.dead_lettered.contains(&id) {
+                    reporter.add(Count::DeadLettered, 1);
+                    reporter.emit(Event::DeadLettered { id, key, error });
+                } else {
+                    reporter.add(Count::LeaseLost, 1);
+                    reporter.emit(Event::LeaseLost { id });
+                }
+                return Ok(());
+            }
+            Sent::Release { untried } => {
+                if untried {
+                    reporter.add(Count::Released, settled.released.len());
+                }
+                return Ok(());
+            }
+            Sent::Extend { at } => {
+                for id in &settled.extended {
+                    self.dispatch.extended(*id, at + self.lease);
+                }
+                reporter.add(Count::LeaseExtensions, settled.extended.len());
+            }
+        }
+        for id in settled.fenced {
+            self.lose(id);
+        }
+        Ok(())
+    }
+
+    /// Starts publishes while there is room, unless stopping or draining.
+    fn start_publishes(&mut self) {
+        if self.stopping || self.draining {
+            return;
+        }
+        while self.tasks.len() < self.shared.config.concurrency {
+            let Some(message) = self.dispatch.next_ready() else {
+                return;
+            };
+            let id = message.id;
+            let publisher = Arc::clone(&self.shared.publisher);
+            let timeout = self.shared.config.publish_timeout;
+            let handle = self.tasks.spawn(async move {
+                let started = Instant::now();
+                let result = match tokio::time::timeout(timeout, publisher.publish(&message)).await
+                {
+                    Ok(result) => result,
+                    Err(_) => Err(PublishError::timed_out(timeout)),
+                };
+                Outcome {
+                    message,
+                    result,
+                    elapsed: started.elapsed(),
+                }
+            });
+            self.task_ids.insert(handle.id(), id);
+            self.running.insert(id, handle);
+        }
+    }
+
+    fn on_joined(&mut self, joined: Result<(tokio::task::Id, Outcome), JoinError>) {
+        let outcome = match joined {
+            Ok((task, outcome)) => {
+                self.task_ids.remove(&task);
+                outcome
+            }
+            Err(error) => {
+                let Some(id) = self.task_ids.remove(&error.id()) else {
+                    return;
+                };
+                self.running.remove(&id);
+                if error.is_panic() && self.dispatch.state(id) == Some(State::Publishing) {
+                    tracing::error!(owner = %self.owner, id, "the publisher panicked");
+                    self.on_failure(id, PublishError::new("the publisher panicked"));
+                }
+                return;
+            }
+        };
+        let Outcome {
+            message,
+            result,
+            elapsed,
+        } = outcome;
+        self.running.remove(&message.id);
+        // Lost while publishing (lease ran out): the result no longer matters.
+        if self.dispatch.state(message.id) != Some(State::Publishing) {
+            return;
+        }
+        match result {
+            Ok(()) => {
+                self.dispatch.published(message.id);
+                self.pending_acks.push(message.id);
+                self.shared.reporter.add(Count::Published, 1);
+                self.shared.reporter.emit(Event::Published {
+                    id: message.id,
+                    topic: message.topic,
+                    key: message.key,
+                    attempts: message.attempts,
+                    elapsed,
+                });
+            }
+            Err(error) => self.on_failure(message.id, error),
+        }
+    }
+
+    /// A publish failed: nack it (or dead-letter it), and hold back the rest of its key.
+    fn on_failure(&mut self, id: i64, error: PublishError) {
+        let blocked = self.dispatch.fail(id).unwrap_or_default();
+        let text = error.text().to_owned();
+        tracing::info!(owner = %self.owner, id, error = %text, blocked = blocked.ids.len(), permanent = error.is_permanent(), "publish failed");
+        if error.is_permanent() {
+            self.send(
+                Request::DeadLetter(v1::DeadLetterMessage {
+                    id,
+                    error: text.clone(),
+                }),
+                Sent::DeadLetter {
+                    id,
+                    key: blocked.key.clone(),
+                    error: text,
+                },
+            );
+            self.block(id, blocked, true);
+            return;
+        }
+        self.send(
+            Request::Nack(v1::NackMessage {
+                id,
+                error: text.clone(),
+                retry_delay_ms: error.retry_delay().map(|d| d.as_millis() as u64),
+            }),
+            Sent::Nack {
+                id,
+                key: blocked.key.clone(),
+                error: text,
+                blocked: blocked.ids.clone(),
+            },
+        );
+        // The server releases the rest of the key with the nack.
+        self.block(id, blocked, false);
+    }
+
+    /// The lease of `id` is gone: stop its publish, hold back the rest of its key.
+    fn lose(&mut self, id: i64) {
+        let Some(blocked) = self.dispatch.fail(id) else {
+            return;
+        };
+        if let Some(handle) = self.running.remove(&id) {
+            handle.abort();
+        }
+        self.shared.reporter.add(Count::LeaseLost, 1);
+        self.shared.reporter.emit(Event::LeaseLost { id });
+        self.block(id, blocked, true);
+    }
+
+    /// Reports the messages held back behind `behind`, and gives them back if asked.
+    fn block(&mut self, behind: i64, blocked: Blocked, give_back: bool) {
+        if blocked.ids.is_empty() {
+            return;
+        }
+        self.shared.reporter.add(Count::Blocked, blocked.ids.len());
+        for id in &blocked.ids {
+            self.shared.reporter.emit(Event::Blocked {
+                id: *id,
+                key: blocked.key.clone(),
+                behind,
+            });
+        }
+        if give_back {
+            self.release(blocked.ids, false);
+        }
+    }
+
+    fn release(&mut self, ids: Vec<i64>, untried: bool) {
+        if ids.is_empty() {
+            return;
+        }
+        self.send(
+            Request::Release(v1::ReleaseMessages {
+                ids,
+                retry_delay_ms: None,
+            }),
+            Sent::Release { untried },
+        );
+    }
+
+    fn flush_acks(&mut self) {
+        if self.pending_acks.is_empty() {
+            return;
+        }
+        let ids = std::mem::take(&mut self.pending_acks);
+        self.send(Request::Ack(v1::AckMessages { ids }), Sent::Ack);
+    }
+
+    fn extend_leases(&mut self) {
+        let now = Instant::now();
+        let ids = self
+            .dispatch
+            .due_for_extension(now, self.lease / 2, self.lease);
+        if ids.is_empty() {
+            return;
+        }
+        tracing::debug!(owner = %self.owner, count = ids.len(), "extending leases");
+        self.send(
+            Request::ExtendLease(v1::ExtendLeases { ids, lease_ms: 0 }),
+            Sent::Extend { at: now },
+        );
+    }
+
+    fn send(&mut self, request: Request, sent: Sent) {
+        let Some(requests) = &self.requests else {
+            return;
+        };
+        if requests
+            .send(SubscribeRequest {
+                request: Some(request),
+            })
+            .is_ok()
+        {
+            self.sent.push_back(sent);
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Helpers shared by the `client_*` tests: a journal of what publishers did, the rows
+//! they publish, and servers on ports chosen up front (so a restarted server can come back
+//! where the client expects it).
+
+#![allow(dead_code)] // each test binary uses a part
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use txoutbox_client::Message;
+use txoutbox_tests::TestDb;
+
+/// `keys` keys with `per_key` messages each, interleaved (k0:0, k1:0, ..., k0:1, ...),
+/// payloads `key:seq`.
+pub fn rows(keys: usize, per_key: u32) -> Vec<(Option<String>, Vec<u8>)> {
+    (0..per_key)
+        .flat_map(|seq| {
+            (0..keys).map(move |k| (Some(format!("k{k}")), format!("k{k}:{seq}").into_bytes()))
+        })
+        .collect()
+}
+
+/// Payloads are `key:seq`.
+pub fn parse(message: &Message) -> (String, u32) {
+    let text = message.payload_str().unwrap();
+    let (key, seq) = text.rsplit_once(':').unwrap();
+    (key.to_owned(), seq.parse().unwrap())
+}
+
+/// What publishers did, across every subscriber of a test.
+#[derive(Clone, Default)]
+pub struct Journal(Arc<Mutex<JournalInner>>);
+
+#[derive(Default)]
+struct JournalInner {
+    /// (key, seq) of each successful publish, in the order they happened.
+    published: Vec<(String, u32)>,
+    /// Keys with a publish running right now.
+    running: HashSet<String>,
+    /// Keys that had two publishes running at once.
+    overlaps: Vec<String>,
+}
+
+impl Journal {
+    /// A publish of `message` starts.
+    pub fn start(&self, message: &Message) {
+        let (key, _) = parse(message);
+        let mut inner = self.0.lock().unwrap();
+        if !inner.running.insert(key.clone()) {
+            inner.overlaps.push(key);
+        }
+    }
+
+    /// The publish of `message` ends; `ok` if it succeeded.
+    pub fn finish(&self, message: &Message, ok: bool) {
+        let (key, seq) = parse(message);
+        let mut inner = self.0.lock().unwrap();
+        inner.running.remove(&key);
+        if ok {
+            inner.published.push((key, seq));
+        }
+    }
+
+    pub fn published(&self) -> usize {
+        self.0.lock().unwrap().published.len()
+    }
+
+    fn by_key(&self) -> BTreeMap<String, Vec<u32>> {
+        let inner = self.0.lock().unwrap();
+        assert!(
+            inner.overlaps.is_empty(),
+            "two publishes of one key ran at once: {:?}",
+            inner.overlaps
+        );
+        let mut by_key: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for (key, seq) in &inner.published {
+            by_key.entry(key.clone()).or_default().push(*seq);
+        }
+        by_key
+    }
+
+    /// Every key published exactly `0..per_key`, in order, once each.
+    pub fn assert_exactly_in_order(&self, keys: usize, per_key: u32) {
+        let by_key = self.by_key();
+        assert_eq!(by_key.len(), keys);
+        let expected: Vec<u32> = (0..per_key).collect();
+        for (key, seqs) in by_key {
+            assert_eq!(seqs, expected, "key {key} published out of order or twice");
+        }
+    }
+
+    /// Every key published all of `0..per_key` and never went back: a redelivery may
+    /// repeat the message just published (at-least-once), never an earlier one after a
+    /// later one.
+    pub fn assert_in_order_at_least_once(&self, keys: usize, per_key: u32) {
+        let by_key = self.by_key();
+        assert_eq!(by_key.len(), keys);
+        for (key, seqs) in by_key {
+            assert!(
+                seqs.windows(2).all(|w| w[0] <= w[1]),
+                "key {key} went back: {seqs:?}"
+            );
+            let mut distinct = seqs.clone();
+            distinct.dedup();
+            assert_eq!(
+                distinct,
+                (0..per_key).collect::<Vec<_>>(),
+                "key {key} is missing messages"
+            );
+        }
+    }
+}
+
+/// A port nobody listens on right now, for a server started later.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `db.config(extra)`, listening on `port` instead of a port the kernel picks.
+pub fn config_on_port(db: &TestDb, extra: &str, port: u16) -> String {
+    let config = db.config(extra);
+    assert!(config.contains("listen = \"127.0.0.1:0\""));
+    config.replace(
+        "listen = \"127.0.0.1:0\"",
+        &format!("listen = \"127.0.0.1:{port}\""),
+    )
+}
