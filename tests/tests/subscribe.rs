@@ -255,3 +255,23 @@ async fn acks_sent_back_to_back_are_each_confirmed() {
     assert_eq!(db.count("done").await, 50);
     db.drop().await;
 }
+
+#[tokio::test]
+async fn a_zero_window_stops_batches_until_reopened() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let mut sub = Subscriber::open(&server, "e2e", 10, 0).await;
+    let settled = sub
+        .answer(Req::SetWindow(v1::SetWindow { max_in_flight: 0 }))
+        .await;
+    assert_eq!(settled, v1::Settled::default());
+    let id = db.insert("t", None, b"held back").await;
+    assert!(
+        sub.nothing_within(Duration::from_millis(500)).await,
+        "a batch despite window 0"
+    );
+    sub.answer(Req::SetWindow(v1::SetWindow { max_in_flight: 10 }))
+        .await;
+    assert_eq!(sub.take(1).await[0].id, id);
+    db.drop().await;
+}

@@ -249,9 +249,10 @@ fn answer(request: v1::SubscribeRequest) -> RelayResult<Answer> {
             ids: extend.ids,
             lease: Duration::from_millis(extend.lease_ms),
         }),
+        Some(R::SetWindow(window)) => Ok(Answer::SetWindow(window.max_in_flight)),
         Some(R::Open(_)) => invalid("`open` may only be sent once, as the first message"),
         None => invalid(
-            "empty SubscribeRequest: set one of ack, nack, release, dead_letter, extend_lease",
+            "empty SubscribeRequest: set one of ack, nack, release, dead_letter, extend_lease, set_window",
         ),
     }
 }

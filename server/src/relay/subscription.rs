@@ -16,6 +16,7 @@ use tokio::time::{sleep_until, Instant};
 use super::drain::Drain;
 use super::poller::Poller;
 use super::{Outbox, RelayError, RelayResult};
+use crate::config::MAX_WINDOW;
 use crate::storage::{Claimed, MessageId, NackResult, StorageError};
 
 /// Most ids applied in one coalesced ack.
@@ -53,6 +54,8 @@ pub enum Answer {
         ids: Vec<MessageId>,
         lease: Duration,
     },
+    /// A new window; 0 stops new batches until a later non-zero window.
+    SetWindow(u32),
 }
 
 /// The outcome of one answer.
@@ -216,12 +219,12 @@ impl Subscription {
         let mut insert_signal: Option<watch::Receiver<u64>> = self.outbox.insert_signal();
         let mut next_claim_at = Instant::now();
         let mut drain_deadline: Option<Instant> = None;
-        let window = self.spec.max_in_flight as usize;
-        let batch_cap = (self.outbox.config.max_batch_size as usize).min(window);
-        // Claim in chunks: wait until half a batch of room is free (or nothing is held),
-        // so a subscriber acking one message at a time still gets full-ish batches.
-        let low_water = batch_cap.div_ceil(2).max(1);
         loop {
+            let window = self.spec.max_in_flight as usize;
+            let batch_cap = (self.outbox.config.max_batch_size as usize).min(window);
+            // Claim in chunks: wait until half a batch of room is free (or nothing is
+            // held), so a subscriber acking one at a time still gets full-ish batches.
+            let low_water = batch_cap.div_ceil(2).max(1);
             let room = window.saturating_sub(self.held.len());
             let can_claim =
                 drain_deadline.is_none() && room > 0 && (room >= low_water || self.held.len() == 0);
@@ -393,6 +396,15 @@ impl Subscription {
                 } else {
                     settlement.fenced = vec![id];
                 }
+            }
+            Answer::SetWindow(window) => {
+                if window > MAX_WINDOW {
+                    return Err(RelayError::InvalidArgument(format!(
+                        "set_window max_in_flight = {window}: must be within 0..={MAX_WINDOW}"
+                    )));
+                }
+                tracing::debug!(outbox = %outbox.name, owner, window, "window changed");
+                self.spec.max_in_flight = window;
             }
             Answer::ExtendLease { ids, lease } => {
                 let lease = if lease.is_zero() {
