@@ -458,7 +458,8 @@ impl Storage for PostgresStorage {
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         let mut purged = 0;
         // With delete_on_ack there are no delivered rows to purge, only drained heads.
-        while !self.options.delete_on_ack {
+        let mut more = !self.options.delete_on_ack;
+        while more {
             let done = sqlx::query(&self.sql.purge_batch)
                 .bind(interval(older_than))
                 .bind(PURGE_BATCH)
@@ -466,9 +467,7 @@ impl Storage for PostgresStorage {
                 .await
                 .map_err(self.error("purge"))?;
             purged += done.rows_affected();
-            if done.rows_affected() < PURGE_BATCH as u64 {
-                break;
-            }
+            more = done.rows_affected() == PURGE_BATCH as u64;
         }
         if let Some(heads) = &self.sql.heads {
             // Drained keys' heads rows; a producer about to fill one keeps it (row lock).
