@@ -13,17 +13,26 @@ use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
 
-use crate::config::{Config, OutboxConfig};
+use crate::config::{is_mysql_url, is_sqlite_url, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
 use crate::health;
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
+use crate::storage::mysql::{self, MySqlOptions, MySqlStorage};
 use crate::storage::postgres::{self, PostgresOptions, PostgresStorage};
+use crate::storage::sqlite::{self, SqliteOptions, SqlitePools, SqliteStorage};
 use crate::storage::Storage;
 
 /// Extra time, past the drain timeout, for subscriptions to give their leases back.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
+
+/// The connections of one `[databases.NAME]`, shared by its outboxes.
+enum Pools {
+    Postgres(sqlx::PgPool),
+    Sqlite(SqlitePools),
+    MySql(sqlx::MySqlPool),
+}
 
 /// Opens a storage per outbox, sharing one connection pool per database. Pools connect
 /// lazily: a database that is down at start makes its outboxes NOT_SERVING, not the
@@ -31,18 +40,38 @@ const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
 pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
     let mut pools = BTreeMap::new();
     for (name, database) in &config.databases {
-        let pool = postgres::lazy_pool(&database.url, database.max_connections)
-            .with_context(|| format!("databases.{name}"))?;
+        let pool = if is_sqlite_url(&database.url) {
+            sqlite::lazy_pools(&database.url, database.max_connections).map(Pools::Sqlite)
+        } else if is_mysql_url(&database.url) {
+            mysql::lazy_pool(&database.url, database.max_connections).map(Pools::MySql)
+        } else {
+            postgres::lazy_pool(&database.url, database.max_connections).map(Pools::Postgres)
+        }
+        .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);
     }
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
-        let pool = pools[&outbox.database].clone();
-        let storage =
-            PostgresStorage::from_pool(pool, Some(database.url.clone()), postgres_options(outbox))
-                .with_context(|| format!("outboxes.{name}"))?;
-        storages.insert(name.clone(), Arc::new(storage));
+        let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
+            Pools::Postgres(pool) => Arc::new(
+                PostgresStorage::from_pool(
+                    pool.clone(),
+                    Some(database.url.clone()),
+                    postgres_options(outbox),
+                )
+                .with_context(|| format!("outboxes.{name}"))?,
+            ),
+            Pools::Sqlite(pools) => Arc::new(
+                SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox))
+                    .with_context(|| format!("outboxes.{name}"))?,
+            ),
+            Pools::MySql(pool) => Arc::new(
+                MySqlStorage::from_pool(pool.clone(), mysql_options(outbox))
+                    .with_context(|| format!("outboxes.{name}"))?,
+            ),
+        };
+        storages.insert(name.clone(), storage);
     }
     Ok(storages)
 }
@@ -55,6 +84,28 @@ fn postgres_options(outbox: &OutboxConfig) -> PostgresOptions {
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
         notify_channel: outbox.notify_channel.clone(),
+    }
+}
+
+/// `schema` and `notify_channel` are refused for SQLite by configuration validation.
+fn sqlite_options(outbox: &OutboxConfig) -> SqliteOptions {
+    SqliteOptions {
+        table: outbox.table.clone(),
+        strict_ordering: outbox.strict_ordering,
+        delete_on_ack: outbox.delete_on_ack,
+        visibility_delay: outbox.visibility_delay,
+    }
+}
+
+/// `schema` names the database holding the table; `notify_channel` is refused for MySQL
+/// by configuration validation.
+fn mysql_options(outbox: &OutboxConfig) -> MySqlOptions {
+    MySqlOptions {
+        database: outbox.schema.clone(),
+        table: outbox.table.clone(),
+        strict_ordering: outbox.strict_ordering,
+        delete_on_ack: outbox.delete_on_ack,
+        visibility_delay: outbox.visibility_delay,
     }
 }
 

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Config, Overrides};
+use crate::config::{Config, Overrides, EMBEDDED_NAME};
+use crate::storage::sqlite;
 use crate::{app, telemetry};
 
 /// Looked for in the working directory when no `--config` is given.
@@ -14,6 +15,8 @@ const DEFAULT_CONFIG_FILE: &str = "txoutboxd.toml";
 
 const EXAMPLES: &str = "\
 Examples:
+  txoutboxd                    (no configuration: one SQLite outbox `default` in ./txoutbox.db)
+  txoutboxd --db /tmp/demo.db  (the same, in another file)
   txoutboxd --config deploy/txoutboxd.example.toml
   txoutboxd --config txoutboxd.toml check-config
   txoutboxd --config txoutboxd.toml schema orders | psql \"$DATABASE_URL\"
@@ -31,6 +34,10 @@ struct Cli {
     /// Listen address, overriding server.listen.
     #[arg(long, global = true)]
     listen: Option<SocketAddr>,
+    /// SQLite file of the embedded default (used when there is no configuration).
+    /// Default: ./txoutbox.db, created if missing.
+    #[arg(long, value_name = "PATH", global = true)]
+    db: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -54,7 +61,10 @@ pub async fn main() -> ExitCode {
         let default = Path::new(DEFAULT_CONFIG_FILE);
         default.exists().then(|| default.to_path_buf())
     });
-    let overrides = Overrides { listen: cli.listen };
+    let overrides = Overrides {
+        listen: cli.listen,
+        db: cli.db.clone(),
+    };
     let config = match Config::load(path.as_deref(), &overrides) {
         Ok(config) => config,
         Err(error) => {
@@ -70,7 +80,12 @@ pub async fn main() -> ExitCode {
     match cli.command.unwrap_or(Command::Run) {
         Command::CheckConfig => {
             println!(
-                "configuration is valid: {} database(s), outboxes: {}",
+                "configuration is valid{}: {} database(s), outboxes: {}",
+                if config.embedded_default {
+                    " (the embedded default)"
+                } else {
+                    ""
+                },
                 config.databases.len(),
                 config
                     .outboxes
@@ -116,6 +131,9 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if config.embedded_default {
+        announce_embedded_default(&config, &listener);
+    }
     match app::run(config, listener, shutdown_signal()).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -123,6 +141,40 @@ async fn serve(config: Config) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The one line that tells a newcomer what runs and how to try it.
+fn announce_embedded_default(config: &Config, listener: &tokio::net::TcpListener) {
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| config.server.listen.to_string(), |a| a.to_string());
+    let Some(outbox) = config.outboxes.get(EMBEDDED_NAME) else {
+        return;
+    };
+    let table = &outbox.table;
+    let file = config
+        .databases
+        .get(&outbox.database)
+        .and_then(|database| sqlite::database_file(&database.url).ok());
+    let Some(file) = file.map(|file| file.display().to_string()) else {
+        // The environment moved the default outbox off SQLite: nothing to demo here.
+        tracing::info!(outbox = EMBEDDED_NAME, "serving the embedded default");
+        return;
+    };
+    tracing::info!(
+        outbox = EMBEDDED_NAME,
+        table,
+        file = %file,
+        created = !Path::new(&file).exists(),
+        // Display (`%`), not Debug: the commands must be copyable as printed.
+        insert = %format!(
+            r#"sqlite3 {file} "INSERT INTO {table} (topic, payload) VALUES ('demo', 'hello')""#
+        ),
+        subscribe = %format!(
+            "python3 client/python/txoutbox_subscriber.py --server {address} --outbox {EMBEDDED_NAME} (README: Quick start)"
+        ),
+        "no configuration given: serving the embedded default, one outbox in a SQLite file"
+    );
 }
 
 /// Completes on the first SIGINT or SIGTERM; a second one exits at once.

@@ -8,23 +8,46 @@
 //!
 //! Environment overrides use `__` between levels, for example
 //! `TXOUTBOX_SERVER__LISTEN=0.0.0.0:7411` or `TXOUTBOX_DATABASES__MAIN__URL=postgres://...`.
+//!
+//! With no configuration file, [`EMBEDDED_DEFAULT`] is the bottom layer: one SQLite outbox,
+//! so `txoutboxd` with no arguments serves something a newcomer can try at once.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::storage::ident;
+use crate::storage::{ident, sqlite};
 
 /// Where `txoutboxd` listens when nothing says otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 
 /// Largest batch or window a caller may ask for.
 pub const MAX_WINDOW: u32 = 10_000;
+
+/// The configuration used when there is none: no `--config`, no `TXOUTBOX_CONFIG`, no
+/// `./txoutboxd.toml`, and no `TXOUTBOX_OUTBOXES__*` variable naming an outbox of its own.
+/// One outbox, `default`, on the table `outbox` of the SQLite file `./txoutbox.db`,
+/// created on first start. Environment variables and flags still apply on top (the file:
+/// `--db PATH` or `TXOUTBOX_DATABASES__DEFAULT__URL`).
+pub const EMBEDDED_DEFAULT: &str = r#"
+[databases.default]
+url = "sqlite://txoutbox.db"
+
+[outboxes.default]
+database = "default"
+table = "outbox"
+create_schema = true
+# SQLite cannot announce inserts: while idle, look at least every second.
+poll.max = "1s"
+"#;
+
+/// The outbox and database name of [`EMBEDDED_DEFAULT`].
+pub const EMBEDDED_NAME: &str = "default";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,6 +58,10 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     #[serde(default)]
     pub outboxes: BTreeMap<String, OutboxConfig>,
+    /// Built on [`EMBEDDED_DEFAULT`] (not a key: set by [`Config::load`]), so the server
+    /// says so at start with how to try it.
+    #[serde(skip)]
+    pub embedded_default: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -77,7 +104,8 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DatabaseConfig {
-    /// Connection URL, for example `postgres://app@127.0.0.1:5432/app`.
+    /// Connection URL, for example `postgres://app@127.0.0.1:5432/app` or
+    /// `sqlite://outbox.db` (a file, created if missing; relative to the working directory).
     pub url: String,
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
@@ -92,7 +120,8 @@ fn default_max_connections() -> u32 {
 pub struct OutboxConfig {
     /// Name of a `[databases.NAME]` entry.
     pub database: String,
-    /// Schema of the table; empty uses the connection's search path.
+    /// Schema of the table; empty uses the connection's search path. On MySQL/MariaDB,
+    /// the database holding the table; empty uses the URL's.
     pub schema: Option<String>,
     pub table: String,
     /// Hold back a row while an earlier pending row of its key is leased or retrying.
@@ -204,12 +233,27 @@ pub enum ConfigError {
 pub struct Overrides {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
+    /// `--db PATH`: the SQLite file of the embedded default (not a `server` key).
+    #[serde(skip)]
+    pub db: Option<PathBuf>,
 }
 
 impl Config {
-    /// Loads `path` (if given), then `TXOUTBOX_*` variables, then flag overrides.
+    /// Loads `path` (if given; else the [`EMBEDDED_DEFAULT`] when it applies), then
+    /// `TXOUTBOX_*` variables, then flag overrides.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self, ConfigError> {
         let mut figment = Figment::new();
+        let embedded_default = path.is_none() && !environment_declares_outboxes();
+        if let (Some(db), false) = (&overrides.db, embedded_default) {
+            return Err(ConfigError::Parse(format!(
+                "--db {}: only for the embedded default (no configuration file); set \
+                 databases.NAME.url in the configuration instead",
+                db.display()
+            )));
+        }
+        if embedded_default {
+            figment = figment.merge(Toml::string(EMBEDDED_DEFAULT));
+        }
         if let Some(path) = path {
             if !path.exists() {
                 return Err(ConfigError::Parse(format!(
@@ -225,7 +269,12 @@ impl Config {
                 .split("__"),
         );
         figment = figment.merge(Serialized::default("server", overrides));
-        let config: Config = figment.extract().map_err(|error| {
+        if let Some(db) = &overrides.db {
+            let url = sqlite_url(db);
+            let databases = BTreeMap::from([(EMBEDDED_NAME, BTreeMap::from([("url", url)]))]);
+            figment = figment.merge(Serialized::default("databases", databases));
+        }
+        let mut config: Config = figment.extract().map_err(|error| {
             let origin = path
                 .map(|p| format!(" in {}", p.display()))
                 .unwrap_or_default();
@@ -238,6 +287,7 @@ impl Config {
             source_note,
             problems,
         })?;
+        config.embedded_default = embedded_default;
         Ok(config)
     }
 
@@ -263,11 +313,16 @@ impl Config {
         }
         for (name, database) in &self.databases {
             let key = format!("databases.{name}");
-            if !(database.url.starts_with("postgres://")
-                || database.url.starts_with("postgresql://"))
+            if is_sqlite_url(&database.url) {
+                if let Err(why) = sqlite::database_file(&database.url) {
+                    problems.push(format!("{key}.url = {:?}: {why}", database.url));
+                }
+            } else if !(database.url.starts_with("postgres://")
+                || database.url.starts_with("postgresql://")
+                || is_mysql_url(&database.url))
             {
                 problems.push(format!(
-                    "{key}.url: unsupported database URL (scheme of {:?}); supported: postgres://",
+                    "{key}.url: unsupported database URL (scheme of {:?}); supported: postgres://, mysql:// (or mariadb://), sqlite://PATH",
                     redact(&database.url)
                 ));
             }
@@ -331,6 +386,44 @@ impl OutboxConfig {
                 }
             }
         }
+        if databases
+            .get(&self.database)
+            .is_some_and(|database| is_sqlite_url(&database.url))
+        {
+            let database = &self.database;
+            if self.schema.is_some() {
+                problems.push(format!(
+                    "{key}.schema: not supported on SQLite (databases.{database} is a SQLite \
+                     file, whose tables have no schema): remove it"
+                ));
+            }
+            if self.notify_channel.is_some() {
+                problems.push(format!(
+                    "{key}.notify_channel: PostgreSQL only (databases.{database} is a SQLite \
+                     file): remove it; SQLite outboxes poll, see {key}.poll"
+                ));
+            }
+        }
+        if let Some(url) = databases
+            .get(&self.database)
+            .map(|database| database.url.as_str())
+            .filter(|url| is_mysql_url(url))
+        {
+            let database = &self.database;
+            if self.notify_channel.is_some() {
+                problems.push(format!(
+                    "{key}.notify_channel: PostgreSQL only (databases.{database} is \
+                     MySQL/MariaDB, which has no LISTEN/NOTIFY): remove it; MySQL outboxes \
+                     poll, see {key}.poll"
+                ));
+            }
+            if self.schema.is_none() && !mysql_url_names_database(url) {
+                problems.push(format!(
+                    "{key}.schema: missing, and databases.{database}.url names no database: \
+                     set schema to the database holding the table, or end the URL with /DB"
+                ));
+            }
+        }
         if self.lease.is_zero() {
             problems.push(format!(
                 "{key}.lease: must be positive, for example \"30s\""
@@ -385,6 +478,52 @@ impl OutboxConfig {
             ));
         }
     }
+}
+
+/// Whether a database URL names a MySQL or MariaDB server (`mysql://` or `mariadb://`).
+/// On these, an outbox's `schema` is the database (MySQL's "schema") holding its table.
+pub fn is_mysql_url(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
+}
+
+/// Whether a `mysql://` URL has a database path (`mysql://user@host:3306/db`).
+fn mysql_url_names_database(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let after_userinfo = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    after_userinfo
+        .split_once('/')
+        .is_some_and(|(_, path)| !path.is_empty())
+}
+
+/// Whether a database URL names a SQLite file (`sqlite://PATH` or `sqlite:PATH`).
+pub fn is_sqlite_url(url: &str) -> bool {
+    url.starts_with("sqlite:")
+}
+
+/// `sqlite://PATH`, with the characters a URL would misread percent-encoded.
+fn sqlite_url(path: &Path) -> String {
+    let path = path.to_string_lossy();
+    let encoded = path
+        .replace('%', "%25")
+        .replace('?', "%3F")
+        .replace('#', "%23");
+    format!("sqlite://{encoded}")
+}
+
+/// Whether `TXOUTBOX_OUTBOXES__<NAME>__*` declares an outbox other than the embedded
+/// default's: then the environment is the whole configuration, not a tweak of the default.
+fn environment_declares_outboxes() -> bool {
+    declares_outboxes(std::env::vars_os().map(|(name, _)| name))
+}
+
+fn declares_outboxes(names: impl IntoIterator<Item = std::ffi::OsString>) -> bool {
+    names.into_iter().any(|name| {
+        let name = name.to_string_lossy().to_ascii_lowercase();
+        name.strip_prefix("txoutbox_outboxes__")
+            .and_then(|rest| rest.split("__").next())
+            .is_some_and(|outbox| outbox != EMBEDDED_NAME)
+    })
 }
 
 /// A figment error with its key path, without the noise of the provider chain.
@@ -466,7 +605,7 @@ mod tests {
     fn every_problem_is_reported_at_once_with_its_key() {
         let text = r#"
             [databases.main]
-            url = "mysql://root@localhost/test"
+            url = "redis://localhost/0"
             [outboxes.orders]
             database = "nope"
             table = "outbox; drop table users"
@@ -486,11 +625,129 @@ mod tests {
     }
 
     #[test]
+    fn the_embedded_default_is_one_sqlite_outbox_on_the_documented_port() {
+        let config = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
+        assert_eq!(config.server.listen.to_string(), "127.0.0.1:7411");
+        assert_eq!(config.databases.len(), 1);
+        assert_eq!(config.databases[EMBEDDED_NAME].url, "sqlite://txoutbox.db");
+        let outbox = &config.outboxes[EMBEDDED_NAME];
+        assert_eq!(outbox.database, EMBEDDED_NAME);
+        assert_eq!(outbox.table, "outbox");
+        assert!(outbox.create_schema && outbox.strict_ordering);
+        assert_eq!(outbox.poll.max, Duration::from_secs(1));
+        assert_eq!(
+            sqlite::database_file(&config.databases[EMBEDDED_NAME].url).unwrap(),
+            Path::new("txoutbox.db")
+        );
+    }
+
+    /// Relies on the test environment not declaring outboxes (`TXOUTBOX_OUTBOXES__*`).
+    #[test]
+    fn no_configuration_loads_the_embedded_default_and_db_moves_its_file() {
+        let overrides = Overrides {
+            db: Some(PathBuf::from("/tmp/odd ?#%.db")),
+            ..Overrides::default()
+        };
+        let config = Config::load(None, &overrides).unwrap();
+        assert!(config.embedded_default);
+        assert_eq!(config.outboxes.keys().collect::<Vec<_>>(), [EMBEDDED_NAME]);
+        let url = &config.databases[EMBEDDED_NAME].url;
+        assert_eq!(
+            sqlite::database_file(url).unwrap(),
+            Path::new("/tmp/odd ?#%.db")
+        );
+    }
+
+    #[test]
+    fn db_is_refused_with_a_configuration_file() {
+        let file = std::env::temp_dir().join(format!("txoutboxd-{}.toml", std::process::id()));
+        std::fs::write(&file, MINIMAL).unwrap();
+        let overrides = Overrides {
+            db: Some(PathBuf::from("x.db")),
+            ..Overrides::default()
+        };
+        let error = Config::load(Some(&file), &overrides)
+            .unwrap_err()
+            .to_string();
+        std::fs::remove_file(&file).unwrap();
+        assert!(error.contains("--db x.db"), "{error}");
+        let config = Config::load(Some(&file), &Overrides::default());
+        assert!(config.is_err(), "the file is gone");
+    }
+
+    #[test]
+    fn outboxes_of_the_environment_replace_the_embedded_default() {
+        let names = |names: &[&str]| {
+            names
+                .iter()
+                .map(std::ffi::OsString::from)
+                .collect::<Vec<_>>()
+        };
+        assert!(!declares_outboxes(names(&[
+            "TXOUTBOX_DATABASES__DEFAULT__URL",
+            "TXOUTBOX_OUTBOXES__DEFAULT__TABLE",
+            "TXOUTBOX_SERVER__LISTEN",
+            "TXOUTBOX_CONFIG",
+        ])));
+        assert!(declares_outboxes(names(&[
+            "TXOUTBOX_OUTBOXES__ORDERS__DATABASE"
+        ])));
+    }
+
+    #[test]
+    fn sqlite_refuses_postgres_only_keys_and_unusable_urls() {
+        let text = r#"
+            [databases.local]
+            url = "sqlite://outbox.db"
+            [databases.memory]
+            url = "sqlite::memory:"
+            [outboxes.orders]
+            database = "local"
+            schema = "public"
+            notify_channel = "outbox_inserted"
+        "#;
+        let error = Config::from_toml(text).unwrap_err().to_string();
+        for needle in [
+            "outboxes.orders.schema: not supported on SQLite",
+            "outboxes.orders.notify_channel: PostgreSQL only",
+            "databases.memory.url = \"sqlite::memory:\": an in-memory database",
+        ] {
+            assert!(error.contains(needle), "missing {needle:?} in:\n{error}");
+        }
+        let fine = "[databases.local]\nurl = \"sqlite:data/outbox.db?mode=rwc\"\n\
+                    [outboxes.orders]\ndatabase = \"local\"\n";
+        Config::from_toml(fine).unwrap();
+    }
+
+    #[test]
     fn passwords_are_redacted() {
         assert_eq!(
             redact("postgres://app:secret@db/app"),
             "postgres://app:***@db/app"
         );
         assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
+    }
+
+    #[test]
+    fn mysql_databases_take_a_schema_but_no_notify_channel() {
+        for scheme in ["mysql", "mariadb"] {
+            let text = format!(
+                "[databases.main]\nurl = \"{scheme}://root@127.0.0.1/test\"\n\
+                 [outboxes.orders]\ndatabase = \"main\"\nschema = \"shop\"\n"
+            );
+            let config = Config::from_toml(&text).unwrap();
+            assert_eq!(config.outboxes["orders"].schema.as_deref(), Some("shop"));
+            let text = format!("{text}notify_channel = \"wake\"\n");
+            let error = Config::from_toml(&text).unwrap_err().to_string();
+            assert!(
+                error.contains("outboxes.orders.notify_channel: PostgreSQL only"),
+                "{error}"
+            );
+        }
+        let no_database = "[databases.main]\nurl = \"mysql://root:p/w@127.0.0.1:3306\"\n\
+                           [outboxes.orders]\ndatabase = \"main\"\n";
+        let error = Config::from_toml(no_database).unwrap_err().to_string();
+        assert!(error.contains("outboxes.orders.schema: missing"), "{error}");
+        assert!(Config::from_toml(&format!("{no_database}schema = \"shop\"\n")).is_ok());
     }
 }

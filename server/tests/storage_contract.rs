@@ -9,12 +9,24 @@
 //! PostgreSQL: every test gets a uniquely named schema in the database at
 //! `TXOUTBOX_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`),
 //! dropped when the test ends, even when it fails.
+//!
+//! SQLite: every test gets a fresh database file in a temporary directory, removed when
+//! the test ends. It has no insert signal, so its insert-signal cases are skipped with
+//! the reason (see `storage_contract!`).
+//!
+//! MySQL/MariaDB: every test gets a database of its own on the server at
+//! `TXOUTBOX_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`), dropped when
+//! the test ends (see `storage_contract/mysql.rs`). No insert signal either: skipped.
 
 // The crate root of a test resolves `mod x;` beside itself; these live in a folder.
 #[path = "storage_contract/cases.rs"]
 mod cases;
+#[path = "storage_contract/mysql.rs"]
+mod mysql;
 #[path = "storage_contract/pg.rs"]
 mod pg;
+#[path = "storage_contract/sqlite_file.rs"]
+mod sqlite_file;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -84,12 +96,24 @@ impl RetryPolicy for TestPolicy {
 
 const POLICY: TestPolicy = TestPolicy { max_attempts: 5 };
 
+/// `storage_contract!(name, factory)` runs every case. A backend that cannot wake
+/// claimers on insert says so with a reason,
+/// `storage_contract!(name, factory, no_insert_signal = "why")`, and the insert-signal
+/// cases are generated `#[ignore = "why"]`: listed as skipped, with the reason, never
+/// silently passed.
 macro_rules! storage_contract {
     ($backend:ident, $factory:expr) => {
+        storage_contract!(@backend $backend, $factory, cfg(all()));
+    };
+    ($backend:ident, $factory:expr, no_insert_signal = $reason:literal) => {
+        storage_contract!(@backend $backend, $factory, ignore = $reason);
+    };
+    // `$signal`: the attribute of the insert-signal cases (`cfg(all())` is a no-op).
+    (@backend $backend:ident, $factory:expr, $signal:meta) => {
         mod $backend {
             use super::*;
 
-            storage_contract!(@cases $factory;
+            storage_contract!(@cases $factory, cfg(all());
                 empty_claim,
                 claim_returns_insertion_order_with_attempt_one,
                 claim_respects_batch_size,
@@ -123,15 +147,18 @@ macro_rules! storage_contract {
                 headers_round_trip,
                 missing_table_is_reported,
                 unreachable_database_is_reported,
+            );
+            storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,
                 insert_signal_waits_for_visibility,
                 insert_signal_ends_with_the_storage,
             );
         }
     };
-    (@cases $factory:expr; $($case:ident),+ $(,)?) => {
+    (@cases $factory:expr, $attr:meta; $($case:ident),+ $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[$attr]
             async fn $case() {
                 let backend = $factory;
                 cases::$case(&backend).await;
@@ -251,6 +278,18 @@ async fn next_signal(signal: &mut tokio::sync::watch::Receiver<u64>) {
         .expect("insert signal closed");
 }
 
+use mysql::MySqlBackend;
 use pg::PgBackend;
+use sqlite_file::SqliteBackend;
 
 storage_contract!(postgres, PgBackend::new().await);
+storage_contract!(
+    sqlite,
+    SqliteBackend::new().await,
+    no_insert_signal = "SQLite cannot tell another process of a commit: claiming polls"
+);
+storage_contract!(
+    mariadb,
+    MySqlBackend::new().await,
+    no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
+);

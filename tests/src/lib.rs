@@ -1,18 +1,25 @@
-//! Harness of the end-to-end tests: a fresh PostgreSQL schema per test, a real
-//! `txoutboxd` process on a port of its own, and a small streaming subscriber.
+//! Harness of the end-to-end tests: a fresh PostgreSQL schema ([`TestDb`]), SQLite file
+//! ([`SqliteDb`]) or MariaDB database ([`MariaDb`]) per test, a real `txoutboxd` process
+//! on a port of its own, a small streaming subscriber, and the journal of the per-key
+//! order tests.
 //!
 //! Every wait is a condition polled against a generous deadline, never a bare sleep, so
 //! the suite stays reliable on a busy two-core machine.
 
 pub mod db;
+pub mod journal;
+pub mod mariadb;
 pub mod server;
+pub mod sqlite_db;
 pub mod subscriber;
 
 use std::future::Future;
 use std::time::Duration;
 
 pub use db::TestDb;
+pub use mariadb::MariaDb;
 pub use server::Server;
+pub use sqlite_db::SqliteDb;
 pub use subscriber::Subscriber;
 
 /// Deadline for conditions that should hold within a second on an idle machine.

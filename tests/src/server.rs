@@ -44,18 +44,55 @@ pub struct Server {
     pub address: String,
     /// Every log line the server printed so far.
     pub log: Arc<Mutex<Vec<String>>>,
-    _config: tempfile::NamedTempFile,
+    /// The configuration file, kept while the server runs; none for the embedded default.
+    _config: Option<tempfile::NamedTempFile>,
 }
 
 impl Server {
     /// Starts `txoutboxd` with this configuration and waits until it listens.
     pub async fn start(config: &str) -> Self {
+        Self::start_with_log(config, "info,txoutbox_server=debug", true).await
+    }
+
+    /// Like [`Server::start`] with the server's `RUST_LOG` filter chosen by the caller
+    /// (it must keep `info` for the "listening" line), and with `echo` false only
+    /// warnings and errors echoed: the benchmark must not pay for debug logging.
+    pub async fn start_with_log(config: &str, rust_log: &str, echo: bool) -> Self {
         let mut file = tempfile::NamedTempFile::new().unwrap();
         std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
-        let mut child = Command::new(binary())
+        let mut command = Command::new(binary());
+        command
             .arg("--config")
             .arg(file.path())
-            .env("RUST_LOG", "info,txoutbox_server=debug")
+            .env("RUST_LOG", rust_log);
+        Self::spawn(command, Some(file), echo).await
+    }
+
+    /// Starts `txoutboxd` with no configuration at all, in `dir` as its working directory,
+    /// so it serves the embedded default (a SQLite outbox `default` in `dir/txoutbox.db`).
+    /// Only the port (`--listen`, to run beside other tests) and the log format (JSON, to
+    /// read the address) are set; the test's own `TXOUTBOX_*` variables are not passed on.
+    pub async fn start_embedded(dir: &std::path::Path) -> Self {
+        let mut command = Command::new(binary());
+        command
+            .current_dir(dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info,txoutbox_server=debug");
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("TXOUTBOX_") {
+                command.env_remove(name);
+            }
+        }
+        command.env("TXOUTBOX_SERVER__LOG_FORMAT", "json");
+        Self::spawn(command, None, true).await
+    }
+
+    async fn spawn(
+        mut command: Command,
+        config: Option<tempfile::NamedTempFile>,
+        echo: bool,
+    ) -> Self {
+        let mut child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -65,7 +102,7 @@ impl Server {
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
         let (address_tx, address_rx) = oneshot::channel();
-        tokio::spawn(echo_log(stderr, Arc::clone(&log), address_tx));
+        tokio::spawn(echo_log(stderr, Arc::clone(&log), address_tx, echo));
         let address = tokio::time::timeout(DEADLINE, address_rx)
             .await
             .expect("txoutboxd did not report its address in time")
@@ -74,7 +111,7 @@ impl Server {
             child,
             address,
             log,
-            _config: file,
+            _config: config,
         }
     }
 
@@ -83,6 +120,11 @@ impl Server {
         let server = Self::start(config).await;
         server.wait_serving("orders").await;
         server
+    }
+
+    /// Process id, while the server runs (the benchmark reads its `/proc` entries).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
     }
 
     pub fn url(&self) -> String {
@@ -164,11 +206,17 @@ async fn echo_log(
     stderr: tokio::process::ChildStderr,
     log: Arc<Mutex<Vec<String>>>,
     address: oneshot::Sender<String>,
+    echo: bool,
 ) {
     let mut address = Some(address);
     let mut lines = BufReader::new(stderr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        eprintln!("[txoutboxd] {line}");
+        if echo {
+            eprintln!("[txoutboxd] {line}");
+        } else if line.contains("\"WARN\"") || line.contains("\"ERROR\"") {
+            let short: String = line.chars().take(300).collect();
+            eprintln!("[txoutboxd] {short}");
+        }
         if let Some(sender) = address.take_if(|_| line.contains("txoutboxd listening")) {
             let _ = sender.send(listening_address(&line));
         }

@@ -35,11 +35,17 @@ fn check_config_accepts_a_valid_file() {
 
 #[test]
 fn check_config_lists_every_problem_with_its_key_and_exits_2() {
-    let config = VALID.replace("database = \"main\"", "database = \"other\"\nmax_attempts = 0");
+    let config = VALID.replace(
+        "database = \"main\"",
+        "database = \"other\"\nmax_attempts = 0",
+    );
     let output = txoutboxd(&config, &["check-config"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("outboxes.orders.database = \"other\""), "{stderr}");
+    assert!(
+        stderr.contains("outboxes.orders.database = \"other\""),
+        "{stderr}"
+    );
     assert!(stderr.contains("configured: main"), "{stderr}");
     assert!(stderr.contains("outboxes.orders.max_attempts"), "{stderr}");
 }
@@ -57,7 +63,10 @@ fn an_invalid_identifier_never_reaches_sql() {
     let config = VALID.replace("schema = \"shop\"", "schema = \"shop; DROP TABLE users\"");
     let output = txoutboxd(&config, &["schema", "orders"]);
     assert_eq!(output.status.code(), Some(2));
-    assert!(output.stdout.is_empty(), "printed SQL for an invalid identifier");
+    assert!(
+        output.stdout.is_empty(),
+        "printed SQL for an invalid identifier"
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("outboxes.orders.schema"), "{stderr}");
 }
@@ -67,7 +76,10 @@ fn schema_prints_the_ddl_of_an_outbox() {
     let output = txoutboxd(VALID, &["schema", "orders"]);
     assert!(output.status.success(), "{output:?}");
     let sql = String::from_utf8_lossy(&output.stdout);
-    assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"outbox\""), "{sql}");
+    assert!(
+        sql.contains("CREATE TABLE IF NOT EXISTS \"shop\".\"outbox\""),
+        "{sql}"
+    );
     assert!(sql.contains("pg_notify('orders_inserted'"), "{sql}");
 
     let output = txoutboxd(VALID, &["schema", "billing"]);

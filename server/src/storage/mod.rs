@@ -11,7 +11,9 @@
 //! several servers (and a skewed application clock) agree on when a lease runs out.
 
 pub mod ident;
+pub mod mysql;
 pub mod postgres;
+pub mod sqlite;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,0 +1,173 @@
+//! Translations between the driver and the storage types: errors, rows, headers.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
+use sqlx::Row;
+
+use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+
+/// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// `ER_LOCK_DEADLOCK`: InnoDB rolled the transaction back to break a deadlock.
+const DEADLOCK: u16 = 1213;
+
+/// The server's error number, when the database (not the driver) raised the error.
+fn number(err: &sqlx::Error) -> Option<u16> {
+    match err {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<MySqlDatabaseError>()
+            .map(MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// A lock conflict worth one more try: the whole transaction is rolled back first (the
+/// caller drops it), and every operation of this backend may simply run again.
+pub(super) fn is_lock_conflict(err: &sqlx::Error) -> bool {
+    matches!(number(err), Some(LOCK_WAIT_TIMEOUT | DEADLOCK))
+}
+
+/// The one place driver errors become [`StorageError`]s: by error number, not by message.
+/// `table` is what [`StorageError::MissingTable`] names.
+pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
+    let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
+    match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => unavailable(&err),
+        sqlx::Error::Database(_) => match number(&err) {
+            // 1040 too many connections, 1053 server shutdown in progress, 1927 connection
+            // killed; 2002/2003/2006/2013 are the client library's "cannot connect" and
+            // "server gone" codes, seen when a proxy passes them on. 1290/1792/1836:
+            // read-only server or transaction, a replica answering after a failover,
+            // until the pool reaches the new primary. 1205/1213: a lock conflict that
+            // persisted after one retry (see `is_lock_conflict`).
+            Some(
+                1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836
+                | LOCK_WAIT_TIMEOUT | DEADLOCK,
+            ) => unavailable(&err),
+            // No such table, or no such database (part of the qualified name).
+            Some(1146 | 1049) => StorageError::MissingTable {
+                table: table.to_owned(),
+            },
+            _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),
+        },
+        _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),
+    }
+}
+
+/// Attempts as stored (INT) to the trait's count.
+pub(super) fn attempts(stored: i32) -> u32 {
+    u32::try_from(stored).unwrap_or(0)
+}
+
+/// JSON headers to strings; a non-string value becomes its JSON text.
+pub(super) fn headers_from_json(value: serde_json::Value) -> BTreeMap<String, String> {
+    let serde_json::Value::Object(map) = value else {
+        return BTreeMap::new();
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(text) => (name, text),
+            other => (name, other.to_string()),
+        })
+        .collect()
+}
+
+/// A text column as a `String`. Columns with a binary collation (`utf8mb4_bin`, which the
+/// schema uses) carry the BINARY flag, which sqlx refuses to decode as a string; their
+/// bytes are UTF-8 all the same.
+pub(super) fn text(row: &MySqlRow, column: &str) -> Result<Option<String>, sqlx::Error> {
+    let Some(bytes) = row.try_get::<Option<Vec<u8>>, _>(column)? else {
+        return Ok(None);
+    };
+    String::from_utf8(bytes)
+        .map(Some)
+        .map_err(|err| sqlx::Error::ColumnDecode {
+            index: column.to_owned(),
+            source: Box::new(err),
+        })
+}
+
+fn required_text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
+    text(row, column)?.ok_or_else(|| sqlx::Error::ColumnDecode {
+        index: column.to_owned(),
+        source: "unexpected NULL".into(),
+    })
+}
+
+/// A candidate row of a claim, as the message it becomes once leased (attempt counted).
+pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
+    // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
+    let headers: Vec<u8> = row.try_get("headers")?;
+    let headers = serde_json::from_slice(&headers).map_err(|err| sqlx::Error::ColumnDecode {
+        index: "headers".to_owned(),
+        source: Box::new(err),
+    })?;
+    let stored_attempts: i32 = row.try_get("attempts")?;
+    Ok(OutboxMessage {
+        id: row.try_get("id")?,
+        topic: required_text(row, "topic")?,
+        key: text(row, "key")?,
+        payload: row.try_get("payload")?,
+        headers: headers_from_json(headers),
+        attempts: attempts(stored_attempts.saturating_add(1)),
+        created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+    })
+}
+
+pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Error> {
+    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let oldest: Option<i64> = row.try_get("oldest_pending_us")?;
+    Ok(TopicStats {
+        topic: required_text(row, "topic")?,
+        pending: count("pending")?,
+        leased: count("leased")?,
+        dead: count("dead")?,
+        oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
+    })
+}
+
+/// `now + duration` on the database clock, clamped like every interval sent.
+pub(super) fn after(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
+    let duration = duration.min(super::sql::MAX_INTERVAL);
+    now + chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX)
+}
+
+pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_keep_strings_and_render_other_values_as_json() {
+        let headers = headers_from_json(serde_json::json!({"a": "x", "n": 1}));
+        assert_eq!(headers["a"], "x");
+        assert_eq!(headers["n"], "1");
+        assert!(headers_from_json(serde_json::json!([1])).is_empty());
+    }
+
+    #[test]
+    fn far_deadlines_are_clamped() {
+        let now = Utc::now();
+        let far = after(now, Duration::MAX);
+        assert!(far > now && far.format("%Y").to_string().parse::<i32>().unwrap() < 9999);
+    }
+
+    #[test]
+    fn driver_failures_are_unavailable() {
+        let err = classify(sqlx::Error::PoolTimedOut, "t", "claim");
+        assert!(matches!(err, StorageError::Unavailable(_)), "{err:?}");
+    }
+}

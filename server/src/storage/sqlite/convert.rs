@@ -1,0 +1,196 @@
+//! Translations between the driver and the storage types: errors, times, rows.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
+use sqlx::sqlite::SqliteRow;
+use sqlx::Row;
+
+use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+
+/// Longest delay added to a time; longer delays mean "practically never".
+const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+// Primary result codes (the low byte of an extended code), from sqlite3.h.
+const SQLITE_ERROR: i32 = 1;
+const SQLITE_BUSY: i32 = 5;
+const SQLITE_LOCKED: i32 = 6;
+const SQLITE_IOERR: i32 = 10;
+const SQLITE_FULL: i32 = 13;
+const SQLITE_CANTOPEN: i32 = 14;
+
+/// What [`classify`] needs to say where the failure happened.
+#[derive(Debug, Clone)]
+pub(super) struct Place {
+    pub table: String,
+    /// The database file, for messages.
+    pub file: String,
+    pub busy_timeout: Duration,
+}
+
+/// The one place driver errors become [`StorageError`]s: by result code.
+pub(super) fn classify(err: sqlx::Error, place: &Place, action: &str) -> StorageError {
+    let Place {
+        table,
+        file,
+        busy_timeout,
+    } = place;
+    let other = |err: sqlx::Error| {
+        StorageError::Other(anyhow!(err).context(format!("{action} on {table}")))
+    };
+    match &err {
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StorageError::Unavailable(format!("{action}: {err}")),
+        sqlx::Error::Database(db) => {
+            let code = db.code().and_then(|code| code.parse::<i32>().ok());
+            match code.map(|code| code & 0xff) {
+                // Another connection (a producer, another server) held the write lock for
+                // longer than the busy timeout.
+                Some(SQLITE_BUSY | SQLITE_LOCKED) => StorageError::Unavailable(format!(
+                    "{action}: the SQLite file {file} stayed locked by another connection \
+                     for more than {busy_timeout:?} ({err})"
+                )),
+                Some(SQLITE_CANTOPEN) => StorageError::Unavailable(format!(
+                    "{action}: cannot open the SQLite file {file}: check that its directory \
+                     exists and is writable ({err})"
+                )),
+                Some(SQLITE_IOERR | SQLITE_FULL) => StorageError::Unavailable(format!(
+                    "{action}: the SQLite file {file} cannot be read or written ({err})"
+                )),
+                // SQLite has no code of its own for a missing table (PostgreSQL's 42P01):
+                // it is a plain SQLITE_ERROR, told apart by its long-stable message.
+                Some(SQLITE_ERROR) if db.message().starts_with("no such table") => {
+                    StorageError::MissingTable {
+                        table: table.clone(),
+                    }
+                }
+                _ => other(err),
+            }
+        }
+        _ => other(err),
+    }
+}
+
+/// The machine clock in epoch milliseconds: the "now" of every statement (see `sql`).
+pub(super) fn now_ms() -> i64 {
+    Utc::now().timestamp_millis()
+}
+
+/// `at` plus `delay`, clamped to [`MAX_DELAY`].
+pub(super) fn after(at: i64, delay: Duration) -> i64 {
+    at.saturating_add(millis(delay))
+}
+
+/// `at` minus `delay`.
+pub(super) fn before(at: i64, delay: Duration) -> i64 {
+    at.saturating_sub(millis(delay))
+}
+
+fn millis(duration: Duration) -> i64 {
+    duration.min(MAX_DELAY).as_millis() as i64
+}
+
+pub(super) fn datetime(ms: i64) -> Result<DateTime<Utc>, sqlx::Error> {
+    DateTime::from_timestamp_millis(ms)
+        .ok_or_else(|| sqlx::Error::Decode(format!("time out of range: {ms} ms").into()))
+}
+
+/// Attempts as stored to the trait's count.
+pub(super) fn attempts(stored: i64) -> u32 {
+    u32::try_from(stored).unwrap_or(0)
+}
+
+/// Ids (or topics) as the JSON array the statements read with `json_each`.
+pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
+    serde_json::to_string(items).expect("a list of ids or strings serialises")
+}
+
+/// Headers as stored (JSON text) to strings; a non-string value becomes its JSON text.
+/// The schema checks `json_valid`, but a table made by hand may not: anything that is
+/// not a JSON object reads as no headers rather than failing every claim.
+pub(super) fn headers_from_text(text: &str) -> BTreeMap<String, String> {
+    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(text) else {
+        return BTreeMap::new();
+    };
+    map.into_iter()
+        .map(|(name, value)| match value {
+            serde_json::Value::String(text) => (name, text),
+            other => (name, other.to_string()),
+        })
+        .collect()
+}
+
+pub(super) fn headers_to_text(headers: &BTreeMap<String, String>) -> String {
+    serde_json::to_string(headers).expect("string maps serialise")
+}
+
+/// Rows returned by a claim, in id order (`RETURNING` has no order of its own).
+pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+    let mut messages = rows
+        .iter()
+        .map(|row| {
+            Ok(OutboxMessage {
+                id: row.try_get("id")?,
+                topic: row.try_get("topic")?,
+                key: row.try_get("key")?,
+                payload: row.try_get("payload")?,
+                headers: headers_from_text(&row.try_get::<String, _>("headers")?),
+                attempts: attempts(row.try_get("attempts")?),
+                created_at: datetime(row.try_get("created_at")?)?,
+            })
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
+    messages.sort_unstable_by_key(|m| m.id);
+    Ok(messages)
+}
+
+pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats, sqlx::Error> {
+    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let oldest: Option<i64> = row.try_get("oldest_pending_created_at")?;
+    Ok(TopicStats {
+        topic: row.try_get("topic")?,
+        pending: count("pending")?,
+        leased: count("leased")?,
+        dead: count("dead")?,
+        oldest_pending_age: oldest
+            .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
+    })
+}
+
+pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
+    ids.sort_unstable();
+    ids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_keep_strings_and_tolerate_anything_else() {
+        let headers = headers_from_text(r#"{"a": "x", "n": 1, "o": {"k": true}}"#);
+        assert_eq!(headers["a"], "x");
+        assert_eq!(headers["n"], "1");
+        assert_eq!(headers["o"], r#"{"k":true}"#);
+        assert!(headers_from_text("[1]").is_empty());
+        assert!(headers_from_text("not json").is_empty());
+        assert_eq!(headers_from_text(&headers_to_text(&headers)), headers);
+    }
+
+    #[test]
+    fn delays_are_clamped() {
+        assert_eq!(after(1_000, Duration::from_millis(1500)), 2_500);
+        assert_eq!(before(1_000, Duration::from_millis(1500)), -500);
+        assert_eq!(after(0, Duration::MAX), MAX_DELAY.as_millis() as i64);
+    }
+
+    #[test]
+    fn lists_are_json_arrays() {
+        assert_eq!(json_list(&[1i64, 2]), "[1,2]");
+        assert_eq!(json_list(&["a\"b".to_owned()]), r#"["a\"b"]"#);
+    }
+}

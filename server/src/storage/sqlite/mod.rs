@@ -1,0 +1,607 @@
+//! The SQLite backend: one outbox table in a local database file, shared with the
+//! producer application, which inserts rows into the same file in its own transactions.
+//!
+//! Start with [`SqliteStorage::connect`]. The statements live in [`sql`] (which also says
+//! how times are stored: epoch milliseconds), the error mapping and row decoding in
+//! [`convert`].
+//!
+//! Locking. SQLite has no `SKIP LOCKED` and no row locks; it has something simpler: one
+//! writer at a time per file, across every connection and every process on the machine.
+//! A claim is one `UPDATE ... RETURNING` inside `BEGIN IMMEDIATE`, which takes that write
+//! lock up front, so claims on a file run one at a time and each sees what the previous
+//! one committed: rows are never leased twice, and the strict-ordering predicate ("no
+//! earlier row of this key is leased") is sound, across servers too. A read probes first
+//! whether there is anything to claim, so an idle relay polling the file never takes the
+//! lock a producer is waiting for. Each storage writes
+//! through a pool of **one** connection (shared by the outboxes of a file), so the writes
+//! of one server queue fairly in-process instead of spinning in SQLite's busy handler;
+//! the busy timeout ([`BUSY_TIMEOUT`]) only covers other processes (a producer's
+//! transaction, another server). Past it, the operation fails as
+//! [`StorageError::Unavailable`]. The file is switched to WAL mode, so readers (stats,
+//! health pings, the producer's own reads) never wait for a claim, nor a claim for them.
+//!
+//! No insert signal: SQLite cannot notify another process of a commit, so claiming polls
+//! (adaptive, `poll.*` of the outbox). Per-key order, visibility delay, fencing, stats and
+//! purge behave as on PostgreSQL. Several servers may share a file **on one machine**
+//! (SQLite's locks do not work across network file systems).
+
+mod convert;
+mod sql;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
+};
+use sqlx::Executor;
+
+use self::convert::{
+    after, attempts, before, classify, datetime, decode_messages, decode_topic_stats,
+    headers_to_text, json_list, now_ms, sorted, Place,
+};
+use self::sql::{Shape, Statements};
+use super::ident::Ident;
+use super::{
+    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TopicStats,
+};
+
+/// How long a statement waits for another process's write lock before giving up.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long an operation waits for a pooled connection. The writer pool has a single
+/// connection, so writes queue here; past the busy timeout of the write ahead of them,
+/// plus a margin, the file counts as unavailable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Rows deleted per statement by `purge`, so it never holds the write lock for long.
+const PURGE_BATCH: i64 = 10_000;
+
+/// Per-outbox settings of the SQLite backend.
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    pub table: String,
+    /// Hold a row back while an earlier pending row with the same key is leased or
+    /// waiting for its retry.
+    pub strict_ordering: bool,
+    /// Delete delivered rows instead of marking them `done`.
+    pub delete_on_ack: bool,
+    /// Claim only rows at least this old (ids are assigned at insert, not at commit).
+    pub visibility_delay: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            table: "outbox".to_owned(),
+            strict_ordering: true,
+            delete_on_ack: false,
+            visibility_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// The connections to one database file: a single writer, and readers for stats and
+/// health. Cheap to clone; share it between the outboxes of a file.
+#[derive(Debug, Clone)]
+pub struct SqlitePools {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    file: PathBuf,
+}
+
+/// Pools that open the file on first use (creating it unless the URL sets `mode`).
+/// `max_connections` sizes the reader pool; there is always one writer.
+pub fn lazy_pools(url: &str, max_connections: u32) -> anyhow::Result<SqlitePools> {
+    if max_connections == 0 {
+        bail!("sqlite max_connections must be at least 1");
+    }
+    let file = database_file(url).map_err(|why| anyhow!("invalid sqlite url: {why}"))?;
+    let options = SqliteConnectOptions::from_str(url)
+        .context("invalid sqlite url")?
+        .busy_timeout(BUSY_TIMEOUT)
+        // In WAL mode, NORMAL loses no committed data on a crash of the process, only
+        // possibly the last commits on a power loss: at worst an ack or a claim is undone,
+        // and the row is delivered again (at-least-once). Producers choose for their rows.
+        .synchronous(SqliteSynchronous::Normal);
+    let options = if has_mode(url) {
+        options
+    } else {
+        options.create_if_missing(true)
+    };
+    // Only the writer switches the file to WAL (a persistent setting of the file): the
+    // switch needs an exclusive lock, and one connection cannot race itself for it.
+    let writer = SqlitePoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options.clone().journal_mode(SqliteJournalMode::Wal));
+    let reader = SqlitePoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_lazy_with(options);
+    Ok(SqlitePools {
+        writer,
+        reader,
+        file,
+    })
+}
+
+/// The file a `sqlite://PATH` (or `sqlite:PATH`) URL names, or why it names none that
+/// a relay can use. Relative paths are relative to the working directory.
+pub fn database_file(url: &str) -> Result<PathBuf, String> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))
+        .ok_or_else(|| "expected sqlite://PATH".to_owned())?;
+    let path = rest.split_once('?').map_or(rest, |(path, _)| path);
+    if path.is_empty() {
+        return Err("no file: write sqlite://PATH, for example sqlite://txoutbox.db".to_owned());
+    }
+    if path == ":memory:" || url.contains("mode=memory") {
+        return Err(
+            "an in-memory database is private to this process; the relay and your \
+                    producers must share a file: write sqlite://PATH"
+                .to_owned(),
+        );
+    }
+    let options = SqliteConnectOptions::from_str(url).map_err(|err| err.to_string())?;
+    Ok(options.get_filename().to_path_buf())
+}
+
+fn has_mode(url: &str) -> bool {
+    url.split_once('?')
+        .is_some_and(|(_, query)| query.split('&').any(|pair| pair.starts_with("mode=")))
+}
+
+/// An outbox table in a SQLite file.
+pub struct SqliteStorage {
+    pools: SqlitePools,
+    options: SqliteOptions,
+    sql: Statements,
+    place: Place,
+}
+
+impl fmt::Debug for SqliteStorage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStorage")
+            .field("file", &self.pools.file)
+            .field("table", &self.sql.display_table)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStorage {
+    /// A storage with pools of its own (see [`lazy_pools`]). The table name is checked
+    /// here; the file is not opened until first use (see [`Storage::ping`]).
+    pub async fn connect(
+        url: &str,
+        max_connections: u32,
+        options: SqliteOptions,
+    ) -> anyhow::Result<Self> {
+        Self::from_pools(lazy_pools(url, max_connections)?, options)
+    }
+
+    /// A storage on existing pools, for example ones shared by the outboxes of a file.
+    pub fn from_pools(pools: SqlitePools, options: SqliteOptions) -> anyhow::Result<Self> {
+        let table =
+            Ident::new(&options.table).map_err(|err| anyhow!("invalid sqlite `table`: {err}"))?;
+        let sql = Statements::render(&Shape {
+            table: &table,
+            strict_ordering: options.strict_ordering,
+            visibility_delay: options.visibility_delay,
+        });
+        let place = Place {
+            table: sql.display_table.clone(),
+            file: pools.file.display().to_string(),
+            busy_timeout: BUSY_TIMEOUT,
+        };
+        Ok(Self {
+            pools,
+            options,
+            sql,
+            place,
+        })
+    }
+
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// Translates a driver error for `action`; see [`classify`].
+    fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
+        move |err| classify(err, &self.place, action)
+    }
+
+    /// The writer connection, for one autocommit statement. Take "now" after this: the
+    /// wait for the connection is not part of the operation's time.
+    async fn writer(&self, action: &'static str) -> StorageResult<PoolConnection<Sqlite>> {
+        self.pools
+            .writer
+            .acquire()
+            .await
+            .map_err(self.error(action))
+    }
+
+    /// A write transaction holding the file's write lock from its first statement on.
+    async fn begin_immediate(
+        &self,
+        action: &'static str,
+    ) -> StorageResult<sqlx::Transaction<'static, Sqlite>> {
+        self.pools
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.error(action))
+    }
+}
+
+#[async_trait]
+impl Storage for SqliteStorage {
+    fn backend(&self) -> &'static str {
+        "sqlite"
+    }
+
+    #[tracing::instrument(
+        name = "storage.claim",
+        skip_all,
+        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
+    )]
+    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        let err = || self.error("claim");
+        let (statement, probe) = match request.topics {
+            [] => (&self.sql.claim_all, &self.sql.probe_all),
+            _ => (&self.sql.claim_topics, &self.sql.probe_topics),
+        };
+        let topics = (!request.topics.is_empty()).then(|| json_list(request.topics));
+        let delay = self.options.visibility_delay;
+
+        // The common idle case, answered by a read: no write lock taken.
+        let now = now_ms();
+        let mut query = sqlx::query_scalar(probe).bind(now);
+        if let Some(topics) = &topics {
+            query = query.bind(topics.as_str());
+        }
+        if !delay.is_zero() {
+            query = query.bind(before(now, delay));
+        }
+        let claimable: bool = query.fetch_one(&self.pools.reader).await.map_err(err())?;
+        if !claimable {
+            return Ok(Claimed {
+                messages: Vec::new(),
+                lease_expires_at: datetime(after(now, request.lease)).map_err(err())?,
+            });
+        }
+
+        let mut tx = self.begin_immediate("claim").await?;
+        let now = now_ms();
+        let lease_until = after(now, request.lease);
+        let mut query = sqlx::query(statement).bind(now);
+        if let Some(topics) = &topics {
+            query = query.bind(topics.as_str());
+        }
+        if !delay.is_zero() {
+            query = query.bind(before(now, delay));
+        }
+        let rows = query
+            .bind(request.owner)
+            .bind(lease_until)
+            .bind(i64::from(request.batch_size))
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err())?;
+        // Decoded before the commit: a row that cannot be decoded fails the claim instead
+        // of being leased and lost from sight until its lease runs out.
+        let messages = decode_messages(rows).map_err(err())?;
+        let lease_expires_at = datetime(lease_until).map_err(err())?;
+        tx.commit().await.map_err(err())?;
+        tracing::debug!(claimed = messages.len(), "claimed");
+        Ok(Claimed {
+            messages,
+            lease_expires_at,
+        })
+    }
+
+    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let statement = if self.options.delete_on_ack {
+            &self.sql.ack_delete
+        } else {
+            &self.sql.ack
+        };
+        let mut conn = self.writer("ack").await?;
+        let mut query = sqlx::query_scalar(statement)
+            .bind(json_list(ids))
+            .bind(owner);
+        if !self.options.delete_on_ack {
+            query = query.bind(now_ms());
+        }
+        let applied = query
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(self.error("ack"))?;
+        Ok(sorted(applied))
+    }
+
+    #[tracing::instrument(
+        name = "storage.nack",
+        skip_all,
+        fields(table = %self.sql.display_table, id, owner),
+    )]
+    async fn nack(
+        &self,
+        id: MessageId,
+        owner: &str,
+        error: &str,
+        requested_delay: Option<Duration>,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<NackResult> {
+        let err = || self.error("nack");
+        let mut tx = self.begin_immediate("nack").await?;
+        let now = now_ms();
+        let held: Option<(i64, Option<String>)> = sqlx::query_as(&self.sql.nack_select)
+            .bind(id)
+            .bind(owner)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err())?;
+        let Some((stored_attempts, key)) = held else {
+            return Ok(NackResult::Fenced);
+        };
+
+        let decision = policy.on_failure(attempts(stored_attempts), requested_delay);
+        // When the later rows of the key become claimable: the retry time, or now.
+        let successors_at = match decision {
+            FailureDecision::RetryAfter(delay) => {
+                let retry_at = after(now, delay);
+                sqlx::query(&self.sql.nack_retry)
+                    .bind(id)
+                    .bind(retry_at)
+                    .bind(error)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err())?;
+                retry_at
+            }
+            FailureDecision::DeadLetter => {
+                sqlx::query(&self.sql.nack_dead)
+                    .bind(id)
+                    .bind(now)
+                    .bind(error)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err())?;
+                now
+            }
+        };
+        let released = match key {
+            Some(key) => sqlx::query_scalar(&self.sql.release_successors)
+                .bind(key)
+                .bind(id)
+                .bind(owner)
+                .bind(successors_at)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(err())?,
+            None => Vec::new(),
+        };
+        let retry_at = datetime(successors_at).map_err(err())?;
+        tx.commit().await.map_err(err())?;
+        let released = sorted(released);
+        Ok(match decision {
+            FailureDecision::RetryAfter(_) => NackResult::Retried { retry_at, released },
+            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
+        })
+    }
+
+    async fn release(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = self.writer("release").await?;
+        let applied = sqlx::query_scalar(&self.sql.release)
+            .bind(json_list(ids))
+            .bind(owner)
+            .bind(after(now_ms(), delay))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(self.error("release"))?;
+        Ok(sorted(applied))
+    }
+
+    async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
+        let mut conn = self.writer("dead-letter").await?;
+        let applied: Option<MessageId> = sqlx::query_scalar(&self.sql.dead_letter)
+            .bind(id)
+            .bind(owner)
+            .bind(error)
+            .bind(now_ms())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(self.error("dead-letter"))?;
+        Ok(applied.is_some())
+    }
+
+    async fn extend_lease(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        lease: Duration,
+    ) -> StorageResult<Extended> {
+        let err = || self.error("extend lease");
+        if ids.is_empty() {
+            let lease_expires_at = datetime(after(now_ms(), lease)).map_err(err())?;
+            return Ok(Extended {
+                ids: Vec::new(),
+                lease_expires_at,
+            });
+        }
+        let mut conn = self.writer("extend lease").await?;
+        let until = after(now_ms(), lease);
+        let extended = sqlx::query_scalar(&self.sql.extend_lease)
+            .bind(json_list(ids))
+            .bind(owner)
+            .bind(until)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err())?;
+        Ok(Extended {
+            ids: sorted(extended),
+            lease_expires_at: datetime(until).map_err(err())?,
+        })
+    }
+
+    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let mut conn = self.writer("return leases").await?;
+        let done = sqlx::query(&self.sql.return_leases)
+            .bind(json_list(ids))
+            .bind(owner)
+            .bind(now_ms())
+            .execute(&mut *conn)
+            .await
+            .map_err(self.error("return leases"))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn stats(&self) -> StorageResult<Stats> {
+        let now = now_ms();
+        let rows = sqlx::query(&self.sql.stats)
+            .bind(now)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("stats"))?;
+        let topics = rows
+            .iter()
+            .map(|row| decode_topic_stats(row, now))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.error("stats"))?;
+        let total = topics
+            .iter()
+            .fold(TopicStats::default(), |total, topic| TopicStats {
+                topic: String::new(),
+                pending: total.pending + topic.pending,
+                leased: total.leased + topic.leased,
+                dead: total.dead + topic.dead,
+                oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
+            });
+        Ok(Stats { total, topics })
+    }
+
+    #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
+    async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
+        if self.options.delete_on_ack {
+            return Ok(0);
+        }
+        let mut purged = 0;
+        loop {
+            // The writer is given back between batches, so claims interleave.
+            let mut conn = self.writer("purge").await?;
+            let done = sqlx::query(&self.sql.purge_batch)
+                .bind(before(now_ms(), older_than))
+                .bind(PURGE_BATCH)
+                .execute(&mut *conn)
+                .await
+                .map_err(self.error("purge"))?;
+            purged += done.rows_affected();
+            if done.rows_affected() < PURGE_BATCH as u64 {
+                tracing::debug!(purged, "purged delivered rows");
+                return Ok(purged);
+            }
+        }
+    }
+
+    fn schema_sql(&self) -> String {
+        self.sql.schema.clone()
+    }
+
+    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
+    async fn create_schema(&self) -> StorageResult<()> {
+        let err = || self.error("create schema");
+        // Under the write lock, so servers starting together create it once.
+        let mut tx = self.begin_immediate("create schema").await?;
+        // No bind parameters: every statement of the script runs.
+        tx.execute(self.sql.schema.as_str()).await.map_err(err())?;
+        tx.commit().await.map_err(err())
+    }
+
+    async fn ping(&self) -> StorageResult<()> {
+        sqlx::query(&self.sql.ping)
+            .execute(&self.pools.reader)
+            .await
+            .map_err(self.error("ping"))?;
+        Ok(())
+    }
+
+    async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
+        let mut conn = self.writer("insert").await?;
+        sqlx::query_scalar(&self.sql.insert)
+            .bind(message.topic)
+            .bind(message.key)
+            .bind(message.payload)
+            .bind(headers_to_text(&message.headers))
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(self.error("insert"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_name_a_file() {
+        assert_eq!(
+            database_file("sqlite://txoutbox.db").unwrap(),
+            PathBuf::from("txoutbox.db")
+        );
+        assert_eq!(
+            database_file("sqlite:///var/lib/txoutbox/outbox.db?mode=rwc").unwrap(),
+            PathBuf::from("/var/lib/txoutbox/outbox.db")
+        );
+        assert_eq!(
+            database_file("sqlite:data/a%3Fb.db").unwrap(),
+            PathBuf::from("data/a?b.db")
+        );
+        for url in ["sqlite::memory:", "sqlite://x.db?mode=memory"] {
+            assert!(
+                database_file(url).unwrap_err().contains("in-memory"),
+                "{url}"
+            );
+        }
+        assert!(database_file("sqlite://").unwrap_err().contains("no file"));
+        assert!(database_file("sqlite://x.db?bogus=1").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_table_name_is_checked_and_named() {
+        let options = SqliteOptions {
+            table: "out-box".into(),
+            ..Default::default()
+        };
+        let err = SqliteStorage::connect("sqlite://x.db", 1, options)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`table`"), "{err}");
+        assert!(
+            err.contains("ASCII letters, digits and underscores"),
+            "{err}"
+        );
+    }
+}
