@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
@@ -159,8 +159,9 @@ pub async fn run(
             drain.clone(),
         )))
         .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))))
+        // Nagle would hold each small batch or confirmation back by tens of milliseconds.
         .serve_with_incoming_shutdown(
-            TcpListenerStream::new(listener),
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
             stop_serving.clone().cancelled_owned(),
         );
     let mut server = tokio::spawn(server);

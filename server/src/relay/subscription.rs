@@ -156,6 +156,7 @@ pub async fn run(
         owner,
         held: Held::default(),
         poller,
+        short_while_holding: false,
         events,
     };
     let result = state.serve(&mut answers, &drain).await;
@@ -174,6 +175,8 @@ struct Subscription {
     owner: String,
     held: Held,
     poller: Poller,
+    /// The last claim returned fewer rows than asked while the stream held some.
+    short_while_holding: bool,
     events: mpsc::Sender<RelayResult<Event>>,
 }
 
@@ -233,7 +236,16 @@ impl Subscription {
                 biased;
                 answer = answers.recv() => {
                     let Some(answer) = answer else { return Ok(Stop::SubscriberGone) };
+                    let held_before = self.held.len();
                     self.answer(answer?, answers).await?;
+                    // A claim that came back short while this stream held rows may have been
+                    // held back by this stream's own keys: answering them can unblock work,
+                    // so look again now rather than after the idle backoff.
+                    if self.short_while_holding && self.held.len() < held_before {
+                        self.short_while_holding = false;
+                        self.poller.busy();
+                        next_claim_at = Instant::now();
+                    }
                 }
                 _ = self.events.closed() => return Ok(Stop::SubscriberGone),
                 _ = drain.started(), if drain_deadline.is_none() => {
@@ -287,6 +299,7 @@ impl Subscription {
             Err(error) => return Err(error),
         };
         let got = claimed.messages.len();
+        self.short_while_holding = (got as u32) < asked && self.held.len() > 0;
         if got == 0 {
             return Ok(Instant::now() + self.poller.idle());
         }

@@ -103,7 +103,9 @@ pub(super) fn claim(
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
     // `bound`: with a full set of heads, no row after the last head can be among the
     // batch's oldest rows, so each key's run is cut there; this keeps the work near the
-    // batch size whatever the keys' backlogs.
+    // batch size whatever the keys' backlogs. Written as one comparison (not `IS NULL
+    // OR ...`) so it becomes part of the index condition instead of a filter applied
+    // after walking the key's whole backlog.
     format!(
         "WITH heads AS (\
            SELECT h.key, h.head_id FROM {heads} h JOIN {t} r ON r.id = h.head_id \
@@ -115,7 +117,7 @@ pub(super) fn claim(
            FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (\
              SELECT s.* FROM {t} s \
              WHERE s.key = h.key AND s.status = 'pending' AND s.id >= h.head_id \
-               AND (b.max_id IS NULL OR s.id <= b.max_id) \
+               AND s.id <= coalesce(b.max_id, 9223372036854775807) \
              ORDER BY s.id LIMIT $3) s), \
          keyless AS (\
            SELECT o.id FROM {t} o WHERE o.status = 'pending' AND o.key IS NULL AND {keyless_ok} \

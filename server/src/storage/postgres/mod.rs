@@ -191,8 +191,8 @@ impl PostgresStorage {
 }
 
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
-/// (JIT-compiling the claim under a large backlog costs more than the claim itself) and a
-/// short acquire timeout, so a dead database surfaces as [`StorageError::Unavailable`]
+/// (JIT-compiling the claim under a large backlog costs more than the claim itself),
+/// `synchronous_commit = off` (see `connect_options`), and a short acquire timeout, so a dead database surfaces as [`StorageError::Unavailable`]
 /// within seconds instead of hanging callers.
 pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
     if max_connections == 0 {
@@ -211,7 +211,11 @@ fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
         Some(_) => options,
         None => options.application_name("txoutboxd"),
     };
-    Ok(options.options([("jit", "off")]))
+    // `synchronous_commit = off` on the relay's own sessions (producers are untouched): a
+    // claim or answer lost in a database crash only means a redelivery, which
+    // at-least-once allows, while waiting for a disk flush per claim and per ack was the
+    // largest cost of a drain (BENCHMARKS.md).
+    Ok(options.options([("jit", "off"), ("synchronous_commit", "off")]))
 }
 
 #[async_trait]
