@@ -5,7 +5,10 @@
 //!
 //! Every wait is a condition polled against a generous deadline, never a bare sleep, so
 //! the suite stays reliable on a busy two-core machine.
+//!
+//! [`bench`] is the benchmark tool (`txoutbox-bench`) built on the same harness.
 
+pub mod bench;
 pub mod db;
 pub mod journal;
 pub mod mariadb;

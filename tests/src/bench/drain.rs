@@ -1,0 +1,178 @@
+//! Drain throughput through `txoutboxd`: a backlog loaded up front, drained by Rust
+//! client runtimes ([`Subscriber`]) whose publisher returns at once, through one or two
+//! real server processes.
+
+use std::time::{Duration, Instant};
+
+use txoutbox_client::{Message, PublishError, Subscriber, SubscriberHandle};
+
+use super::procfs::{self, CpuShare, CpuSnapshot};
+use super::workload::{wait_until, BenchSchema, Workload, TABLE};
+use super::Plan;
+use crate::Server;
+
+/// Name of the outbox in every benchmark server's configuration.
+pub const OUTBOX: &str = "bench";
+
+/// What one drain measured.
+#[derive(Debug, Clone, Copy)]
+pub struct DrainResult {
+    /// Messages acked per second, from the subscribers' start to the last ack.
+    pub rate: f64,
+    /// Highest peak RSS (`VmHWM`) among the servers.
+    pub peak_rss_kib: u64,
+    pub cpu: CpuShare,
+}
+
+/// A `txoutboxd` configuration with one outbox `bench` on `schema.outbox`.
+pub fn server_config(
+    plan: &Plan,
+    schema: &str,
+    strict_ordering: bool,
+    notify_channel: Option<&str>,
+) -> String {
+    let notify = notify_channel
+        .map(|channel| format!("notify_channel = \"{channel}\"\n"))
+        .unwrap_or_default();
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+log_format = "json"
+drain_timeout = "5s"
+
+[databases.main]
+url = "{url}"
+
+[outboxes.{OUTBOX}]
+database = "main"
+schema = "{schema}"
+table = "{TABLE}"
+strict_ordering = {strict_ordering}
+max_batch_size = {batch}
+{notify}"#,
+        url = plan.relay_url,
+        batch = plan.batch_size,
+    )
+}
+
+/// Starts a server quietly (`--server-log`, only warnings echoed) and waits until it
+/// serves.
+pub async fn start_server(plan: &Plan, config: &str) -> Server {
+    let server = Server::start_with_log(config, &plan.server_log, false).await;
+    server.wait_serving(OUTBOX).await;
+    server
+}
+
+/// Stops a server with SIGTERM and waits for it, so its connections are gone before the
+/// schema is dropped; keeps its log in `--server-log-dir` if asked.
+pub async fn stop_server(plan: &Plan, mut server: Server, label: &str) {
+    server.terminate();
+    let wait = server.wait_exit(Duration::from_secs(20));
+    let _ = tokio::time::timeout(Duration::from_secs(20), wait).await;
+    if let Some(dir) = &plan.server_log_dir {
+        let path = dir.join(format!("{label}-{}.log", server.address.replace(':', "_")));
+        let lines = server.log.lock().unwrap().join("\n");
+        let written = std::fs::create_dir_all(dir).and_then(|()| std::fs::write(&path, lines));
+        if let Err(error) = written {
+            eprintln!("[bench] cannot write {}: {error}", path.display());
+        }
+    }
+}
+
+/// A Rust client runtime on `url` whose publisher returns at once.
+pub fn noop_subscriber(plan: &Plan, url: String, name: &str) -> anyhow::Result<Subscriber> {
+    Ok(Subscriber::builder([url], OUTBOX)
+        .name(name)
+        .max_in_flight(plan.window)
+        .concurrency(plan.window as usize)
+        .build(|_message: Message| async { Ok::<_, PublishError>(()) })?)
+}
+
+/// Drains the backlog of `workload` through `servers` servers by `subscribers`
+/// subscribers (spread evenly over the servers).
+pub async fn drain(
+    plan: &Plan,
+    workload: Workload,
+    servers: usize,
+    subscribers: usize,
+) -> anyhow::Result<DrainResult> {
+    let schema = BenchSchema::create(&plan.database_url, "drain").await?;
+    let result = drain_in(plan, &schema, workload, servers, subscribers).await;
+    schema.drop().await;
+    result
+}
+
+async fn drain_in(
+    plan: &Plan,
+    schema: &BenchSchema,
+    workload: Workload,
+    servers: usize,
+    subscribers: usize,
+) -> anyhow::Result<DrainResult> {
+    let storage = schema
+        .create_outbox(&plan.database_url, workload.strict_ordering(), 1)
+        .await?;
+    drop(storage);
+    schema
+        .load(&schema.table(), workload, plan.keys, workload.rows(plan))
+        .await?;
+
+    let config = server_config(plan, &schema.name, workload.strict_ordering(), None);
+    let mut running = Vec::new();
+    for _ in 0..servers {
+        running.push(start_server(plan, &config).await);
+    }
+    let pids: Vec<u32> = running.iter().filter_map(Server::pid).collect();
+    let built = (0..subscribers)
+        .map(|i| noop_subscriber(plan, running[i % servers].url(), &format!("bench-{i}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+
+    let before = CpuSnapshot::take(&pids);
+    let started = Instant::now();
+    let handles: Vec<SubscriberHandle> = built.into_iter().map(Subscriber::spawn).collect();
+    let counters: Vec<_> = handles.iter().map(SubscriberHandle::counters).collect();
+    let rows = workload.rows(plan);
+    let acked = || counters.iter().map(|c| c.snapshot().acked).sum::<u64>();
+    // Generous: even the Python original's slowest workload drains faster than this.
+    let deadline = Duration::from_secs(120) + Duration::from_millis(rows * 20);
+    let finished = wait_until(
+        "the backlog to drain",
+        deadline,
+        Duration::from_millis(2),
+        || {
+            let done = acked() >= rows;
+            async move { done }
+        },
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let after = CpuSnapshot::take(&pids);
+    let peak_rss_kib = pids
+        .iter()
+        .filter_map(|pid| procfs::status_kib(*pid, "VmHWM"))
+        .max()
+        .unwrap_or(0);
+    if let Err(error) = &finished {
+        let got = acked();
+        eprintln!("[bench] drain stalled at {got} of {rows} acked: {error}");
+    }
+    for handle in handles {
+        let _ = tokio::time::timeout(Duration::from_secs(30), handle.stop()).await;
+    }
+    let label = format!("drain-{}-{servers}x{subscribers}", workload.label());
+    for server in running {
+        stop_server(plan, server, &label).await;
+    }
+    finished?;
+    let done = schema.count(&schema.table(), "done").await?;
+    anyhow::ensure!(
+        done as u64 == rows,
+        "after the drain {done} rows are done, expected {rows}"
+    );
+    Ok(DrainResult {
+        rate: rows as f64 / elapsed.as_secs_f64(),
+        peak_rss_kib,
+        cpu: before.share_until(&after),
+    })
+}

@@ -1,0 +1,209 @@
+//! `txoutbox-bench`: how fast `txoutboxd` relays, side by side with the ceiling the
+//! database allows and with the Python original (`txoutbox` 0.2.2), in one run.
+//!
+//! Every measurement makes its own schema(s) in the local PostgreSQL and drops them
+//! afterwards. Start at [`run`]; each section lives in its own module:
+//! - [`drain`]: a backlog drained through real `txoutboxd` processes by the Rust client
+//!   runtime ([`txoutbox_client::Subscriber`]) with a publisher that returns at once;
+//! - [`ceiling`]: the same backlog drained by the claim and ack SQL alone, in-process
+//!   through the [`Storage`](txoutbox_server::storage::Storage) trait;
+//! - [`python`]: the same backlog drained by the Python original's `Relay`;
+//! - [`latency`]: commit-to-receive latency at a steady insert rate;
+//! - [`claim_cost`]: one claim's time against the size and shape of the backlog;
+//! - [`memory`]: `txoutboxd`'s RSS with many idle subscriber streams.
+//!
+//! [`report`] turns the measurements into the one table. A measurement that fails is
+//! left out of the table with a note saying why; the others still run.
+
+pub mod ceiling;
+pub mod claim_cost;
+pub mod config;
+pub mod drain;
+pub mod latency;
+pub mod memory;
+pub mod procfs;
+pub mod python;
+pub mod report;
+pub mod stats;
+pub mod workload;
+
+use std::future::Future;
+use std::time::Instant;
+
+pub use config::{Options, Plan, Section};
+use report::Report;
+use stats::Measurements;
+use workload::Workload;
+
+/// The drain topologies: (servers, subscribers).
+pub const TOPOLOGIES: [(usize, usize); 3] = [(1, 1), (1, 4), (2, 4)];
+
+/// The topologies measured for a workload: the hot key has one consumer at a time
+/// whatever the topology, so it is measured with one server and one subscriber.
+pub fn topologies(workload: Workload) -> &'static [(usize, usize)] {
+    match workload {
+        Workload::HotKey => &TOPOLOGIES[..1],
+        _ => &TOPOLOGIES,
+    }
+}
+
+/// Worker (and Python relay) counts matching the subscriber counts of the topologies.
+pub fn worker_counts(workload: Workload) -> Vec<usize> {
+    let mut workers: Vec<usize> = topologies(workload).iter().map(|(_, s)| *s).collect();
+    workers.dedup();
+    workers
+}
+
+/// Runs every selected section and returns the report (printing progress to stderr).
+pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    let machine_at_start = machine(plan).await;
+    let mut m = Measurements::default();
+    let python = if plan.wants(Section::Python) {
+        match python::prepare(plan).await {
+            Ok(python) => Some(python),
+            Err(error) => {
+                let message = format!("{error:#}");
+                eprintln!();
+                eprintln!("!!! THE PYTHON ORIGINAL IS NOT MEASURED: {message}");
+                eprintln!();
+                m.note(format!("THE PYTHON ORIGINAL WAS NOT MEASURED: {message}"));
+                None
+            }
+        }
+    } else {
+        None
+    };
+
+    for run in 1..=plan.runs {
+        for workload in [Workload::Keyed, Workload::Keyless, Workload::HotKey] {
+            let label = workload.label();
+            if plan.wants(Section::Ceiling) {
+                for n in worker_counts(workload) {
+                    let what = format!("ceiling, {label}, {n} worker(s)");
+                    if let Some(rate) =
+                        attempt(&mut m, plan, run, &what, ceiling::drain(plan, workload, n)).await
+                    {
+                        m.record(report::ceiling_key(workload, n), run, rate);
+                    }
+                }
+            }
+            if plan.wants(Section::Drain) {
+                for &(servers, subscribers) in topologies(workload) {
+                    let what = format!(
+                        "txoutboxd, {label}, {servers} server(s) + {subscribers} subscriber(s)"
+                    );
+                    let drained = drain::drain(plan, workload, servers, subscribers);
+                    if let Some(result) = attempt(&mut m, plan, run, &what, drained).await {
+                        let key = report::drain_key(workload, servers, subscribers);
+                        m.record(&key, run, result.rate);
+                        m.record(
+                            format!("{key}/peak-rss-mib"),
+                            run,
+                            result.peak_rss_kib as f64 / 1024.0,
+                        );
+                        m.record(format!("{key}/cpu-server"), run, result.cpu.servers);
+                        m.record(format!("{key}/cpu-postgres"), run, result.cpu.postgres);
+                        m.record(format!("{key}/cpu-client"), run, result.cpu.bench);
+                    }
+                }
+            }
+            if let Some(python) = &python {
+                for n in worker_counts(workload) {
+                    let what = format!("Python original, {label}, {n} relay(s)");
+                    let drained = python::drain(plan, python, workload, n);
+                    if let Some(rate) = attempt(&mut m, plan, run, &what, drained).await {
+                        m.record(report::python_key(workload, n), run, rate);
+                    }
+                }
+            }
+        }
+        if plan.wants(Section::Latency) {
+            for notify in [true, false] {
+                let how = if notify { "LISTEN/NOTIFY" } else { "polling" };
+                let what = format!("latency, {how}");
+                if let Some(latency) =
+                    attempt(&mut m, plan, run, &what, latency::measure(plan, notify)).await
+                {
+                    for (name, value) in latency.percentiles() {
+                        m.record(report::latency_key(notify, name), run, value);
+                    }
+                }
+            }
+        }
+        if plan.wants(Section::Memory) {
+            let what = format!("memory, {} idle streams", plan.idle_streams);
+            if let Some(memory) =
+                attempt(&mut m, plan, run, &what, memory::idle_streams(plan)).await
+            {
+                m.record("memory/idle/rss-mib", run, memory.rss_kib as f64 / 1024.0);
+                m.record("memory/idle/peak-mib", run, memory.peak_kib as f64 / 1024.0);
+                m.record(
+                    "memory/idle/baseline-mib",
+                    run,
+                    memory.baseline_kib as f64 / 1024.0,
+                );
+            }
+        }
+    }
+    if plan.wants(Section::ClaimCost) {
+        claim_cost::measure(plan, &mut m).await?;
+    }
+    let machine = format!(
+        "{machine_at_start}; load average at the end: {}",
+        load_average()
+    );
+    Ok(Report::build(plan, m, machine, started.elapsed()))
+}
+
+/// Runs one measurement; a failure becomes a note and leaves the figure out.
+async fn attempt<T>(
+    m: &mut Measurements,
+    plan: &Plan,
+    run: usize,
+    what: &str,
+    measurement: impl Future<Output = anyhow::Result<T>>,
+) -> Option<T> {
+    eprintln!("[bench] run {run}/{}: {what}", plan.runs);
+    match measurement.await {
+        Ok(value) => Some(value),
+        Err(error) => {
+            eprintln!("[bench] FAILED: {what}: {error:#}");
+            m.note(format!("run {run}: {what} failed: {error:#}"));
+            None
+        }
+    }
+}
+
+/// The machine in one line: cores, memory, PostgreSQL version, load average now.
+async fn machine(plan: &Plan) -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let memory_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+            line.split_whitespace().nth(1)?.parse::<f64>().ok()
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let version = async {
+        let pool = sqlx::PgPool::connect(&plan.database_url).await.ok()?;
+        let version: String = sqlx::query_scalar("SHOW server_version")
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+        pool.close().await;
+        Some(version)
+    }
+    .await
+    .unwrap_or_else(|| "unknown".to_owned());
+    format!(
+        "{cores} cores, {memory_gib:.1} GiB memory, PostgreSQL {version}; load average at the start: {}",
+        load_average()
+    )
+}
+
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}

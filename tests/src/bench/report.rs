@@ -1,0 +1,495 @@
+//! The one table: every figure with its spread, the ratios of the same runs, the target
+//! of issue 5 it answers to, and whether it is met. Printed as a markdown table (readable
+//! as plain text too), optionally written as markdown and JSON.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::json;
+
+use super::claim_cost::{self, HeadState, Shape};
+use super::stats::{Figure, Measurements};
+use super::workload::Workload;
+use super::{topologies, worker_counts, Plan, Section};
+
+pub fn drain_key(workload: Workload, servers: usize, subscribers: usize) -> String {
+    format!("drain/{}/{servers}x{subscribers}", workload.label())
+}
+
+pub fn ceiling_key(workload: Workload, workers: usize) -> String {
+    format!("ceiling/{}/{workers}", workload.label())
+}
+
+pub fn python_key(workload: Workload, relays: usize) -> String {
+    format!("python/{}/{relays}", workload.label())
+}
+
+pub fn latency_key(notify: bool, percentile: &str) -> String {
+    let how = if notify { "notify" } else { "polling" };
+    format!("latency/{how}/{percentile}")
+}
+
+/// One line of the table.
+#[derive(Debug, Clone, Default)]
+pub struct Row {
+    pub section: &'static str,
+    pub measurement: String,
+    pub median: String,
+    pub spread: String,
+    pub vs_python: String,
+    pub vs_ceiling: String,
+    pub target: String,
+    pub verdict: String,
+    pub notes: String,
+}
+
+const HEADER: [&str; 9] = [
+    "section",
+    "measurement",
+    "median",
+    "spread (min–max)",
+    "ours / Python",
+    "ours / ceiling",
+    "target (issue 5)",
+    "verdict",
+    "notes",
+];
+
+impl Row {
+    fn cells(&self) -> [&str; 9] {
+        [
+            self.section,
+            &self.measurement,
+            &self.median,
+            &self.spread,
+            &self.vs_python,
+            &self.vs_ceiling,
+            &self.target,
+            &self.verdict,
+            &self.notes,
+        ]
+    }
+}
+
+pub struct Report {
+    pub rows: Vec<Row>,
+    /// Cores, memory, PostgreSQL version, load average at the start and the end.
+    pub machine: String,
+    pub notes: Vec<String>,
+    pub settings: String,
+    pub measurements: Measurements,
+    pub elapsed: Duration,
+}
+
+impl Report {
+    pub fn build(plan: &Plan, m: Measurements, machine: String, elapsed: Duration) -> Self {
+        let mut rows = Vec::new();
+        drain_rows(plan, &m, &mut rows);
+        latency_rows(plan, &m, &mut rows);
+        claim_rows(plan, &m, &mut rows);
+        memory_rows(plan, &m, &mut rows);
+        let settings = format!(
+            "{rows} rows per drain ({hot} for the hot key), batch {batch}, window {window}, {keys} keys, {runs} run(s) per figure; \
+             latency at {rate} rows/s for {secs:.0}s; claim cost at {sizes} pending rows, {samples} claims per cell; \
+             {streams} idle streams{relay}{quick}",
+            rows = plan.rows,
+            hot = plan.hot_key_rows,
+            batch = plan.batch_size,
+            window = plan.window,
+            keys = plan.keys,
+            runs = plan.runs,
+            rate = plan.latency_rate,
+            secs = plan.latency_duration.as_secs_f64(),
+            sizes = plan.claim_sizes.iter().map(|s| count(*s as f64)).collect::<Vec<_>>().join(" / "),
+            samples = plan.claim_samples,
+            streams = plan.idle_streams,
+            relay = if plan.relay_pg_settings.is_empty() {
+                String::new()
+            } else {
+                format!("; relay sessions with {}", plan.relay_pg_settings.join(", "))
+            },
+            quick = if plan.quick { " (QUICK MODE: tiny sizes, figures not meaningful)" } else { "" },
+        );
+        Self {
+            rows,
+            machine,
+            notes: m.notes().to_vec(),
+            settings,
+            measurements: m,
+            elapsed,
+        }
+    }
+
+    /// The table as markdown, column-aligned so it also reads as plain text.
+    pub fn table(&self) -> String {
+        let mut widths = HEADER.map(|h| h.chars().count());
+        for row in &self.rows {
+            for (width, cell) in widths.iter_mut().zip(row.cells()) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let line = |cells: [&str; 9]| {
+            let mut out = String::from("|");
+            for (cell, width) in cells.iter().zip(widths) {
+                let pad = width - cell.chars().count();
+                let _ = write!(out, " {cell}{} |", " ".repeat(pad));
+            }
+            out.push('\n');
+            out
+        };
+        let separator: String = widths
+            .iter()
+            .map(|w| format!(" {} |", "-".repeat(*w)))
+            .collect();
+        let mut out = format!("{}|{separator}\n", line(HEADER));
+        for row in &self.rows {
+            out += &line(row.cells());
+        }
+        out
+    }
+
+    /// Settings, the table and the notes, as printed and as written to `--markdown`.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "txoutbox-bench: {}\nmachine: {}\n\n",
+            self.settings, self.machine
+        );
+        out += &self.table();
+        for note in &self.notes {
+            let _ = write!(out, "\nNOTE: {note}");
+        }
+        let _ = writeln!(out, "\n(benchmark took {:.0}s)", self.elapsed.as_secs_f64());
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let rows: Vec<_> = self
+            .rows
+            .iter()
+            .map(|row| {
+                let cells = row.cells();
+                serde_json::Value::Object(
+                    HEADER
+                        .iter()
+                        .zip(cells)
+                        .map(|(h, c)| ((*h).to_owned(), json!(c)))
+                        .collect(),
+                )
+            })
+            .collect();
+        json!({
+            "settings": self.settings,
+            "machine": self.machine,
+            "elapsed_seconds": self.elapsed.as_secs_f64(),
+            "notes": self.notes,
+            "rows": rows,
+            "measurements": self.measurements.all(),
+        })
+    }
+}
+
+fn drain_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    for workload in [Workload::Keyed, Workload::Keyless, Workload::HotKey] {
+        let desc = workload.describe(plan.keys);
+        let topologies = topologies(workload);
+        let python_target = if workload == Workload::HotKey {
+            10.0
+        } else {
+            3.0
+        };
+        for &(servers, subscribers) in topologies {
+            let key = drain_key(workload, servers, subscribers);
+            let Some(rate) = m.figure(&key) else { continue };
+            let vs_python = m.ratio(&key, &python_key(workload, subscribers));
+            let vs_ceiling = m.ratio(&key, &ceiling_key(workload, subscribers));
+            let mut verdicts = Vec::new();
+            if let Some(r) = vs_python {
+                verdicts.push(r.median >= python_target);
+            }
+            if let Some(r) = vs_ceiling {
+                verdicts.push(r.median >= 0.7);
+            }
+            let cpu = |what: &str| {
+                m.figure(&format!("{key}/cpu-{what}"))
+                    .map_or(0.0, |f| f.median)
+            };
+            let rss = m
+                .figure(&format!("{key}/peak-rss-mib"))
+                .map_or(0.0, |f| f.median);
+            rows.push(Row {
+                section: "drain",
+                measurement: format!(
+                    "txoutboxd, {desc}, {servers} server{} + {subscribers} subscriber{}",
+                    plural(servers),
+                    plural(subscribers)
+                ),
+                median: format!("{} msg/s", count(rate.median)),
+                spread: spread(&rate, count),
+                vs_python: vs_python.map(times).unwrap_or_default(),
+                vs_ceiling: vs_ceiling.map(percent).unwrap_or_default(),
+                target: format!("≥ {python_target}× Python, ≥ 70% ceiling"),
+                verdict: verdict(&verdicts),
+                notes: format!(
+                    "CPU cores: server {:.2}, postgres {:.2}, client {:.2}; server peak RSS {rss:.1} MiB",
+                    cpu("server"),
+                    cpu("postgres"),
+                    cpu("client"),
+                ),
+            });
+        }
+        if workload != Workload::HotKey {
+            let two = drain_key(workload, 2, 4);
+            let one = drain_key(workload, 1, 4);
+            if let Some(r) = m.ratio(&two, &one) {
+                rows.push(Row {
+                    section: "drain",
+                    measurement: format!("txoutboxd, {desc}: 2 servers / 1 server (4 subscribers)"),
+                    median: times(r),
+                    spread: spread(&r, |v| format!("{v:.2}×")),
+                    target: "≥ 1× (a second server never lowers it)".to_owned(),
+                    verdict: if r.median >= 1.0 {
+                        "met".to_owned()
+                    } else if r.median >= 0.95 {
+                        "met (within noise)".to_owned()
+                    } else {
+                        "MISSED".to_owned()
+                    },
+                    ..Row::default()
+                });
+            }
+        }
+        let workers = worker_counts(workload);
+        for &n in &workers {
+            if let Some(rate) = m.figure(&ceiling_key(workload, n)) {
+                rows.push(Row {
+                    section: "ceiling",
+                    measurement: format!(
+                        "claim + ack SQL in-process, {desc}, {n} worker{}",
+                        plural(n)
+                    ),
+                    median: format!("{} msg/s", count(rate.median)),
+                    spread: spread(&rate, count),
+                    ..Row::default()
+                });
+            }
+        }
+        for &n in &workers {
+            if let Some(rate) = m.figure(&python_key(workload, n)) {
+                rows.push(Row {
+                    section: "python",
+                    measurement: format!(
+                        "txoutbox 0.2.2 Relay, {desc}, {n} relay process{}",
+                        if n == 1 { "" } else { "es" }
+                    ),
+                    median: format!("{} msg/s", count(rate.median)),
+                    spread: spread(&rate, count),
+                    ..Row::default()
+                });
+            }
+        }
+    }
+}
+
+fn latency_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    for notify in [true, false] {
+        let how = if notify {
+            "LISTEN/NOTIFY"
+        } else {
+            "polling only"
+        };
+        for name in ["p50", "p90", "p99", "max"] {
+            let Some(f) = m.figure(&latency_key(notify, name)) else {
+                continue;
+            };
+            let limit = match (notify, name) {
+                (true, "p50") => Some(2.0),
+                (true, "p99") => Some(10.0),
+                _ => None,
+            };
+            rows.push(Row {
+                section: "latency",
+                measurement: format!(
+                    "commit → receive, {how}, {} rows/s, {name}",
+                    count(f64::from(plan.latency_rate))
+                ),
+                median: ms(f.median),
+                spread: spread(&f, ms),
+                target: limit.map(|l| format!("< {l} ms")).unwrap_or_default(),
+                verdict: limit.map(|l| verdict(&[f.median < l])).unwrap_or_default(),
+                ..Row::default()
+            });
+        }
+    }
+}
+
+fn claim_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    if !plan.wants(Section::ClaimCost) {
+        return;
+    }
+    let (Some(&smallest), Some(&largest)) =
+        (plan.claim_sizes.iter().min(), plan.claim_sizes.iter().max())
+    else {
+        return;
+    };
+    for shape in Shape::ALL {
+        for &state in shape.states() {
+            let base = m.figure(&claim_cost::key(shape, state, smallest));
+            for &size in &plan.claim_sizes {
+                let Some(f) = m.figure(&claim_cost::key(shape, state, size)) else {
+                    continue;
+                };
+                let mut row = Row {
+                    section: "claim cost",
+                    measurement: format!(
+                        "claim of {}, {} pending, {}, {}",
+                        plan.batch_size,
+                        count(size as f64),
+                        shape.describe(plan.keys),
+                        state_label(state)
+                    ),
+                    median: ms(f.median),
+                    spread: spread(&f, ms),
+                    ..Row::default()
+                };
+                if size == largest && largest != smallest {
+                    if let Some(base) = base {
+                        let growth = f.median / base.median;
+                        row.target = format!("≤ 2× the cost at {}", count(smallest as f64));
+                        row.verdict = verdict(&[growth <= 2.0]);
+                        row.notes = format!("{growth:.2}× the cost at {}", count(smallest as f64));
+                    }
+                }
+                rows.push(row);
+            }
+        }
+    }
+}
+
+fn state_label(state: HeadState) -> &'static str {
+    match state {
+        HeadState::Free => "head free",
+        HeadState::Leased => "hot key's head leased elsewhere",
+        HeadState::Retrying => "hot key's head waiting for its retry",
+    }
+}
+
+fn memory_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    let peaks: Vec<(String, Figure)> = m
+        .names()
+        .filter(|k| k.ends_with("/peak-rss-mib"))
+        .filter_map(|k| Some((k.to_owned(), m.figure(k)?)))
+        .collect();
+    if let Some((key, f)) = peaks
+        .iter()
+        .max_by(|a, b| a.1.median.total_cmp(&b.1.median))
+    {
+        rows.push(Row {
+            section: "memory",
+            measurement: "txoutboxd peak RSS (VmHWM) during a drain, the highest".to_owned(),
+            median: mib(f.median),
+            spread: spread(f, mib),
+            notes: format!("in {}", key.trim_end_matches("/peak-rss-mib")),
+            ..Row::default()
+        });
+    }
+    if let Some(f) = m.figure("memory/idle/rss-mib") {
+        let baseline = m
+            .figure("memory/idle/baseline-mib")
+            .map_or(0.0, |b| b.median);
+        let peak = m.figure("memory/idle/peak-mib").map_or(0.0, |b| b.median);
+        rows.push(Row {
+            section: "memory",
+            measurement: format!(
+                "txoutboxd RSS with {} idle subscriber streams",
+                count(plan.idle_streams as f64)
+            ),
+            median: mib(f.median),
+            spread: spread(&f, mib),
+            target: "< 64 MiB (with 1,000 streams)".to_owned(),
+            verdict: verdict(&[f.median < 64.0]),
+            notes: format!(
+                "{baseline:.1} MiB before the streams opened; peak {peak:.1} MiB while opening"
+            ),
+            ..Row::default()
+        });
+    }
+}
+
+fn verdict(checks: &[bool]) -> String {
+    match checks {
+        [] => String::new(),
+        _ if checks.iter().all(|c| *c) => "met".to_owned(),
+        _ => "MISSED".to_owned(),
+    }
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn spread(f: &Figure, show: impl Fn(f64) -> String) -> String {
+    if f.samples < 2 {
+        return format!("{} (1 sample)", show(f.median));
+    }
+    format!("{} – {}", show(f.min), show(f.max))
+}
+
+fn times(f: Figure) -> String {
+    if f.samples < 2 {
+        return format!("{:.2}×", f.median);
+    }
+    format!("{:.2}× ({:.2}–{:.2})", f.median, f.min, f.max)
+}
+
+fn percent(f: Figure) -> String {
+    if f.samples < 2 {
+        return format!("{:.0}%", f.median * 100.0);
+    }
+    format!(
+        "{:.0}% ({:.0}–{:.0})",
+        f.median * 100.0,
+        f.min * 100.0,
+        f.max * 100.0
+    )
+}
+
+fn ms(v: f64) -> String {
+    if v < 10.0 {
+        format!("{v:.2} ms")
+    } else {
+        format!("{v:.1} ms")
+    }
+}
+
+fn mib(v: f64) -> String {
+    format!("{v:.1} MiB")
+}
+
+/// A count with thousands separators: 12345.6 -> "12,346".
+pub fn count(v: f64) -> String {
+    let digits = format!("{:.0}", v.max(0.0));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_have_separators() {
+        assert_eq!(count(1234567.4), "1,234,567");
+        assert_eq!(count(999.0), "999");
+        assert_eq!(count(1000.0), "1,000");
+    }
+}
