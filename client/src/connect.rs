@@ -53,7 +53,7 @@ impl Servers {
         }
         if endpoints.is_empty() {
             return Err(ClientError::Config(
-                "no server address given; pass at least one, for example http://127.0.0.1:50051"
+                "no server address given; pass at least one, for example http://127.0.0.1:7411"
                     .to_owned(),
             ));
         }
@@ -99,7 +99,7 @@ impl Servers {
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use txoutbox_client::proto::v1::{admin_client::AdminClient, StatsRequest};
 ///
-/// let channel = txoutbox_client::connect(["http://127.0.0.1:50051"]).await?;
+/// let channel = txoutbox_client::connect(["http://127.0.0.1:7411"]).await?;
 /// let stats = AdminClient::new(channel)
 ///     .stats(StatsRequest { outbox: "orders".into() })
 ///     .await?;

@@ -11,9 +11,7 @@ pub enum ClientError {
     #[error("invalid configuration: {0}")]
     Config(String),
     /// A server address is not a valid URI.
-    #[error(
-        "invalid server address `{address}`: {reason}; use for example http://127.0.0.1:50051"
-    )]
+    #[error("invalid server address `{address}`: {reason}; use for example http://127.0.0.1:7411")]
     InvalidAddress {
         /// The address as given.
         address: String,

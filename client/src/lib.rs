@@ -11,6 +11,8 @@
 //!   cron jobs.
 //! - [`producer`] (feature `postgres`, on by default): insert outbox rows inside your own
 //!   sqlx transaction, so they commit with your data.
+//! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
+//!   confirms delivery before the row is acked.
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
 //!   [`proto`] for the admin calls and the raw protocol.
 //!
@@ -21,7 +23,7 @@
 //!
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let subscriber = Subscriber::builder(["http://127.0.0.1:50051"], "orders")
+//!     let subscriber = Subscriber::builder(["http://127.0.0.1:7411"], "orders")
 //!         .name("orders-printer")
 //!         .concurrency(8)
 //!         .build(|message: Message| async move {
@@ -38,6 +40,36 @@
 //! client (a Kafka producer, an HTTP client); return [`PublishError::permanent`] for a
 //! message no retry can fix, and [`PublishError::retry_after`] to choose the delay.
 //!
+//! # Kafka in a dozen lines
+//!
+//! With the `kafka` feature (librdkafka is built from source: it needs `cmake` and
+//! libcurl's headers):
+//!
+//! ```no_run
+//! # #[cfg(feature = "kafka")] mod demo {
+//! use txoutbox_client::{KafkaPublisher, Subscriber};
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let kafka = KafkaPublisher::builder("localhost:9092") // idempotent, acks=all
+//!         .topic_prefix("outbox.") // orders.paid -> outbox.orders.paid
+//!         .build()?;
+//!     Subscriber::builder(["http://127.0.0.1:7411"], "orders")
+//!         .name("orders-to-kafka")
+//!         .build(kafka)?
+//!         .run_until_signal()
+//!         .await?;
+//!     Ok(())
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+//!
+//! The outbox key becomes the Kafka key, the row's headers are carried over with
+//! `txoutbox-id` (the message id, for consumer-side deduplication) and `txoutbox-topic`
+//! added; see the `kafka` module. The `txoutbox` command line (feature `cli`, on by
+//! default) runs the same relay as `txoutbox relay --kafka BROKERS`.
+//!
 //! # Delivery
 //!
 //! At-least-once: a message is acked only after the publisher returned `Ok`, and one whose
@@ -52,6 +84,8 @@
 mod connect;
 mod error;
 pub mod events;
+#[cfg(feature = "kafka")]
+pub mod kafka;
 pub mod message;
 #[cfg(feature = "postgres")]
 pub mod producer;
@@ -62,6 +96,8 @@ pub mod subscriber;
 pub use connect::connect;
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
+#[cfg(feature = "kafka")]
+pub use kafka::KafkaPublisher;
 pub use message::Message;
 pub use publisher::{PublishError, Publisher};
 pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};

@@ -60,7 +60,7 @@ pub fn default_worker_id() -> String {
 /// use txoutbox_client::{Message, PublishError, Worker};
 ///
 /// # async fn demo() -> Result<(), txoutbox_client::ClientError> {
-/// let worker = Worker::builder(["http://127.0.0.1:50051"], "orders", "nightly-cron")
+/// let worker = Worker::builder(["http://127.0.0.1:7411"], "orders", "nightly-cron")
 ///     .batch_size(500)
 ///     .build(|message: Message| async move {
 ///         println!("{}", message.id);

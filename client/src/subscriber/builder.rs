@@ -38,7 +38,7 @@ pub(crate) struct Config {
 /// use std::time::Duration;
 /// use txoutbox_client::Subscriber;
 ///
-/// let subscriber = Subscriber::builder(["http://10.0.0.1:50051", "http://10.0.0.2:50051"], "orders")
+/// let subscriber = Subscriber::builder(["http://10.0.0.1:7411", "http://10.0.0.2:7411"], "orders")
 ///     .name("orders-to-kafka")
 ///     .topics(["orders.created", "orders.paid"])
 ///     .max_in_flight(200)

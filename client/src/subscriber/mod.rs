@@ -44,14 +44,15 @@ use session::{End, Leftovers};
 /// - a lost connection, a server restart or a drain only pauses it: it reconnects, and the
 ///   server redelivers whatever was not acked (at-least-once: consumers deduplicate on
 ///   [`Message::id`](crate::Message::id));
-/// - a graceful stop finishes the publishes in flight, acks them, and gives back the
-///   untried messages without counting an attempt.
+/// - a graceful stop first closes the flow-control window (`set_window(0)`), so the server
+///   claims nothing more for it, then finishes the publishes in flight, acks them, and
+///   gives back the untried messages without counting an attempt.
 ///
 /// ```no_run
 /// use txoutbox_client::{Message, PublishError, Subscriber};
 ///
 /// # async fn demo() -> Result<(), txoutbox_client::ClientError> {
-/// let subscriber = Subscriber::builder(["http://127.0.0.1:50051"], "orders")
+/// let subscriber = Subscriber::builder(["http://127.0.0.1:7411"], "orders")
 ///     .build(|message: Message| async move {
 ///         println!("{}: {:?}", message.topic, message.payload);
 ///         Ok::<_, PublishError>(())
@@ -93,7 +94,7 @@ pub(crate) struct Stop {
 
 impl Subscriber {
     /// Starts configuring a subscriber of `outbox` on the servers at `addresses` (URIs
-    /// such as `http://127.0.0.1:50051`; replicas serving the same database).
+    /// such as `http://127.0.0.1:7411`; replicas serving the same database).
     pub fn builder<I, S>(addresses: I, outbox: impl Into<String>) -> SubscriberBuilder
     where
         I: IntoIterator<Item = S>,

@@ -72,6 +72,8 @@ enum Sent {
     Extend {
         at: Instant,
     },
+    /// `set_window(0)` on stop: once settled, no batch we have not seen is on its way.
+    CloseWindow,
 }
 
 /// Opens a stream on `endpoint`. `Err` carries the end to report.
@@ -193,6 +195,12 @@ impl Session {
                 _ = stop.graceful.cancelled(), if !self.stopping => {
                     tracing::info!(owner = %self.owner, publishing = self.tasks.len(), "stopping: finishing publishes in flight");
                     self.stopping = true;
+                    // No new batches from here on; the untried messages go back once the
+                    // server confirms (batches already on their way are among them).
+                    self.send(
+                        Request::SetWindow(v1::SetWindow { max_in_flight: 0 }),
+                        Sent::CloseWindow,
+                    );
                 }
                 response = inbound.message() => match response {
                     Ok(Some(response)) => {
@@ -217,14 +225,17 @@ impl Session {
         (end, std::mem::take(&mut self.tasks))
     }
 
-    /// Gives back every message not started (no attempt counted), closes the client side
-    /// and reads the stream to its end for the last settlements.
+    /// Closes the client side once a stop has finished the publishes in flight and every
+    /// answer is settled, and reads the stream to its end.
+    ///
+    /// The window was closed (`set_window(0)`, settled) before this, and the untried
+    /// messages were given back then: no batch can arrive any more, so nothing is claimed
+    /// for this stream behind our back and no attempt is burned by the stop.
     async fn close(&mut self, inbound: &mut Streaming<v1::SubscribeResponse>, stop: &Stop) -> End {
+        // Normally empty: the untried were given back when the window closed.
         let untried = self.dispatch.take_queued();
-        tracing::info!(owner = %self.owner, untried = untried.len(), "giving back untried messages and closing the stream");
+        tracing::info!(owner = %self.owner, untried = untried.len(), "closing the stream");
         self.release(untried, true);
-        // Closing right behind the release leaves the server no moment to claim more for
-        // this stream (it reads the release and the end of the stream together).
         self.requests = None;
         let mut late = 0;
         loop {
@@ -247,10 +258,9 @@ impl Session {
             }
         }
         if late > 0 {
-            // The server claimed them before it read the release: it gives them back as
-            // the stream ends, with their attempt counted. The protocol has no "stop
-            // claiming" request that would avoid this.
-            tracing::warn!(owner = %self.owner, late, "messages arrived while closing; the server gives them back");
+            // Not expected after a settled `set_window(0)`. The server gives them back as
+            // the stream ends, with their attempt counted.
+            tracing::warn!(owner = %self.owner, late, "messages arrived after the window was closed; the server gives them back");
         }
         End::Stopped
     }
@@ -361,6 +371,15 @@ impl Session {
                     self.dispatch.extended(*id, at + self.lease);
                 }
                 reporter.add(Count::LeaseExtensions, settled.extended.len());
+            }
+            Sent::CloseWindow => {
+                // Every batch sent before this settlement has arrived: give back what
+                // will not be published now, so other subscribers can take it while the
+                // publishes in flight finish.
+                let untried = self.dispatch.take_queued();
+                tracing::info!(owner = %self.owner, untried = untried.len(), "window closed; giving back untried messages");
+                self.release(untried, true);
+                return Ok(());
             }
         }
         for id in settled.fenced {

@@ -1,0 +1,262 @@
+//! The `txoutbox` command line: look at an outbox (`tail`, `stats`, `health`, `schema`),
+//! keep it small (`purge`), put a demo row in (`insert`), and run a ready relay to Kafka
+//! (`relay --kafka`).
+//!
+//! One file per command, dispatched by [`Command`]; [`Context`] holds what every command
+//! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
+
+mod exit;
+mod health;
+mod insert;
+mod output;
+mod purge;
+mod relay;
+mod schema;
+mod stats;
+mod tail;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use tonic::transport::Channel;
+use txoutbox_client::proto::v1::admin_client::AdminClient;
+use txoutbox_client::proto::v1::ListOutboxesRequest;
+
+use exit::CliError;
+use output::Format;
+
+/// What `--server` is when neither the flag nor `TXOUTBOX_SERVER` is given: txoutboxd's
+/// default listen address.
+const DEFAULT_SERVER: &str = "http://127.0.0.1:7411";
+
+const EXAMPLES: &str = "\
+Examples:
+  txoutbox stats                                 (the only outbox of a local txoutboxd)
+  txoutbox --server http://10.0.0.5:7411 --outbox orders stats --format json
+  txoutbox --outbox orders tail --count 10       (look at 10 pending messages; they stay pending)
+  txoutbox --outbox orders tail --ack            (consume: print and ack, until Ctrl-C)
+  txoutbox --outbox orders insert --topic orders.paid --key order-42 '{\"order\": 42}'
+  txoutbox --outbox orders purge --older-than 7d
+  txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
+  txoutbox health
+  txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
+
+Exit codes:
+  0  success
+  1  failure (the command ran and failed; `health`: something is not SERVING)
+  2  usage: bad arguments or settings
+  3  server unreachable, or unavailable right now (retry later)
+  4  not found: no such outbox";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "txoutbox",
+    version,
+    about = "Command line of txoutboxd: look at outboxes, keep them small, relay them to Kafka",
+    after_help = EXAMPLES
+)]
+struct Cli {
+    /// A txoutboxd address; repeat it (or separate with commas) for replicas: the first
+    /// that answers is used.
+    #[arg(
+        long = "server",
+        env = "TXOUTBOX_SERVER",
+        value_delimiter = ',',
+        default_value = DEFAULT_SERVER,
+        global = true,
+        value_name = "URL"
+    )]
+    servers: Vec<String>,
+    /// The outbox. Optional when the server has only one.
+    #[arg(long, env = "TXOUTBOX_OUTBOX", global = true, value_name = "NAME")]
+    outbox: Option<String>,
+    /// Output format (default: table, except `tail`, which prints JSON lines).
+    #[arg(long, value_enum, global = true)]
+    format: Option<Format>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Subscribe and print each message as a JSON line.
+    Tail(tail::Args),
+    /// Queue depth and lag: pending, leased, dead, oldest pending age, per topic.
+    Stats,
+    /// Delete delivered rows older than a duration.
+    Purge(purge::Args),
+    /// Print the DDL of an outbox's table, for your migration tool.
+    Schema(schema::Args),
+    /// Health of the server and of each outbox (grpc.health.v1).
+    Health,
+    /// Insert one message through the server: NOT transactional with your data, for demos
+    /// and smoke tests only.
+    ///
+    /// The row is committed on its own, whatever happens to your business transaction.
+    /// Real producers insert outbox rows in their own database transaction, next to the
+    /// data they change (the producer helpers of the txoutbox-client crate, or a plain
+    /// INSERT).
+    Insert(insert::Args),
+    /// Relay the outbox to Kafka until SIGINT/SIGTERM (a ready publisher in one command).
+    Relay(relay::Args),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("txoutbox: cannot start the runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let default_log = if matches!(cli.command, Command::Relay(_)) {
+        "info"
+    } else {
+        "warn"
+    };
+    init_logging(default_log);
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("txoutbox: {error}");
+            error.exit_code()
+        }
+    }
+}
+
+/// Logs go to stderr (stdout carries the output); `RUST_LOG` chooses the level.
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let mut context = Context::new(cli.servers, cli.outbox, cli.format)?;
+    match cli.command {
+        Command::Tail(args) => tail::run(&mut context, args).await,
+        Command::Stats => stats::run(&mut context).await,
+        Command::Purge(args) => purge::run(&mut context, args).await,
+        Command::Schema(args) => schema::run(&mut context, args).await,
+        Command::Health => health::run(&mut context).await,
+        Command::Insert(args) => insert::run(&mut context, args).await,
+        Command::Relay(args) => relay::run(&mut context, args).await,
+    }
+}
+
+/// What every command shares.
+pub(crate) struct Context {
+    /// Server URIs, `http://` added where the scheme was left out.
+    servers: Vec<String>,
+    outbox: Option<String>,
+    format: Option<Format>,
+    channel: Option<Channel>,
+}
+
+impl Context {
+    fn new(
+        servers: Vec<String>,
+        outbox: Option<String>,
+        format: Option<Format>,
+    ) -> Result<Self, CliError> {
+        let servers: Vec<String> = servers
+            .into_iter()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                if s.contains("://") {
+                    s
+                } else {
+                    format!("http://{s}")
+                }
+            })
+            .collect();
+        if servers.is_empty() {
+            return Err(CliError::Usage(
+                "--server is empty; for example --server http://127.0.0.1:7411".to_owned(),
+            ));
+        }
+        Ok(Self {
+            servers,
+            outbox: outbox.filter(|o| !o.is_empty()),
+            format,
+            channel: None,
+        })
+    }
+
+    /// The output format, or this command's default.
+    fn format_or(&self, default: Format) -> Format {
+        self.format.unwrap_or(default)
+    }
+
+    /// A connection to the first server that answers (made once).
+    async fn channel(&mut self) -> Result<Channel, CliError> {
+        if let Some(channel) = &self.channel {
+            return Ok(channel.clone());
+        }
+        let channel = txoutbox_client::connect(self.servers.clone()).await?;
+        self.channel = Some(channel.clone());
+        Ok(channel)
+    }
+
+    async fn admin(&mut self) -> Result<AdminClient<Channel>, CliError> {
+        Ok(AdminClient::new(self.channel().await?).max_decoding_message_size(usize::MAX))
+    }
+
+    /// Every configured outbox, by name.
+    async fn outbox_names(&mut self) -> Result<Vec<String>, CliError> {
+        let listed = self
+            .admin()
+            .await?
+            .list_outboxes(ListOutboxesRequest {})
+            .await?
+            .into_inner();
+        Ok(listed.outboxes.into_iter().map(|o| o.name).collect())
+    }
+
+    /// `--outbox`, or the server's only outbox.
+    async fn outbox(&mut self) -> Result<String, CliError> {
+        if let Some(outbox) = &self.outbox {
+            return Ok(outbox.clone());
+        }
+        let names = self.outbox_names().await?;
+        match names.as_slice() {
+            [only] => {
+                self.outbox = Some(only.clone());
+                Ok(only.clone())
+            }
+            [] => Err(CliError::NotFound(
+                "the server has no outbox configured".to_owned(),
+            )),
+            several => Err(CliError::Usage(format!(
+                "the server has {} outboxes; choose one with --outbox (or TXOUTBOX_OUTBOX): {}",
+                several.len(),
+                several.join(", ")
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn addresses_without_a_scheme_get_http() {
+        let context = Context::new(vec!["127.0.0.1:7411".into()], None, None).unwrap();
+        assert_eq!(context.servers, ["http://127.0.0.1:7411"]);
+        assert!(Context::new(vec![" ".into()], None, None).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! `txoutbox stats`: queue depth and lag of one outbox, overall and per topic.
+
+use std::time::Duration;
+
+use serde_json::json;
+use txoutbox_client::proto::v1::{StatsRequest, TopicStats};
+
+use super::output::{print_json, print_table, Format};
+use super::{CliError, Context};
+
+pub async fn run(context: &mut Context) -> Result<(), CliError> {
+    let outbox = context.outbox().await?;
+    let stats = context
+        .admin()
+        .await?
+        .stats(StatsRequest {
+            outbox: outbox.clone(),
+        })
+        .await?
+        .into_inner();
+    let total = stats.total.unwrap_or_default();
+    match context.format_or(Format::Table) {
+        Format::Json => print_json(&json!({
+            "outbox": outbox,
+            "total": topic_json(&total),
+            "topics": stats.topics.iter().map(topic_json).collect::<Vec<_>>(),
+        })),
+        Format::Table => {
+            let mut rows: Vec<Vec<String>> = stats.topics.iter().map(topic_row).collect();
+            let mut total_row = topic_row(&total);
+            total_row[0] = "(all topics)".to_owned();
+            rows.push(total_row);
+            println!("outbox {outbox}");
+            print_table(
+                &["TOPIC", "PENDING", "LEASED", "DEAD", "OLDEST PENDING"],
+                &rows,
+            )
+        }
+    }
+}
+
+fn oldest(stats: &TopicStats) -> Option<Duration> {
+    let age = stats.oldest_pending_age?;
+    Some(Duration::new(
+        u64::try_from(age.seconds).unwrap_or(0),
+        u32::try_from(age.nanos).unwrap_or(0),
+    ))
+}
+
+fn topic_json(stats: &TopicStats) -> serde_json::Value {
+    json!({
+        "topic": stats.topic,
+        "pending": stats.pending,
+        "leased": stats.leased,
+        "dead": stats.dead,
+        "oldest_pending_age_ms": oldest(stats).map(|age| age.as_millis() as u64),
+    })
+}
+
+fn topic_row(stats: &TopicStats) -> Vec<String> {
+    vec![
+        stats.topic.clone(),
+        stats.pending.to_string(),
+        stats.leased.to_string(),
+        stats.dead.to_string(),
+        oldest(stats).map_or_else(|| "-".to_owned(), human_age),
+    ]
+}
+
+/// `4m 2s`, to the second (to the millisecond under a second).
+fn human_age(age: Duration) -> String {
+    let rounded = if age < Duration::from_secs(1) {
+        Duration::from_millis(age.as_millis() as u64)
+    } else {
+        Duration::from_secs(age.as_secs())
+    };
+    humantime::format_duration(rounded).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_rounded_for_people() {
+        assert_eq!(human_age(Duration::from_millis(242_123)), "4m 2s");
+        assert_eq!(human_age(Duration::from_micros(1_500)), "1ms");
+    }
+}
