@@ -118,13 +118,13 @@ async fn an_insert_wakes_an_idle_subscriber_without_waiting_for_the_poll() {
 async fn a_killed_subscribers_messages_go_to_another_at_once_not_after_the_lease() {
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
-    let ids: Vec<i64> = futures::future::join_all((0..3).map(|i| {
-        let db = &db;
-        async move { db.insert("t", Some("k"), format!("{i}").as_bytes()).await }
-    }))
-    .await;
-    let mut ids = ids;
-    ids.sort();
+    // One statement: all three rows are committed before the holder's first claim (rows
+    // of one key inserted concurrently could commit after it and then, correctly, wait
+    // behind the held ones).
+    let rows: Vec<(Option<String>, Vec<u8>)> = (0..3)
+        .map(|i| (Some("k".to_owned()), format!("{i}").into_bytes()))
+        .collect();
+    let ids = db.insert_many("t", &rows).await;
 
     // A separate process holds the messages under a ten-minute lease, then is killed.
     let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_hold-subscriber"))
