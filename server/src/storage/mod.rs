@@ -131,6 +131,22 @@ pub struct Stats {
     pub topics: Vec<TopicStats>,
 }
 
+impl Stats {
+    /// The per-topic counts and their total.
+    pub fn from_topics(topics: Vec<TopicStats>) -> Self {
+        let total = topics
+            .iter()
+            .fold(TopicStats::default(), |total, topic| TopicStats {
+                topic: String::new(),
+                pending: total.pending + topic.pending,
+                leased: total.leased + topic.leased,
+                dead: total.dead + topic.dead,
+                oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
+            });
+        Self { total, topics }
+    }
+}
+
 /// Errors of the storage layer. Backends translate driver errors into these by kind, so
 /// the layers above can tell "the database is down" from "the table is missing".
 #[derive(Debug, thiserror::Error)]

@@ -57,7 +57,7 @@ use self::sql::{Shape, Statements};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, RetryPolicy, Stats,
-    Storage, StorageError, StorageResult, TopicStats,
+    Storage, StorageError, StorageResult,
 };
 
 /// How long an operation waits for a pooled connection before the database counts as
@@ -317,16 +317,7 @@ impl Storage for MySqlStorage {
             .map(decode_topic_stats)
             .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("stats"))?;
-        let total = topics
-            .iter()
-            .fold(TopicStats::default(), |total, topic| TopicStats {
-                topic: String::new(),
-                pending: total.pending + topic.pending,
-                leased: total.leased + topic.leased,
-                dead: total.dead + topic.dead,
-                oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
-            });
-        Ok(Stats { total, topics })
+        Ok(Stats::from_topics(topics))
     }
 
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]

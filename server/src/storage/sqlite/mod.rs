@@ -50,7 +50,7 @@ use self::sql::{Shape, Statements};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult, TopicStats,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -490,16 +490,7 @@ impl Storage for SqliteStorage {
             .map(|row| decode_topic_stats(row, now))
             .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("stats"))?;
-        let total = topics
-            .iter()
-            .fold(TopicStats::default(), |total, topic| TopicStats {
-                topic: String::new(),
-                pending: total.pending + topic.pending,
-                leased: total.leased + topic.leased,
-                dead: total.dead + topic.dead,
-                oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
-            });
-        Ok(Stats { total, topics })
+        Ok(Stats::from_topics(topics))
     }
 
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
