@@ -19,10 +19,11 @@ use crate::grpc::relay_service::RelayService;
 use crate::health;
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
+use crate::storage::columns::Columns;
 use crate::storage::mysql::{self, MySqlOptions, MySqlStorage};
 use crate::storage::postgres::{self, PostgresOptions, PostgresStorage};
 use crate::storage::sqlite::{self, SqliteOptions, SqlitePools, SqliteStorage};
-use crate::storage::Storage;
+use crate::storage::{Storage, StorageError};
 
 /// Extra time, past the drain timeout, for subscriptions to give their leases back.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
@@ -58,16 +59,16 @@ pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn
                 PostgresStorage::from_pool(
                     pool.clone(),
                     Some(database.url.clone()),
-                    postgres_options(outbox),
+                    postgres_options(outbox)?,
                 )
                 .with_context(|| format!("outboxes.{name}"))?,
             ),
             Pools::Sqlite(pools) => Arc::new(
-                SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox))
+                SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox)?)
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
             Pools::MySql(pool) => Arc::new(
-                MySqlStorage::from_pool(pool.clone(), mysql_options(outbox))
+                MySqlStorage::from_pool(pool.clone(), mysql_options(outbox)?)
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
@@ -76,37 +77,45 @@ pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn
     Ok(storages)
 }
 
-fn postgres_options(outbox: &OutboxConfig) -> PostgresOptions {
-    PostgresOptions {
+fn postgres_options(outbox: &OutboxConfig) -> anyhow::Result<PostgresOptions> {
+    Ok(PostgresOptions {
         schema: outbox.schema.clone(),
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
         notify_channel: outbox.notify_channel.clone(),
-    }
+        columns: columns(outbox)?,
+    })
+}
+
+/// The outbox's column mapping; configuration validation reports a bad one with its key.
+fn columns(outbox: &OutboxConfig) -> anyhow::Result<Columns> {
+    Columns::from_mapping(&outbox.columns).map_err(|problems| anyhow::anyhow!(problems.join("; ")))
 }
 
 /// `schema` and `notify_channel` are refused for SQLite by configuration validation.
-fn sqlite_options(outbox: &OutboxConfig) -> SqliteOptions {
-    SqliteOptions {
+fn sqlite_options(outbox: &OutboxConfig) -> anyhow::Result<SqliteOptions> {
+    Ok(SqliteOptions {
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
-    }
+        columns: columns(outbox)?,
+    })
 }
 
 /// `schema` names the database holding the table; `notify_channel` is refused for MySQL
 /// by configuration validation.
-fn mysql_options(outbox: &OutboxConfig) -> MySqlOptions {
-    MySqlOptions {
+fn mysql_options(outbox: &OutboxConfig) -> anyhow::Result<MySqlOptions> {
+    Ok(MySqlOptions {
         database: outbox.schema.clone(),
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
-    }
+        columns: columns(outbox)?,
+    })
 }
 
 pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
@@ -123,6 +132,30 @@ pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
     Ok(Relay::new(outboxes))
 }
 
+/// Refuses to start when a reachable outbox table does not fit its column mapping, listing
+/// every problem of every outbox. A database that is down or a table not created yet is
+/// left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
+async fn check_tables(relay: &Relay) -> anyhow::Result<()> {
+    let checks = relay.outboxes().map(|outbox| async move {
+        match outbox.storage().ping().await {
+            Err(error @ StorageError::MismatchedTable { .. }) => {
+                Some(format!("outboxes.{}: {error}", outbox.name))
+            }
+            _ => None,
+        }
+    });
+    let problems: Vec<String> = futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        anyhow::bail!("{}", problems.join("\n"))
+    }
+}
+
 /// Serves until `shutdown` completes, then drains: no new batches, subscribers get
 /// `drain_timeout` to answer, what they still hold is given back, and `run` returns.
 pub async fn run(
@@ -131,6 +164,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let relay = Arc::new(build_relay(&config)?);
+    check_tables(&relay).await?;
     let drain = Drain::new(config.server.drain_timeout);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let stop_health = CancellationToken::new();

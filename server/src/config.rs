@@ -21,6 +21,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::{ident, sqlite};
 
 /// Where `txoutboxd` listens when nothing says otherwise.
@@ -147,6 +148,9 @@ pub struct OutboxConfig {
     pub poll: PollConfig,
     /// Create the table (and trigger) at start if missing.
     pub create_schema: bool,
+    /// Column names of an existing table ("bring your own table"); each defaults to the
+    /// relay's own name. See [`ColumnMapping`].
+    pub columns: ColumnMapping,
 }
 
 impl Default for OutboxConfig {
@@ -166,6 +170,7 @@ impl Default for OutboxConfig {
             backoff: BackoffConfig::default(),
             poll: PollConfig::default(),
             create_schema: false,
+            columns: ColumnMapping::default(),
         }
     }
 }
@@ -385,6 +390,9 @@ impl OutboxConfig {
                     problems.push(format!("{key}.{field} = {value:?}: {why}"));
                 }
             }
+        }
+        if let Err(mapping_problems) = Columns::from_mapping(&self.columns) {
+            problems.extend(mapping_problems.into_iter().map(|p| format!("{key}.{p}")));
         }
         if databases
             .get(&self.database)
@@ -619,6 +627,38 @@ mod tests {
             "outboxes.orders.table",
             "outboxes.orders.max_attempts",
             "outboxes.orders.backoff.jitter",
+        ] {
+            assert!(error.contains(needle), "missing {needle:?} in:\n{error}");
+        }
+    }
+
+    #[test]
+    fn a_column_mapping_lists_only_what_differs_and_its_problems_name_their_keys() {
+        let text = format!(
+            "{MINIMAL}\ntable = \"order_events\"\n[outboxes.orders.columns]\n\
+             id = \"event_id\"\nfixed_topic = \"orders\"\npayload = \"body\"\n\
+             payload_format = \"json\"\nheaders = \"\"\n"
+        );
+        let orders = &Config::from_toml(&text).unwrap().outboxes["orders"];
+        let columns = Columns::from_mapping(&orders.columns).unwrap();
+        assert_eq!(columns.id.as_str(), "event_id");
+        assert_eq!(columns.key.as_str(), "key");
+        assert!(columns.headers.is_none());
+
+        let text = format!(
+            "{MINIMAL}\n[outboxes.orders.columns]\nkey = \"aggregate-id\"\n\
+             topic = \"kind\"\nfixed_topic = \"orders\"\npayload_format = \"xml\"\n"
+        );
+        let error = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(error.contains("payload_format"), "{error}");
+        let text = format!(
+            "{MINIMAL}\n[outboxes.orders.columns]\nkey = \"aggregate-id\"\n\
+             topic = \"kind\"\nfixed_topic = \"orders\"\n"
+        );
+        let error = Config::from_toml(&text).unwrap_err().to_string();
+        for needle in [
+            "outboxes.orders.columns.key = \"aggregate-id\"",
+            "outboxes.orders.columns.topic and columns.fixed_topic",
         ] {
             assert!(error.contains(needle), "missing {needle:?} in:\n{error}");
         }

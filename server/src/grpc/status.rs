@@ -13,9 +13,9 @@ pub fn to_status(error: RelayError) -> Status {
         RelayError::Storage(StorageError::Unavailable(_)) => Status::unavailable(format!(
             "{error}; the server keeps retrying, try again shortly"
         )),
-        RelayError::Storage(StorageError::MissingTable { .. }) => {
-            Status::failed_precondition(error.to_string())
-        }
+        RelayError::Storage(
+            StorageError::MissingTable { .. } | StorageError::MismatchedTable { .. },
+        ) => Status::failed_precondition(error.to_string()),
         RelayError::Storage(StorageError::Other(ref cause)) => {
             tracing::error!(error = ?cause, "internal storage error");
             Status::internal(format!("internal storage error: {cause:#}"))

@@ -481,7 +481,9 @@ async fn wait_changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
 
 fn log_claim_error(outbox: &str, error: &StorageError) {
     match error {
-        StorageError::Unavailable(_) | StorageError::MissingTable { .. } => {
+        StorageError::Unavailable(_)
+        | StorageError::MissingTable { .. }
+        | StorageError::MismatchedTable { .. } => {
             tracing::warn!(outbox, %error, "claim failed; retrying")
         }
         StorageError::Other(_) => tracing::error!(outbox, error = ?error, "claim failed; retrying"),

@@ -10,6 +10,7 @@
 //! All times that matter for leases and retries are taken from the database clock, so
 //! several servers (and a skewed application clock) agree on when a lease runs out.
 
+pub mod columns;
 pub mod ident;
 pub mod mysql;
 pub mod postgres;
@@ -155,6 +156,13 @@ pub enum StorageError {
     Unavailable(String),
     #[error("outbox table {table} does not exist; create it with `txoutboxd schema <outbox>` or set create_schema = true")]
     MissingTable { table: String },
+    /// The table exists but lacks columns the mapping names, or has them with types the
+    /// relay cannot use; every problem at once.
+    #[error("outbox table {table} does not fit its columns (fix the table or [outboxes.NAME.columns]):\n  - {}", problems.join("\n  - "))]
+    MismatchedTable {
+        table: String,
+        problems: Vec<String>,
+    },
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }
@@ -218,7 +226,8 @@ pub trait Storage: Send + Sync + 'static {
     /// Runs [`Storage::schema_sql`]; idempotent.
     async fn create_schema(&self) -> StorageResult<()>;
 
-    /// Checks that the database answers and the table exists.
+    /// Checks that the database answers, the table exists and its columns are what the
+    /// outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`] otherwise).
     async fn ping(&self) -> StorageResult<()>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).

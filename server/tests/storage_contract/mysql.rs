@@ -51,6 +51,7 @@ impl MySqlBackend {
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
+            columns: Default::default(),
         }
     }
 }

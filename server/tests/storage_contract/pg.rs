@@ -41,6 +41,7 @@ impl PgBackend {
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
             notify_channel: setup.notify.then(|| self.channel()),
+            columns: Default::default(),
         }
     }
 

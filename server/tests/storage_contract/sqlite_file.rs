@@ -32,6 +32,7 @@ impl SqliteBackend {
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
+            columns: Default::default(),
         }
     }
 

@@ -54,6 +54,7 @@ use sqlx::Executor;
 
 use self::convert::{classify, decode_topic_stats, sorted};
 use self::sql::{Shape, Statements};
+use super::columns::Columns;
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, RetryPolicy, Stats,
@@ -86,6 +87,8 @@ pub struct MySqlOptions {
     /// slow producer transaction can commit a lower id after a higher one was delivered.
     /// Zero disables it.
     pub visibility_delay: Duration,
+    /// Column names of the table (see [`Columns`]).
+    pub columns: Columns,
 }
 
 impl Default for MySqlOptions {
@@ -96,6 +99,7 @@ impl Default for MySqlOptions {
             strict_ordering: true,
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
+            columns: Columns::default(),
         }
     }
 }

@@ -30,6 +30,7 @@ use tokio::sync::watch;
 use self::convert::{attempts, classify, decode_claim, decode_topic_stats, interval, sorted};
 use self::listen::InsertSignal;
 use self::sql::{Shape, Statements};
+use super::columns::Columns;
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
@@ -59,6 +60,8 @@ pub struct PostgresOptions {
     pub visibility_delay: Duration,
     /// Channel the insert trigger notifies; enables [`Storage::insert_signal`].
     pub notify_channel: Option<String>,
+    /// Column names of the table (see [`Columns`]).
+    pub columns: Columns,
 }
 
 impl Default for PostgresOptions {
@@ -70,6 +73,7 @@ impl Default for PostgresOptions {
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             notify_channel: None,
+            columns: Columns::default(),
         }
     }
 }

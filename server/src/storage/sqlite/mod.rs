@@ -47,6 +47,7 @@ use self::convert::{
     headers_to_text, json_list, now_ms, sorted, Place,
 };
 use self::sql::{Shape, Statements};
+use super::columns::Columns;
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
@@ -73,6 +74,8 @@ pub struct SqliteOptions {
     pub delete_on_ack: bool,
     /// Claim only rows at least this old (ids are assigned at insert, not at commit).
     pub visibility_delay: Duration,
+    /// Column names of the table (see [`Columns`]).
+    pub columns: Columns,
 }
 
 impl Default for SqliteOptions {
@@ -82,6 +85,7 @@ impl Default for SqliteOptions {
             strict_ordering: true,
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
+            columns: Columns::default(),
         }
     }
 }
