@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, Overrides, EMBEDDED_NAME};
-use crate::storage::sqlite;
+use crate::storage::{sqlite, StorageError};
 use crate::{app, telemetry};
 
 /// Looked for in the working directory when no `--config` is given.
@@ -96,12 +96,15 @@ pub async fn main() -> ExitCode {
             );
             ExitCode::SUCCESS
         }
-        Command::Schema { outbox } => schema(&config, &outbox),
+        Command::Schema { outbox } => schema(&config, &outbox).await,
         Command::Run => serve(config).await,
     }
 }
 
-fn schema(config: &Config, outbox: &str) -> ExitCode {
+/// Prints the outbox's DDL (idempotent: safe to run on a table that exists). When the
+/// database answers, also says on stderr what the live table still lacks, so a team with
+/// its own table sees what the statements will add and what only a mapping can fix.
+async fn schema(config: &Config, outbox: &str) -> ExitCode {
     if !config.outboxes.contains_key(outbox) {
         let configured: Vec<&str> = config.outboxes.keys().map(String::as_str).collect();
         eprintln!(
@@ -112,7 +115,18 @@ fn schema(config: &Config, outbox: &str) -> ExitCode {
     }
     match app::open_storages(config) {
         Ok(storages) => {
-            println!("{}", storages[outbox].schema_sql());
+            let storage = &storages[outbox];
+            println!("{}", storage.schema_sql());
+            match storage.ping().await {
+                Ok(()) => eprintln!("txoutboxd: the live table already fits outbox `{outbox}`"),
+                Err(
+                    error @ (StorageError::MismatchedTable { .. }
+                    | StorageError::MissingTable { .. }),
+                ) => {
+                    eprintln!("txoutboxd: today, {error}")
+                }
+                Err(_) => {} // Database not reachable from here: the DDL is all we can say.
+            }
             ExitCode::SUCCESS
         }
         Err(error) => {

@@ -283,6 +283,7 @@ use pg::PgBackend;
 use sqlite_file::SqliteBackend;
 
 storage_contract!(postgres, PgBackend::new().await);
+storage_contract!(postgres_mapped, PgBackend::mapped().await);
 storage_contract!(
     sqlite,
     SqliteBackend::new().await,

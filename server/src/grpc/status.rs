@@ -8,7 +8,9 @@ use crate::storage::StorageError;
 pub fn to_status(error: RelayError) -> Status {
     match error {
         RelayError::UnknownOutbox { .. } => Status::not_found(error.to_string()),
-        RelayError::InvalidArgument(_) => Status::invalid_argument(error.to_string()),
+        RelayError::InvalidArgument(_) | RelayError::Storage(StorageError::InvalidMessage(_)) => {
+            Status::invalid_argument(error.to_string())
+        }
         RelayError::ShuttingDown => Status::unavailable(error.to_string()),
         RelayError::Storage(StorageError::Unavailable(_)) => Status::unavailable(format!(
             "{error}; the server keeps retrying, try again shortly"

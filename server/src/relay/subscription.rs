@@ -486,7 +486,9 @@ fn log_claim_error(outbox: &str, error: &StorageError) {
         | StorageError::MismatchedTable { .. } => {
             tracing::warn!(outbox, %error, "claim failed; retrying")
         }
-        StorageError::Other(_) => tracing::error!(outbox, error = ?error, "claim failed; retrying"),
+        StorageError::Other(_) | StorageError::InvalidMessage(_) => {
+            tracing::error!(outbox, error = ?error, "claim failed; retrying")
+        }
     }
 }
 

@@ -6,11 +6,12 @@
 //! bookkeeping columns. Backends render their SQL from a [`Columns`] and check it against
 //! the live table with [`check_live_columns`], which reports every problem at once.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
 use super::ident::Ident;
+use super::{NewMessage, StorageError};
 
 /// How the payload column holds the message bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -406,6 +407,82 @@ pub fn check_live_columns(
     problems
 }
 
+/// A payload as the payload column takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InsertPayload {
+    Bytes(Vec<u8>),
+    /// UTF-8 text; for a JSON column, checked to be JSON.
+    Text(String),
+}
+
+/// The values of one insert, shaped by the table's columns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InsertRow {
+    /// `None` with a fixed topic: the table has no topic column.
+    pub topic: Option<String>,
+    pub key: Option<String>,
+    pub payload: InsertPayload,
+    /// `None` when the table has no headers column.
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+/// Checks that `message` fits a table with `columns` and shapes it for the insert;
+/// [`StorageError::InvalidMessage`] says what does not fit, before anything is written.
+pub fn insert_row(columns: &Columns, message: NewMessage) -> Result<InsertRow, StorageError> {
+    let invalid = |why: String| Err(StorageError::InvalidMessage(why));
+    let topic = match &columns.topic {
+        TopicSource::Column(_) => Some(message.topic),
+        TopicSource::Fixed(fixed) if message.topic == *fixed || message.topic.is_empty() => None,
+        TopicSource::Fixed(fixed) => {
+            return invalid(format!(
+                "topic {:?}: this outbox's table has one topic for every row, {fixed:?} \
+                 (columns.fixed_topic)",
+                message.topic
+            ))
+        }
+    };
+    let headers = match &columns.headers {
+        Some(_) => Some(message.headers),
+        None if message.headers.is_empty() => None,
+        None => {
+            return invalid(
+                "headers: this outbox's table has no headers column (columns.headers is \
+                 empty); send the message without headers"
+                    .to_owned(),
+            )
+        }
+    };
+    let payload = match columns.payload_format {
+        PayloadFormat::Bytes => InsertPayload::Bytes(message.payload),
+        PayloadFormat::Text | PayloadFormat::Json => match String::from_utf8(message.payload) {
+            Err(_) => {
+                return invalid(format!(
+                    "payload: not UTF-8, but the payload column holds {} \
+                     (columns.payload_format)",
+                    columns.payload_format.as_str()
+                ))
+            }
+            Ok(text) => {
+                if columns.payload_format == PayloadFormat::Json {
+                    if let Err(why) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
+                        return invalid(format!(
+                            "payload: not JSON ({why}), but the payload column holds JSON \
+                             (columns.payload_format)"
+                        ));
+                    }
+                }
+                InsertPayload::Text(text)
+            }
+        },
+    };
+    Ok(InsertRow {
+        topic,
+        key: message.key,
+        payload,
+        headers,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -455,6 +532,28 @@ mod tests {
             .needed()
             .iter()
             .any(|n| n.key == "topic" || n.key == "headers"));
+    }
+
+    #[test]
+    fn an_insert_must_fit_the_table() {
+        let mapping = ColumnMapping {
+            fixed_topic: Some("orders".to_owned()),
+            headers: String::new(),
+            payload_format: PayloadFormat::Json,
+            ..ColumnMapping::default()
+        };
+        let columns = Columns::from_mapping(&mapping).unwrap();
+        let message = |topic: &str, payload: &[u8]| NewMessage::new(topic, payload.to_vec());
+        let row = insert_row(&columns, message("orders", b"{\"a\": 1}")).unwrap();
+        assert_eq!(row.topic, None);
+        assert_eq!(row.payload, InsertPayload::Text("{\"a\": 1}".to_owned()));
+        let error = |m: NewMessage| insert_row(&columns, m).unwrap_err().to_string();
+        assert!(error(message("refunds", b"{}")).contains("columns.fixed_topic"));
+        assert!(error(message("orders", b"not json")).contains("not JSON"));
+        assert!(error(message("orders", &[0xff])).contains("not UTF-8"));
+        let mut with_headers = message("orders", b"{}");
+        with_headers.headers.insert("h".to_owned(), "v".to_owned());
+        assert!(error(with_headers).contains("no headers column"));
     }
 
     #[test]

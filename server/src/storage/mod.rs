@@ -163,6 +163,10 @@ pub enum StorageError {
         table: String,
         problems: Vec<String>,
     },
+    /// A message the table cannot hold as given (for example headers on a table without
+    /// a headers column, or a non-JSON payload for a JSON column); nothing was written.
+    #[error("{0}")]
+    InvalidMessage(String),
     #[error(transparent)]
     Other(#[from] anyhow::Error),
 }

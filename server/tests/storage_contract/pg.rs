@@ -3,7 +3,9 @@
 use super::*;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{Connection, Executor};
+use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
 use txoutbox_server::storage::postgres::{PostgresOptions, PostgresStorage};
+use txoutbox_server::storage::StorageError;
 
 pub fn url() -> String {
     std::env::var("TXOUTBOX_TEST_POSTGRES_URL")
@@ -13,7 +15,43 @@ pub fn url() -> String {
 /// A fresh schema per test, so tests run in parallel without seeing each other.
 pub struct PgBackend {
     pub schema: String,
+    pub table: String,
+    /// A team's own table ([`PgBackend::mapped`]): the DDL of its message columns, run
+    /// before the relay's `create_schema` adds what the mapping still needs.
+    team_table: Option<&'static str>,
+    pub columns: Columns,
     _drop: DropSchema,
+}
+
+/// "A team's own table" for the mapped contract run: other names for every column, an
+/// `integer` id, `varchar` topic and key, and `json` (not `jsonb`) headers. Text and JSON
+/// payloads have cases of their own below (the contract sends binary payloads).
+const TEAM_TABLE: &str = "CREATE TABLE IF NOT EXISTS {table} (
+    event_id     serial PRIMARY KEY,
+    event_type   varchar(200) NOT NULL,
+    aggregate_id varchar(200),
+    body         bytea NOT NULL,
+    meta         json NOT NULL DEFAULT '{}',
+    occurred_at  timestamptz NOT NULL DEFAULT now()
+)";
+
+/// The mapping of [`TEAM_TABLE`], bookkeeping columns included.
+pub fn team_mapping() -> ColumnMapping {
+    ColumnMapping {
+        id: "event_id".to_owned(),
+        topic: Some("event_type".to_owned()),
+        key: "aggregate_id".to_owned(),
+        payload: "body".to_owned(),
+        headers: "meta".to_owned(),
+        created_at: "occurred_at".to_owned(),
+        status: "relay_status".to_owned(),
+        attempts: "relay_attempts".to_owned(),
+        available_at: "relay_due_at".to_owned(),
+        leased_by: "relay_owner".to_owned(),
+        last_error: "relay_error".to_owned(),
+        processed_at: "relay_done_at".to_owned(),
+        ..ColumnMapping::default()
+    }
 }
 
 impl PgBackend {
@@ -25,7 +63,25 @@ impl PgBackend {
         Self {
             _drop: DropSchema(schema.clone()),
             schema,
+            table: "outbox".to_owned(),
+            team_table: None,
+            columns: Columns::default(),
         }
+    }
+
+    /// The contract on a team's own table, mapped in configuration.
+    pub async fn mapped() -> Self {
+        Self {
+            table: "order_events".to_owned(),
+            team_table: Some(TEAM_TABLE),
+            columns: Columns::from_mapping(&team_mapping()).unwrap(),
+            ..Self::new().await
+        }
+    }
+
+    /// `schema.table`, quoted.
+    pub fn qualified(&self) -> String {
+        format!("\"{}\".\"{}\"", self.schema, self.table)
     }
 
     /// Unique per test: channels are shared by the whole database.
@@ -36,13 +92,21 @@ impl PgBackend {
     pub fn options(&self, setup: &Setup) -> PostgresOptions {
         PostgresOptions {
             schema: Some(self.schema.clone()),
-            table: "outbox".to_owned(),
+            table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
             notify_channel: setup.notify.then(|| self.channel()),
-            columns: Default::default(),
+            columns: self.columns.clone(),
         }
+    }
+
+    pub async fn row_count_of(&self, table: &str) -> i64 {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
     }
 
     pub async fn execute(&self, sql: &str) -> u64 {
@@ -53,16 +117,23 @@ impl PgBackend {
 
 impl Backend for PgBackend {
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
+        if let Some(team_table) = self.team_table {
+            self.execute(&format!("CREATE SCHEMA IF NOT EXISTS \"{}\"", self.schema))
+                .await;
+            self.execute(&team_table.replace("{table}", &self.qualified()))
+                .await;
+        }
         let storage = PostgresStorage::connect(&url(), 4, self.options(&setup))
             .await
             .unwrap();
         storage.create_schema().await.expect("create schema");
+        storage.ping().await.expect("the table fits its columns");
         Arc::new(storage)
     }
 
     async fn row_count(&self) -> u64 {
         let mut conn = PgConnection::connect(&url()).await.expect("connect");
-        let sql = format!("SELECT count(*) FROM \"{}\".outbox", self.schema);
+        let sql = format!("SELECT count(*) FROM {}", self.qualified());
         let count: i64 = sqlx::query_scalar(&sql).fetch_one(&mut conn).await.unwrap();
         count as u64
     }
@@ -260,4 +331,177 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
     let keys: Vec<&str> = others.iter().filter_map(|m| m.key.as_deref()).collect();
     assert_eq!(keys.len(), 10, "{keys:?}");
     assert!(keys.iter().all(|k| *k != "hot"));
+}
+
+// A team's own table, mapped ("bring your own table"): what the contract run above
+// cannot show.
+
+/// A PostgreSQL storage on `table` of the backend's schema, with `mapping`.
+async fn mapped_storage(
+    backend: &PgBackend,
+    table: &str,
+    mapping: ColumnMapping,
+) -> PostgresStorage {
+    let options = PostgresOptions {
+        table: table.to_owned(),
+        columns: Columns::from_mapping(&mapping).unwrap(),
+        ..backend.options(&Setup::default())
+    };
+    PostgresStorage::connect(&url(), 2, options).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_that_does_not_fit_its_columns_is_reported_with_every_problem_at_once() {
+    let backend = PgBackend::new().await;
+    backend
+        .execute(&format!(
+            "CREATE SCHEMA \"{schema}\"; CREATE TABLE \"{schema}\".wrong (\
+               event_id text PRIMARY KEY, event_type integer, body bytea NOT NULL, \
+               occurred_at timestamp NOT NULL DEFAULT now(), relay_status text NOT NULL, \
+               relay_owner text NOT NULL)",
+            schema = backend.schema
+        ))
+        .await;
+    let storage = mapped_storage(&backend, "wrong", team_mapping()).await;
+    let Err(StorageError::MismatchedTable { problems, .. }) = storage.ping().await else {
+        panic!("a mismatched table must be reported");
+    };
+    let text = problems.join("\n");
+    for needle in [
+        "\"event_id\" (columns.id) is text, needs bigint or integer",
+        "\"event_type\" (columns.topic) is integer, needs text or character varying",
+        "\"aggregate_id\" (columns.key) is missing; map the column",
+        "\"meta\" (columns.headers) is missing",
+        "\"occurred_at\" (columns.created_at) is timestamp without time zone, needs timestamp with time zone",
+        "\"relay_status\" (columns.status) has no default",
+        "\"relay_attempts\" (columns.attempts) is missing; `txoutboxd schema` prints",
+        "\"relay_owner\" (columns.leased_by) is NOT NULL",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    assert!(!text.contains("columns.payload"), "{text}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_topic_json_table_without_headers_relays_what_producers_insert() {
+    let backend = PgBackend::new().await;
+    let audit = format!("\"{}\".audit", backend.schema);
+    backend
+        .execute(&format!(
+            "CREATE SCHEMA \"{}\"; CREATE TABLE {audit} (\
+               id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, aggregate text, \
+               doc jsonb NOT NULL, at timestamptz NOT NULL DEFAULT now())",
+            backend.schema
+        ))
+        .await;
+    let mapping = ColumnMapping {
+        fixed_topic: Some("audit".to_owned()),
+        key: "aggregate".to_owned(),
+        payload: "doc".to_owned(),
+        payload_format: PayloadFormat::Json,
+        headers: String::new(),
+        created_at: "at".to_owned(),
+        ..ColumnMapping::default()
+    };
+    let storage = mapped_storage(&backend, "audit", mapping).await;
+    assert!(matches!(
+        storage.ping().await,
+        Err(StorageError::MismatchedTable { .. })
+    ));
+    let schema = storage.schema_sql();
+    assert!(
+        schema.contains("ADD COLUMN IF NOT EXISTS \"status\""),
+        "{schema}"
+    );
+    storage
+        .create_schema()
+        .await
+        .expect("adds the relay's columns");
+    storage
+        .ping()
+        .await
+        .expect("fits once the columns are added");
+
+    // A producer that knows nothing of the relay's columns.
+    backend
+        .execute(&format!(
+            "INSERT INTO {audit} (aggregate, doc) VALUES ('order-1', '{{\"a\": 1}}')"
+        ))
+        .await;
+    let id = storage
+        .insert(NewMessage::new("audit", r#"{"b":[true]}"#).with_key("order-1"))
+        .await
+        .unwrap();
+    for (message, why) in [
+        (NewMessage::new("refunds", "{}"), "columns.fixed_topic"),
+        (NewMessage::new("audit", "{"), "not JSON"),
+        (
+            NewMessage {
+                headers: [("h".to_owned(), "v".to_owned())].into(),
+                ..NewMessage::new("audit", "{}")
+            },
+            "no headers column",
+        ),
+    ] {
+        match storage.insert(message).await {
+            Err(StorageError::InvalidMessage(error)) => assert!(error.contains(why), "{error}"),
+            other => panic!("expected InvalidMessage({why}), got {other:?}"),
+        }
+    }
+    assert_eq!(
+        backend.row_count_of(&audit).await,
+        2,
+        "refused inserts wrote nothing"
+    );
+
+    let none = claim_topics(&storage, "w1", 10, LEASE, &["refunds".to_owned()]).await;
+    assert!(none.is_empty());
+    let got = claim_topics(&storage, "w1", 10, LEASE, &["audit".to_owned()]).await;
+    assert_eq!(got.len(), 2);
+    assert_eq!(got[1].id, id);
+    assert!(got
+        .iter()
+        .all(|m| m.topic == "audit" && m.headers.is_empty()));
+    assert_eq!(got[0].payload, br#"{"a": 1}"#);
+    assert_eq!(got[1].payload, br#"{"b": [true]}"#, "jsonb's own spelling");
+    let stats = storage.stats().await.unwrap();
+    assert_eq!(stats.topics[0].topic, "audit");
+    assert_eq!(stats.total.leased, 2);
+    let acked = storage.ack(&[got[0].id, got[1].id], "w1").await.unwrap();
+    assert_eq!(acked.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
+    let backend = PgBackend::new().await;
+    let notes = format!("\"{}\".notes", backend.schema);
+    backend
+        .execute(&format!(
+            "CREATE SCHEMA \"{}\"; CREATE TABLE {notes} (\
+               id serial PRIMARY KEY, topic text NOT NULL, key text, body varchar(100) NOT NULL, \
+               created_at timestamptz NOT NULL DEFAULT now())",
+            backend.schema
+        ))
+        .await;
+    let mapping = ColumnMapping {
+        payload: "body".to_owned(),
+        payload_format: PayloadFormat::Text,
+        headers: String::new(),
+        ..ColumnMapping::default()
+    };
+    let storage = mapped_storage(&backend, "notes", mapping).await;
+    storage.create_schema().await.unwrap();
+    storage.ping().await.unwrap();
+    storage
+        .insert(NewMessage::new("t", "héllo").with_key("k"))
+        .await
+        .unwrap();
+    let refused = storage.insert(NewMessage::new("t", vec![0xff, 0xfe])).await;
+    assert!(
+        matches!(refused, Err(StorageError::InvalidMessage(_))),
+        "{refused:?}"
+    );
+    let got = claim(&storage, "w1", 10, LEASE).await;
+    assert_eq!(got[0].payload, "héllo".as_bytes());
+    assert_eq!(got[0].key.as_deref(), Some("k"));
 }

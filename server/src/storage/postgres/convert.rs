@@ -9,6 +9,7 @@ use sqlx::postgres::{types::PgInterval, PgRow};
 use sqlx::types::Json;
 use sqlx::Row;
 
+use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat};
 use crate::storage::{Claimed, MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// Longest interval sent to the database; longer delays mean "practically never" and
@@ -113,6 +114,57 @@ pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error>
 pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
     ids.sort_unstable();
     ids
+}
+
+/// One row of the live-columns query (`sql::LIVE_COLUMNS`).
+pub(super) fn live_column(row: &PgRow) -> Result<LiveColumn, sqlx::Error> {
+    Ok(LiveColumn {
+        name: row.try_get("name")?,
+        type_name: row.try_get("type_name")?,
+        nullable: row.try_get("nullable")?,
+        has_default: row.try_get("has_default")?,
+    })
+}
+
+/// The PostgreSQL types the relay can use for each kind of column; the error says which.
+/// Times must carry their zone (`timestamptz`): a `timestamp` would be read in the
+/// session's zone, and leases compare it with the database clock.
+pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'static str> {
+    let base = column
+        .type_name
+        .split('(')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    let text = matches!(base, "text" | "character varying");
+    let (ok, wanted) = match kind {
+        ColumnKind::Id => (matches!(base, "bigint" | "integer"), "bigint or integer"),
+        ColumnKind::Text | ColumnKind::Status | ColumnKind::NullableText => {
+            (text, "text or character varying")
+        }
+        ColumnKind::Payload(PayloadFormat::Bytes) => {
+            (base == "bytea", "bytea (payload_format = \"bytes\")")
+        }
+        ColumnKind::Payload(PayloadFormat::Text) => (
+            text,
+            "text or character varying (payload_format = \"text\")",
+        ),
+        ColumnKind::Payload(PayloadFormat::Json) => (
+            matches!(base, "json" | "jsonb"),
+            "json or jsonb (payload_format = \"json\")",
+        ),
+        ColumnKind::Headers => (matches!(base, "json" | "jsonb"), "json or jsonb"),
+        ColumnKind::Counter => (base == "integer", "integer"),
+        ColumnKind::Timestamp | ColumnKind::DueAt | ColumnKind::NullableTimestamp => (
+            base == "timestamp with time zone",
+            "timestamp with time zone (timestamptz)",
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wanted)
+    }
 }
 
 #[cfg(test)]

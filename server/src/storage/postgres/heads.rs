@@ -33,11 +33,22 @@
 
 use sqlx::PgConnection;
 
+use super::sql::Names;
 use crate::storage::MessageId;
 
 /// DDL of the heads table, its trigger, and the backfill that makes an existing table
 /// (created before, or without strict ordering) consistent.
-pub(super) fn schema(t: &str, heads: &str, function: &str, trigger: &str, index: &str) -> String {
+pub(super) fn schema(
+    t: &str,
+    heads: &str,
+    n: &Names,
+    function: &str,
+    trigger: &str,
+    index: &str,
+) -> String {
+    let Names {
+        id, key, status, ..
+    } = n;
     format!(
         "CREATE TABLE IF NOT EXISTS {heads} (
     key     TEXT   PRIMARY KEY,
@@ -52,15 +63,15 @@ BEGIN
     -- this transaction commits. Ordered, so two producers never deadlock.
     SELECT coalesce(array_agg(h.key), '{{}}') INTO locked FROM (
         SELECT h.key FROM {heads} h
-        WHERE h.key IN (SELECT n.key FROM new_rows n WHERE n.key IS NOT NULL)
+        WHERE h.key IN (SELECT n.{key} FROM new_rows n WHERE n.{key} IS NOT NULL)
           AND h.head_id IS NOT NULL
         ORDER BY h.key FOR KEY SHARE) h;
     -- The other keys: this statement's oldest row becomes the head, unless a concurrent
     -- transaction set one meanwhile (then the upsert's row lock serialises with the relay).
     INSERT INTO {heads} AS h (key, head_id)
-        SELECT n.key, min(n.id) FROM new_rows n
-        WHERE n.key IS NOT NULL AND n.status = 'pending' AND n.key <> ALL(locked)
-        GROUP BY n.key ORDER BY n.key
+        SELECT n.{key}, min(n.{id}) FROM new_rows n
+        WHERE n.{key} IS NOT NULL AND n.{status} = 'pending' AND n.{key} <> ALL(locked)
+        GROUP BY n.{key} ORDER BY n.{key}
     ON CONFLICT (key) DO UPDATE SET head_id = coalesce(h.head_id, excluded.head_id);
     RETURN NULL;
 END;
@@ -69,11 +80,12 @@ DROP TRIGGER IF EXISTS {trigger} ON {t};
 CREATE TRIGGER {trigger} AFTER INSERT ON {t}
     REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}();
 UPDATE {heads} h SET head_id = (
-    SELECT min(o.id) FROM {t} o WHERE o.key = h.key AND o.status = 'pending')
+    SELECT min(o.{id}) FROM {t} o WHERE o.{key} = h.key AND o.{status} = 'pending')
 WHERE h.head_id IS NULL OR NOT EXISTS (
-    SELECT 1 FROM {t} o WHERE o.id = h.head_id AND o.status = 'pending');
+    SELECT 1 FROM {t} o WHERE o.{id} = h.head_id AND o.{status} = 'pending');
 INSERT INTO {heads} (key, head_id)
-    SELECT key, min(id) FROM {t} WHERE status = 'pending' AND key IS NOT NULL GROUP BY key
+    SELECT {key}, min({id}) FROM {t} WHERE {status} = 'pending' AND {key} IS NOT NULL
+    GROUP BY {key}
 ON CONFLICT (key) DO NOTHING;
 "
     )
@@ -85,18 +97,29 @@ ON CONFLICT (key) DO NOTHING;
 pub(super) fn claim(
     t: &str,
     heads: &str,
+    n: &Names,
     topics_param: Option<&str>,
     delay_param: Option<&str>,
 ) -> String {
+    let Names {
+        id,
+        key,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        created_at,
+        ..
+    } = n;
     // What makes one row claimable by this claim, given it is pending.
     let claimable = |alias: &str| {
-        let mut condition = format!("{alias}.available_at <= statement_timestamp()");
+        let mut condition = format!("{alias}.{available_at} <= statement_timestamp()");
         if let Some(p) = delay_param {
             condition +=
-                &format!(" AND {alias}.created_at <= statement_timestamp() - {p}::interval");
+                &format!(" AND {alias}.{created_at} <= statement_timestamp() - {p}::interval");
         }
         if let Some(p) = topics_param {
-            condition += &format!(" AND {alias}.topic = ANY({p})");
+            condition += &format!(" AND {} = ANY({p})", n.topic(alias));
         }
         condition
     };
@@ -108,31 +131,33 @@ pub(super) fn claim(
     // after walking the key's whole backlog.
     format!(
         "WITH heads AS (\
-           SELECT h.key, h.head_id FROM {heads} h JOIN {t} r ON r.id = h.head_id \
-           WHERE h.head_id IS NOT NULL AND r.status = 'pending' AND {head_ok} \
+           SELECT h.key, h.head_id FROM {heads} h JOIN {t} r ON r.{id} = h.head_id \
+           WHERE h.head_id IS NOT NULL AND r.{status} = 'pending' AND {head_ok} \
            ORDER BY h.head_id LIMIT $3), \
          bound AS (SELECT CASE WHEN count(*) >= $3 THEN max(head_id) END AS max_id FROM heads), \
          keyed AS (\
-           SELECT s.id, bool_and({row_ok}) OVER (PARTITION BY s.key ORDER BY s.id) AS ok \
+           SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok \
            FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (\
-             SELECT s.* FROM {t} s \
-             WHERE s.key = h.key AND s.status = 'pending' AND s.id >= h.head_id \
-               AND s.id <= coalesce(b.max_id, 9223372036854775807) \
-             ORDER BY s.id LIMIT $3) s), \
+             SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s \
+             WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id \
+               AND s.{id} <= coalesce(b.max_id, 9223372036854775807) \
+             ORDER BY s.{id} LIMIT $3) s), \
          keyless AS (\
-           SELECT o.id FROM {t} o WHERE o.status = 'pending' AND o.key IS NULL AND {keyless_ok} \
-           ORDER BY o.id LIMIT $3), \
+           SELECT o.{id} AS id FROM {t} o \
+           WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok} \
+           ORDER BY o.{id} LIMIT $3), \
          chosen AS (\
            (SELECT id FROM keyed WHERE ok UNION ALL SELECT id FROM keyless) ORDER BY id LIMIT $3), \
          claimed AS (\
-           UPDATE {t} o SET leased_by = $1, attempts = attempts + 1, \
-             available_at = statement_timestamp() + $2::interval \
-           WHERE o.id IN (SELECT id FROM chosen) AND o.status = 'pending' \
-             AND o.available_at <= statement_timestamp() \
-           RETURNING o.id, o.topic, o.key, o.payload, o.headers, o.attempts, o.created_at) \
+           UPDATE {t} o SET {leased_by} = $1, {attempts} = o.{attempts} + 1, \
+             {available_at} = statement_timestamp() + $2::interval \
+           WHERE o.{id} IN (SELECT id FROM chosen) AND o.{status} = 'pending' \
+             AND o.{available_at} <= statement_timestamp() \
+           RETURNING {message}) \
          SELECT c.id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at, \
            statement_timestamp() + $2::interval AS lease_expires_at \
-         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id"
+         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id",
+        message = n.message("o"),
     )
 }
 
@@ -144,10 +169,13 @@ pub(super) fn lock_finished(heads: &str) -> String {
 
 /// Moves the heads of the keys `$1` to their oldest pending row (NULL when none). Must run
 /// as a statement of its own after [`lock_finished`], so it sees every committed insert.
-pub(super) fn advance(t: &str, heads: &str) -> String {
+pub(super) fn advance(t: &str, heads: &str, n: &Names) -> String {
+    let Names {
+        id, key, status, ..
+    } = n;
     format!(
         "UPDATE {heads} h SET head_id = (\
-           SELECT min(o.id) FROM {t} o WHERE o.key = h.key AND o.status = 'pending') \
+           SELECT min(o.{id}) FROM {t} o WHERE o.{key} = h.key AND o.{status} = 'pending') \
          WHERE h.key = ANY($1)"
     )
 }

@@ -27,10 +27,12 @@ use sqlx::types::Json;
 use sqlx::{Executor, Row};
 use tokio::sync::watch;
 
-use self::convert::{attempts, classify, decode_claim, decode_topic_stats, interval, sorted};
+use self::convert::{
+    accepts, attempts, classify, decode_claim, decode_topic_stats, interval, live_column, sorted,
+};
 use self::listen::InsertSignal;
 use self::sql::{Shape, Statements};
-use super::columns::Columns;
+use super::columns::{check_live_columns, insert_row, Columns, InsertPayload};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
@@ -148,6 +150,7 @@ impl PostgresStorage {
         let sql = Statements::render(&Shape {
             schema: schema.as_ref(),
             table: &table,
+            columns: &options.columns,
             strict_ordering: options.strict_ordering,
             visibility_delay: options.visibility_delay,
             notify_channel: channel.as_ref(),
@@ -509,15 +512,42 @@ impl Storage for PostgresStorage {
             .execute(&self.pool)
             .await
             .map_err(self.error("ping"))?;
-        Ok(())
+        let live = sqlx::query(&self.sql.live_columns)
+            .bind(&self.sql.qualified_table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("ping"))?
+            .iter()
+            .map(live_column)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.error("ping"))?;
+        let problems = check_live_columns(&self.options.columns, &live, false, accepts);
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(StorageError::MismatchedTable {
+                table: self.sql.display_table.clone(),
+                problems,
+            })
+        }
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        sqlx::query_scalar(&self.sql.insert)
-            .bind(message.topic)
-            .bind(message.key)
-            .bind(message.payload)
-            .bind(Json(message.headers))
+        let columns = &self.options.columns;
+        let row = insert_row(columns, message)?;
+        let mut query = sqlx::query_scalar(&self.sql.insert);
+        if let Some(topic) = row.topic {
+            query = query.bind(topic);
+        }
+        query = query.bind(row.key);
+        query = match row.payload {
+            InsertPayload::Bytes(bytes) => query.bind(bytes),
+            InsertPayload::Text(text) => query.bind(text),
+        };
+        if let Some(headers) = row.headers {
+            query = query.bind(Json(headers));
+        }
+        query
             .fetch_one(&self.pool)
             .await
             .map_err(self.error("insert"))

@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use super::heads;
+use crate::storage::columns::{Columns, PayloadFormat, TopicSource};
 use crate::storage::ident::{self, Ident};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
@@ -46,6 +47,10 @@ pub(super) struct Statements {
     pub stats: String,
     pub purge_batch: String,
     pub ping: String,
+    /// Describes the live table's columns; `$1` is [`Statements::qualified_table`].
+    pub live_columns: String,
+    /// The table as the statements name it: quoted, with its schema when configured.
+    pub qualified_table: String,
     pub insert: String,
     pub schema: String,
     /// Key-heads maintenance, with strict ordering (see `heads.rs`).
@@ -63,9 +68,114 @@ pub(super) struct HeadStatements {
 pub(super) struct Shape<'a> {
     pub schema: Option<&'a Ident>,
     pub table: &'a Ident,
+    pub columns: &'a Columns,
     pub strict_ordering: bool,
     pub visibility_delay: Duration,
     pub notify_channel: Option<&'a Ident>,
+}
+
+/// The table's columns quoted for SQL text, with the expressions that turn a mapped row
+/// into the relay's message shape (see [`Columns`]).
+pub(super) struct Names {
+    pub id: String,
+    pub key: String,
+    pub payload: String,
+    pub created_at: String,
+    pub status: String,
+    pub attempts: String,
+    pub available_at: String,
+    pub leased_by: String,
+    pub last_error: String,
+    pub processed_at: String,
+    topic: TopicSource,
+    headers: Option<String>,
+    payload_format: PayloadFormat,
+}
+
+impl Names {
+    pub fn new(columns: &Columns) -> Self {
+        Self {
+            id: columns.id.quoted(),
+            key: columns.key.quoted(),
+            payload: columns.payload.quoted(),
+            created_at: columns.created_at.quoted(),
+            status: columns.status.quoted(),
+            attempts: columns.attempts.quoted(),
+            available_at: columns.available_at.quoted(),
+            leased_by: columns.leased_by.quoted(),
+            last_error: columns.last_error.quoted(),
+            processed_at: columns.processed_at.quoted(),
+            topic: columns.topic.clone(),
+            headers: columns.headers.as_ref().map(Ident::quoted),
+            payload_format: columns.payload_format,
+        }
+    }
+
+    /// The topic of row `alias`: its column, or the fixed topic as a literal.
+    pub fn topic(&self, alias: &str) -> String {
+        match &self.topic {
+            TopicSource::Column(column) => format!("{alias}.{}", column.quoted()),
+            TopicSource::Fixed(topic) => format!("{}::text", literal(topic)),
+        }
+    }
+
+    /// The columns of row `alias` as a message: `id, topic, key, payload, headers,
+    /// attempts, created_at`, named so for decoding whatever the table calls them.
+    pub fn message(&self, alias: &str) -> String {
+        let payload = format!("{alias}.{}", self.payload);
+        let payload = match self.payload_format {
+            PayloadFormat::Bytes => payload,
+            PayloadFormat::Text => format!("convert_to({payload}, 'UTF8')"),
+            PayloadFormat::Json => format!("convert_to({payload}::text, 'UTF8')"),
+        };
+        let headers = match &self.headers {
+            Some(headers) => format!("{alias}.{headers}::jsonb"),
+            None => "'{}'::jsonb".to_owned(),
+        };
+        format!(
+            "{alias}.{id}::int8 AS id, {topic} AS topic, {alias}.{key}::text AS key, \
+             {payload} AS payload, {headers} AS headers, {alias}.{attempts}::int4 AS attempts, \
+             {alias}.{created_at} AS created_at",
+            id = self.id,
+            topic = self.topic(alias),
+            key = self.key,
+            attempts = self.attempts,
+            created_at = self.created_at,
+        )
+    }
+
+    /// `INSERT` of one message; binds in order: the topic (only with a topic column), key,
+    /// payload (bytes, or a string for text and JSON), headers (only with a headers column).
+    fn insert(&self, t: &str) -> String {
+        let mut columns = Vec::new();
+        let mut values = Vec::new();
+        let mut value = |column: &str, cast: &str| {
+            columns.push(column.to_owned());
+            values.push(format!("${}{cast}", values.len() + 1));
+        };
+        if let TopicSource::Column(topic) = &self.topic {
+            value(&topic.quoted(), "");
+        }
+        value(&self.key, "");
+        match self.payload_format {
+            PayloadFormat::Json => value(&self.payload, "::jsonb"),
+            PayloadFormat::Bytes | PayloadFormat::Text => value(&self.payload, ""),
+        }
+        if let Some(headers) = &self.headers {
+            value(headers, "");
+        }
+        format!(
+            "INSERT INTO {t} ({}) VALUES ({}) RETURNING {}::int8",
+            columns.join(", "),
+            values.join(", "),
+            self.id
+        )
+    }
+}
+
+/// `text` as a SQL string literal (standard_conforming_strings, on since PostgreSQL 9.1).
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
 }
 
 impl Statements {
@@ -78,104 +188,125 @@ impl Statements {
             Some(schema) => format!("{schema}.{}", shape.table),
             None => shape.table.to_string(),
         };
+        let n = Names::new(shape.columns);
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            last_error,
+            processed_at,
+            created_at,
+            ..
+        } = &n;
+        let held = format!("WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'");
         Self {
             lock_key: format!("txoutbox:{display_table}"),
             claim_lock: format!("SELECT pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext($1))"),
             ddl_lock: format!("SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0)"),
-            claim_all: claim(&t, shape, false),
-            claim_topics: claim(&t, shape, true),
+            claim_all: claim(&t, shape, &n, false),
+            claim_topics: claim(&t, shape, &n, true),
             ack: format!(
-                "UPDATE {t} SET status = 'done', processed_at = statement_timestamp(), \
-                 leased_by = NULL {HELD} RETURNING id"
+                "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \
+                 {leased_by} = NULL {held} RETURNING {id}::int8"
             ),
-            ack_delete: format!("DELETE FROM {t} {HELD} RETURNING id"),
+            ack_delete: format!("DELETE FROM {t} {held} RETURNING {id}::int8"),
             nack_select: format!(
-                "SELECT attempts, key FROM {t} \
-                 WHERE id = $1 AND leased_by = $2 AND status = 'pending' FOR UPDATE"
+                "SELECT {attempts}::int4 AS attempts, {key}::text AS key FROM {t} \
+                 WHERE {id} = $1 AND {leased_by} = $2 AND {status} = 'pending' FOR UPDATE"
             ),
             // The row is locked and known to be held by the owner (nack_select).
             nack_retry: format!(
-                "UPDATE {t} SET available_at = statement_timestamp() + $2::interval, \
-                 last_error = $3, leased_by = NULL WHERE id = $1 RETURNING available_at"
+                "UPDATE {t} SET {available_at} = statement_timestamp() + $2::interval, \
+                 {last_error} = $3, {leased_by} = NULL WHERE {id} = $1 RETURNING {available_at}"
             ),
             nack_dead: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = statement_timestamp(), \
-                 last_error = $2, leased_by = NULL WHERE id = $1 RETURNING processed_at"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = statement_timestamp(), \
+                 {last_error} = $2, {leased_by} = NULL WHERE {id} = $1 RETURNING {processed_at}"
             ),
             release_successors: format!(
-                "UPDATE {t} SET attempts = GREATEST(attempts - 1, 0), available_at = $4, \
-                 leased_by = NULL \
-                 WHERE key = $1 AND id > $2 AND leased_by = $3 AND status = 'pending' \
-                 RETURNING id"
+                "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), {available_at} = $4, \
+                 {leased_by} = NULL \
+                 WHERE {key} = $1 AND {id} > $2 AND {leased_by} = $3 AND {status} = 'pending' \
+                 RETURNING {id}::int8"
             ),
             release: format!(
-                "UPDATE {t} SET attempts = GREATEST(attempts - 1, 0), \
-                 available_at = statement_timestamp() + $3::interval, leased_by = NULL \
-                 {HELD} RETURNING id"
+                "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), \
+                 {available_at} = statement_timestamp() + $3::interval, {leased_by} = NULL \
+                 {held} RETURNING {id}::int8"
             ),
             dead_letter: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = statement_timestamp(), \
-                 last_error = $3, leased_by = NULL \
-                 WHERE id = $1 AND leased_by = $2 AND status = 'pending' RETURNING id"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = statement_timestamp(), \
+                 {last_error} = $3, {leased_by} = NULL \
+                 WHERE {id} = $1 AND {leased_by} = $2 AND {status} = 'pending' \
+                 RETURNING {id}::int8"
             ),
             // One row even when nothing was extended, so the deadline is always known.
             extend_lease: format!(
                 "WITH extended AS (\
-                   UPDATE {t} SET available_at = statement_timestamp() + $3::interval \
-                   {HELD} RETURNING id) \
+                   UPDATE {t} SET {available_at} = statement_timestamp() + $3::interval \
+                   {held} RETURNING {id}::int8 AS id) \
                  SELECT e.id, statement_timestamp() + $3::interval AS lease_expires_at \
                  FROM (SELECT 1) AS clock LEFT JOIN extended e ON true ORDER BY e.id"
             ),
             return_leases: format!(
-                "UPDATE {t} SET leased_by = NULL, available_at = statement_timestamp() {HELD}"
+                "UPDATE {t} SET {leased_by} = NULL, {available_at} = statement_timestamp() \
+                 {held}"
             ),
             // `status = 'pending' OR status = 'dead'` (not IN) lets the planner OR the two
             // partial indexes instead of scanning the delivered rows.
             stats: format!(
-                "SELECT topic, \
-                   count(*) FILTER (WHERE status = 'pending') AS pending, \
-                   count(*) FILTER (WHERE status = 'pending' AND leased_by IS NOT NULL \
-                     AND available_at > statement_timestamp()) AS leased, \
-                   count(*) FILTER (WHERE status = 'dead') AS dead, \
+                "SELECT {topic} AS topic, \
+                   count(*) FILTER (WHERE {status} = 'pending') AS pending, \
+                   count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
+                     AND {available_at} > statement_timestamp()) AS leased, \
+                   count(*) FILTER (WHERE {status} = 'dead') AS dead, \
                    EXTRACT(EPOCH FROM statement_timestamp() \
-                     - min(created_at) FILTER (WHERE status = 'pending'))::float8 \
+                     - min({created_at}) FILTER (WHERE {status} = 'pending'))::float8 \
                      AS oldest_pending_secs \
-                 FROM {t} WHERE status = 'pending' OR status = 'dead' \
-                 GROUP BY topic ORDER BY topic"
+                 FROM {t} o WHERE {status} = 'pending' OR {status} = 'dead' \
+                 GROUP BY 1 ORDER BY 1",
+                topic = n.topic("o"),
             ),
             purge_batch: format!(
-                "DELETE FROM {t} WHERE id IN (\
-                   SELECT id FROM {t} WHERE status = 'done' \
-                   AND processed_at < statement_timestamp() - $1::interval LIMIT $2)"
+                "DELETE FROM {t} WHERE {id} IN (\
+                   SELECT {id} FROM {t} WHERE {status} = 'done' \
+                   AND {processed_at} < statement_timestamp() - $1::interval LIMIT $2)"
             ),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
-            insert: format!(
-                "INSERT INTO {t} (topic, key, payload, headers) VALUES ($1, $2, $3, $4) \
-                 RETURNING id"
-            ),
-            schema: schema(&t, shape),
+            live_columns: LIVE_COLUMNS.to_owned(),
+            insert: n.insert(&t),
+            schema: schema(&t, shape, &n),
             heads: shape.strict_ordering.then(|| {
                 let h = heads_table(shape);
                 HeadStatements {
                     lock_finished: heads::lock_finished(&h),
-                    advance: heads::advance(&t, &h),
+                    advance: heads::advance(&t, &h, &n),
                     purge_drained: heads::purge_drained(&h),
                 }
             }),
+            qualified_table: t,
             display_table,
         }
     }
 }
 
-/// Fence of every write-back: `$1` ids, `$2` owner.
-const HELD: &str = "WHERE id = ANY($1) AND leased_by = $2 AND status = 'pending'";
+/// The columns of the table named by `$1` (a quoted, possibly qualified name), resolved
+/// like the statements resolve it, through the search path.
+const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
+       format_type(a.atttypid, a.atttypmod) AS type_name, t.typname::text AS udt, \
+       NOT a.attnotnull AS nullable, a.atthasdef OR a.attidentity <> '' AS has_default \
+     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
 /// `$1` owner, `$2` lease, `$3` batch size, then `$4` topics (with `topics`) and the
 /// visibility delay (when configured) as the next parameter.
 ///
 /// Always returns at least one row: with nothing claimed, a single row of NULLs except
 /// `lease_expires_at`, so the deadline comes from the database clock either way.
-fn claim(t: &str, shape: &Shape<'_>, topics: bool) -> String {
+fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
     let mut next_param = 4;
     let mut param = || {
         let p = format!("${next_param}");
@@ -189,59 +320,137 @@ fn claim(t: &str, shape: &Shape<'_>, topics: bool) -> String {
         return heads::claim(
             t,
             &heads_table(shape),
+            n,
             topics_param.as_deref(),
             delay_param.as_deref(),
         );
     }
+    let Names {
+        id,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        created_at,
+        ..
+    } = n;
     let mut filters = String::new();
     if let Some(p) = &delay_param {
-        filters += &format!(" AND o.created_at <= statement_timestamp() - {p}::interval");
+        filters += &format!(" AND o.{created_at} <= statement_timestamp() - {p}::interval");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND o.topic = ANY({p})");
+        filters += &format!(" AND {} = ANY({p})", n.topic("o"));
     }
     format!(
         "WITH claimed AS (\
-           UPDATE {t} SET leased_by = $1, attempts = attempts + 1, \
-             available_at = statement_timestamp() + $2::interval \
-           WHERE id IN (\
-             SELECT o.id FROM {t} o \
-             WHERE o.status = 'pending' AND o.available_at <= statement_timestamp(){filters} \
-             ORDER BY o.id LIMIT $3 FOR UPDATE SKIP LOCKED) \
-           RETURNING id, topic, key, payload, headers, attempts, created_at) \
+           UPDATE {t} u SET {leased_by} = $1, {attempts} = u.{attempts} + 1, \
+             {available_at} = statement_timestamp() + $2::interval \
+           WHERE u.{id} IN (\
+             SELECT o.{id} FROM {t} o \
+             WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp(){filters} \
+             ORDER BY o.{id} LIMIT $3 FOR UPDATE SKIP LOCKED) \
+           RETURNING {message}) \
          SELECT c.id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at, \
            statement_timestamp() + $2::interval AS lease_expires_at \
-         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id"
+         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id",
+        message = n.message("u"),
     )
 }
 
-fn schema(t: &str, shape: &Shape<'_>) -> String {
+fn schema(t: &str, shape: &Shape<'_>, n: &Names) -> String {
     let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
+    let Names {
+        id,
+        key,
+        payload,
+        created_at,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        processed_at,
+        ..
+    } = n;
+    let columns = shape.columns;
     let mut sql = String::new();
     if let Some(schema) = shape.schema {
         sql += &format!("CREATE SCHEMA IF NOT EXISTS {};\n", schema.quoted());
     }
+    let topic = match &columns.topic {
+        TopicSource::Column(topic) => format!("\n    {:<12} TEXT        NOT NULL,", topic.quoted()),
+        TopicSource::Fixed(_) => String::new(),
+    };
+    let payload_type = match columns.payload_format {
+        PayloadFormat::Bytes => "BYTEA",
+        PayloadFormat::Text => "TEXT",
+        PayloadFormat::Json => "JSONB",
+    };
+    let headers = match &columns.headers {
+        Some(headers) => format!(
+            "\n    {:<12} JSONB       NOT NULL DEFAULT '{{}}',",
+            headers.quoted()
+        ),
+        None => String::new(),
+    };
+    // The relay's own columns, shared by the new table and the additions to a mapped one.
+    let bookkeeping = [
+        (
+            status,
+            format!(
+                "TEXT        NOT NULL DEFAULT 'pending'\n{:29}\
+                 CHECK ({status} IN ('pending', 'done', 'dead'))",
+                ""
+            ),
+        ),
+        (attempts, "INTEGER     NOT NULL DEFAULT 0".to_owned()),
+        (
+            available_at,
+            "TIMESTAMPTZ NOT NULL DEFAULT now()".to_owned(),
+        ),
+        (leased_by, "TEXT".to_owned()),
+        (last_error, "TEXT".to_owned()),
+        (processed_at, "TIMESTAMPTZ".to_owned()),
+    ];
+    let relay_columns: Vec<String> = bookkeeping
+        .iter()
+        .map(|(column, definition)| format!("    {column:<12} {definition}"))
+        .collect();
     sql += &format!(
         "CREATE TABLE IF NOT EXISTS {t} (
-    id           BIGINT      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-    topic        TEXT        NOT NULL,
-    key          TEXT,
-    payload      BYTEA       NOT NULL,
-    headers      JSONB       NOT NULL DEFAULT '{{}}',
-    created_at   TIMESTAMPTZ NOT NULL DEFAULT now(),
-    status       TEXT        NOT NULL DEFAULT 'pending'
-                             CHECK (status IN ('pending', 'done', 'dead')),
-    attempts     INTEGER     NOT NULL DEFAULT 0,
-    available_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    leased_by    TEXT,
-    last_error   TEXT,
-    processed_at TIMESTAMPTZ
+    {id:<12} BIGINT      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,{topic}
+    {key:<12} TEXT,
+    {payload:<12} {payload_type:<11} NOT NULL,{headers}
+    {created_at:<12} TIMESTAMPTZ NOT NULL DEFAULT now(),
+{relay_columns}
 );
-CREATE INDEX IF NOT EXISTS {pending} ON {t} (id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS {key_pending} ON {t} (key, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS {processed} ON {t} (processed_at) WHERE status = 'done';
-CREATE INDEX IF NOT EXISTS {dead} ON {t} (id) WHERE status = 'dead';
-CREATE INDEX IF NOT EXISTS {keyless} ON {t} (id) WHERE status = 'pending' AND key IS NULL;
+",
+        relay_columns = relay_columns.join(",\n"),
+    );
+    if !columns.is_default() {
+        // A team's existing table: what the relay still needs, idempotently.
+        let additions: Vec<String> = bookkeeping
+            .iter()
+            .map(|(column, definition)| {
+                format!("    ADD COLUMN IF NOT EXISTS {column} {definition}")
+            })
+            .collect();
+        sql += &format!(
+            "-- The relay's bookkeeping columns, for a table that existed before. Rows already
+-- in the table become pending and will be delivered: mark the ones published already
+-- with UPDATE {t} SET {status} = 'done' WHERE ... before starting txoutboxd.
+ALTER TABLE {t}
+{};
+",
+            additions.join(",\n")
+        );
+    }
+    sql += &format!(
+        "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
+CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
+CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
 ",
         keyless = name("_keyless_idx"),
         pending = name("_pending_idx"),
@@ -257,6 +466,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} (id) WHERE status = 'pending' AND ke
         sql += &heads::schema(
             t,
             &heads_table(shape),
+            n,
             &qualified(name("_heads_on_insert")),
             &name("_heads_on_insert"),
             &name("_heads_idx"),
@@ -318,11 +528,13 @@ fn fnv1a32(text: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::columns::ColumnMapping;
 
-    fn shape<'a>(table: &'a Ident, channel: Option<&'a Ident>) -> Shape<'a> {
+    fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
         Shape {
             schema: None,
             table,
+            columns,
             strict_ordering: true,
             visibility_delay: Duration::ZERO,
             notify_channel: channel,
@@ -342,12 +554,14 @@ mod tests {
     #[test]
     fn claim_parameters_are_numbered_in_order() {
         let table = Ident::new("outbox").unwrap();
-        let mut s = shape(&table, None);
+        let columns = Columns::default();
+        let mut s = shape(&table, &columns, None);
         s.visibility_delay = Duration::from_secs(1);
-        let sql = claim("\"outbox\"", &s, true);
-        assert!(sql.contains("o.topic = ANY($4)"));
+        let n = Names::new(&columns);
+        let sql = claim("\"outbox\"", &s, &n, true);
+        assert!(sql.contains("o.\"topic\" = ANY($4)"), "{sql}");
         assert!(sql.contains("- $5::interval"));
-        let sql = claim("\"outbox\"", &s, false);
+        let sql = claim("\"outbox\"", &s, &n, false);
         assert!(sql.contains("- $4::interval") && !sql.contains("$5"));
     }
 
@@ -355,10 +569,53 @@ mod tests {
     fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
         let table = Ident::new("Outbox").unwrap();
         let channel = Ident::new("outbox_inserted").unwrap();
-        assert!(!schema("\"Outbox\"", &shape(&table, None)).contains("pg_notify"));
-        let sql = schema("\"Outbox\"", &shape(&table, Some(&channel)));
+        let columns = Columns::default();
+        let n = Names::new(&columns);
+        let sql = schema("\"Outbox\"", &shape(&table, &columns, None), &n);
+        assert!(!sql.contains("pg_notify"));
+        assert!(
+            !sql.contains("ALTER TABLE"),
+            "the relay's own table needs no additions"
+        );
+        let sql = schema("\"Outbox\"", &shape(&table, &columns, Some(&channel)), &n);
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
         assert!(sql.contains("pg_notify('outbox_inserted', '')"));
         assert!(sql.contains("FOR EACH STATEMENT"));
+    }
+
+    #[test]
+    fn a_mapped_table_gets_its_names_and_the_bookkeeping_columns_it_lacks() {
+        let table = Ident::new("order_events").unwrap();
+        let columns = Columns::from_mapping(&ColumnMapping {
+            id: "event_id".to_owned(),
+            fixed_topic: Some("it's".to_owned()),
+            payload: "body".to_owned(),
+            payload_format: PayloadFormat::Json,
+            headers: String::new(),
+            status: "relay_status".to_owned(),
+            ..ColumnMapping::default()
+        })
+        .unwrap();
+        let n = Names::new(&columns);
+        let sql = schema("\"order_events\"", &shape(&table, &columns, None), &n);
+        assert!(sql.contains("\"body\"       JSONB"), "{sql}");
+        assert!(
+            sql.contains("ADD COLUMN IF NOT EXISTS \"relay_status\" TEXT"),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE \"relay_status\" = 'pending'"), "{sql}");
+        assert!(
+            !sql.contains("\"topic\"") && !sql.contains("\"headers\""),
+            "{sql}"
+        );
+        assert_eq!(n.topic("o"), "'it''s'::text");
+        assert!(n
+            .message("o")
+            .contains("convert_to(o.\"body\"::text, 'UTF8') AS payload"));
+        assert!(n.message("o").contains("'{}'::jsonb AS headers"));
+        assert_eq!(
+            n.insert("t"),
+            "INSERT INTO t (\"key\", \"body\") VALUES ($1, $2::jsonb) RETURNING \"event_id\"::int8"
+        );
     }
 }

@@ -1,0 +1,166 @@
+//! Bring your own table, end to end: a team's existing PostgreSQL outbox table with its own
+//! column names, mapped in `[outboxes.NAME.columns]`, prepared with `txoutboxd schema`,
+//! relayed by a real `txoutboxd` to a real subscriber; and a table that does not fit,
+//! refused at start with every problem named.
+
+use std::process::{Command, Output};
+
+use txoutbox_tests::server::binary;
+use txoutbox_tests::{Server, Subscriber, TestDb, DEADLINE};
+
+/// The team's table: message columns only, none named like the relay's.
+const TEAM_TABLE: &str = "CREATE TABLE {schema}.order_events (
+    event_id     serial PRIMARY KEY,
+    event_type   varchar(200) NOT NULL,
+    aggregate_id varchar(200),
+    body         bytea NOT NULL,
+    meta         json NOT NULL DEFAULT '{}',
+    occurred_at  timestamptz NOT NULL DEFAULT now()
+)";
+
+const MAPPING: &str = r#"
+table = "order_events"
+[outboxes.orders.columns]
+id = "event_id"
+topic = "event_type"
+key = "aggregate_id"
+payload = "body"
+headers = "meta"
+created_at = "occurred_at"
+status = "relay_status"
+attempts = "relay_attempts"
+available_at = "relay_due_at"
+leased_by = "relay_owner"
+last_error = "relay_error"
+processed_at = "relay_done_at"
+"#;
+
+fn txoutboxd(config: &str, args: &[&str]) -> Output {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+    Command::new(binary())
+        .arg("--config")
+        .arg(file.path())
+        .args(args)
+        .env_remove("TXOUTBOX_CONFIG")
+        .output()
+        .unwrap()
+}
+
+/// `TestDb::config` with the mapping, and without `create_schema`: the team's table is
+/// theirs, prepared by the printed DDL.
+fn config(db: &TestDb) -> String {
+    db.config(MAPPING)
+        .replace("table = \"outbox\"\n", "")
+        .replace("create_schema = true\n", "")
+}
+
+async fn create_team_table(db: &TestDb) {
+    sqlx::query(&TEAM_TABLE.replace("{schema}", &db.schema))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
+    let db = TestDb::new().await;
+    create_team_table(&db).await;
+    let config = config(&db);
+
+    let printed = txoutboxd(&config, &["schema", "orders"]);
+    assert!(printed.status.success(), "{printed:?}");
+    let stderr = String::from_utf8_lossy(&printed.stderr);
+    assert!(
+        stderr.contains("\"relay_status\" (columns.status) is missing"),
+        "schema should say what the live table lacks: {stderr}"
+    );
+    let ddl = String::from_utf8(printed.stdout).unwrap();
+    assert!(
+        ddl.contains("ADD COLUMN IF NOT EXISTS \"relay_due_at\""),
+        "{ddl}"
+    );
+    sqlx::raw_sql(&ddl).execute(&db.pool).await.unwrap();
+    let printed = txoutboxd(&config, &["schema", "orders"]);
+    assert!(
+        String::from_utf8_lossy(&printed.stderr).contains("already fits"),
+        "{printed:?}"
+    );
+
+    // The producer writes only its own columns.
+    let ids: Vec<i32> = sqlx::query_scalar(&format!(
+        "INSERT INTO {}.order_events (event_type, aggregate_id, body, meta) VALUES \
+           ('orders.created', 'order-1', 'first', '{{\"source\": \"shop\"}}'), \
+           ('orders.created', 'order-1', 'second', '{{}}'), \
+           ('orders.paid', NULL, 'third', '{{}}') RETURNING event_id",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
+
+    let server = Server::start_serving(&config).await;
+    let mut sub = Subscriber::open(&server, "mapped", 10, 0).await;
+    let got = sub.take(3).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), ids);
+    assert_eq!(got[0].topic, "orders.created");
+    assert_eq!(got[0].key.as_deref(), Some("order-1"));
+    assert_eq!(got[0].payload, b"first");
+    assert_eq!(
+        got[0].headers.get("source").map(String::as_str),
+        Some("shop")
+    );
+    assert_eq!(got[2].key, None);
+    assert!(got
+        .iter()
+        .all(|m| m.attempts == 1 && m.created_at.is_some()));
+
+    let settled = sub.ack(&ids[..2]).await;
+    assert_eq!(settled.acked, ids[..2]);
+    let settled = sub.nack(ids[2], "broker down", Some(60_000)).await;
+    assert_eq!(settled.retried, [ids[2]]);
+
+    let rows: Vec<(String, i32, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT relay_status, relay_attempts, relay_error FROM {}.order_events ORDER BY event_id",
+        db.schema
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("done".to_owned(), 1, None),
+            ("done".to_owned(), 1, None),
+            ("pending".to_owned(), 1, Some("broker down".to_owned())),
+        ]
+    );
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn txoutboxd_refuses_to_start_on_a_table_that_does_not_fit_and_names_every_problem() {
+    let db = TestDb::new().await;
+    create_team_table(&db).await;
+    let config = config(&db).replace("payload = \"body\"", "payload = \"data\"");
+
+    let run = tokio::time::timeout(
+        DEADLINE,
+        tokio::task::spawn_blocking(move || txoutboxd(&config, &["--listen", "127.0.0.1:0"])),
+    )
+    .await
+    .expect("txoutboxd should exit at start, not serve")
+    .unwrap();
+    assert!(!run.status.success(), "{run:?}");
+    let log = String::from_utf8_lossy(&run.stderr);
+    for needle in [
+        "outboxes.orders",
+        "\\\"data\\\" (columns.payload) is missing",
+        "\\\"relay_status\\\" (columns.status) is missing",
+        "\\\"relay_done_at\\\" (columns.processed_at) is missing",
+    ] {
+        assert!(log.contains(needle), "missing {needle:?} in:\n{log}");
+    }
+    db.drop().await;
+}
