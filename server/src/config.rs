@@ -665,6 +665,20 @@ mod tests {
     }
 
     #[test]
+    fn the_example_file_is_valid_and_spells_out_the_defaults() {
+        let text = include_str!("../../deploy/txoutboxd.example.toml");
+        let config = Config::from_toml(text).unwrap();
+        let orders = &config.outboxes["orders"];
+        assert_eq!(
+            orders.columns,
+            ColumnMapping {
+                topic: Some("topic".to_owned()),
+                ..ColumnMapping::default()
+            }
+        );
+    }
+
+    #[test]
     fn the_embedded_default_is_one_sqlite_outbox_on_the_documented_port() {
         let config = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(config.server.listen.to_string(), "127.0.0.1:7411");
