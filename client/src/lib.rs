@@ -9,8 +9,8 @@
 //!   held back; slow publishes kept leased; reconnection with backoff; graceful stop.
 //! - [`Worker`]: one round at a time over the unary calls ([`Worker::run_once`]), for
 //!   cron jobs.
-//! - [`producer`] (feature `postgres`, on by default): insert outbox rows inside your own
-//!   sqlx transaction, so they commit with your data.
+//! - [`producer`] (features `postgres`, on by default, `mysql` and `sqlite`): insert outbox
+//!   rows inside your own sqlx transaction, so they commit with your data.
 //! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
 //!   confirms delivery before the row is acked.
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
@@ -87,7 +87,7 @@ pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod producer;
 pub mod publisher;
 pub mod run_once;

@@ -1,9 +1,14 @@
-//! Producer side: write an outbox row in the same PostgreSQL transaction as your data.
+//! Producer side: write an outbox row in the same transaction as your data, on
+//! PostgreSQL ([`OutboxTable::insert`], feature `postgres`), MySQL/MariaDB
+//! ([`OutboxTable::insert_mysql`], feature `mysql`) or SQLite
+//! ([`OutboxTable::insert_sqlite`], feature `sqlite`).
 //!
 //! That is the whole point of an outbox: the row commits (and is later published) if and
 //! only if your business change commits. The row never goes through `txoutboxd`; the
 //! server only reads the table. Columns match the DDL the server creates (and prints with
-//! `Admin.Schema`): `topic`, `key`, `payload BYTEA`, `headers JSONB`.
+//! `Admin.Schema`): `topic`, `key`, `payload` (bytes), `headers` (a JSON object). A table
+//! of your own mapped with `[outboxes.NAME.columns]` has its own names: insert into it
+//! with your own SQL.
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -51,6 +56,8 @@ pub struct InvalidIdentifier {
 /// as the server does.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutboxTable {
+    schema: Option<String>,
+    table: String,
     display: String,
     insert_sql: String,
 }
@@ -61,7 +68,8 @@ impl OutboxTable {
         Ok(Self::render(None, validated(table)?))
     }
 
-    /// The table `table` in `schema`.
+    /// The table `table` in `schema` (on MySQL/MariaDB: the database `schema`; on SQLite:
+    /// the attached database `schema`).
     pub fn in_schema(schema: &str, table: &str) -> Result<Self, InvalidIdentifier> {
         Ok(Self::render(Some(validated(schema)?), validated(table)?))
     }
@@ -75,6 +83,8 @@ impl OutboxTable {
             None => (quote(table), table.to_owned()),
         };
         Self {
+            schema: schema.map(str::to_owned),
+            table: table.to_owned(),
             insert_sql: format!(
                 "INSERT INTO {quoted} (topic, key, payload, headers) VALUES ($1, $2, $3, $4) \
                  RETURNING id"
@@ -83,11 +93,22 @@ impl OutboxTable {
         }
     }
 
-    /// Inserts `message` through `executor` and returns the new row's id.
+    /// The table's name for MySQL, quoted with backticks (MySQL's default `sql_mode` reads
+    /// double quotes as strings).
+    #[cfg(feature = "mysql")]
+    fn mysql_name(&self) -> String {
+        match &self.schema {
+            Some(schema) => format!("`{schema}`.`{}`", self.table),
+            None => format!("`{}`", self.table),
+        }
+    }
+
+    /// Inserts `message` through `executor` (PostgreSQL) and returns the new row's id.
     ///
     /// Pass your open transaction (`&mut *tx`) so the row commits or rolls back with your
     /// other changes; a `&mut PgConnection` or a `&PgPool` work too (but then the insert
     /// is not atomic with anything else).
+    #[cfg(feature = "postgres")]
     pub async fn insert<'c, E>(&self, executor: E, message: &NewMessage) -> Result<i64, sqlx::Error>
     where
         E: sqlx::PgExecutor<'c>,
@@ -97,6 +118,54 @@ impl OutboxTable {
             .bind(&message.topic)
             .bind(message.key.as_deref())
             .bind(payload.as_ref())
+            .bind(Json(&message.headers))
+            .fetch_one(executor)
+            .await
+    }
+
+    /// Inserts `message` through `executor` (MySQL or MariaDB) and returns the new row's
+    /// id. Pass your open transaction (`&mut *tx`), as with [`insert`](Self::insert).
+    #[cfg(feature = "mysql")]
+    pub async fn insert_mysql<'c, E>(
+        &self,
+        executor: E,
+        message: &NewMessage,
+    ) -> Result<i64, sqlx::Error>
+    where
+        E: sqlx::MySqlExecutor<'c>,
+    {
+        let sql = format!(
+            "INSERT INTO {} (topic, `key`, payload, headers) VALUES (?, ?, ?, ?)",
+            self.mysql_name()
+        );
+        let done = sqlx::query(&sql)
+            .bind(&message.topic)
+            .bind(message.key.as_deref())
+            .bind(message.payload.as_bytes().as_ref())
+            .bind(Json(&message.headers))
+            .execute(executor)
+            .await?;
+        i64::try_from(done.last_insert_id()).map_err(|error| sqlx::Error::Decode(error.into()))
+    }
+
+    /// Inserts `message` through `executor` (SQLite) and returns the new row's id. Pass
+    /// your open transaction (`&mut *tx`), as with [`insert`](Self::insert); keep it short,
+    /// since SQLite has one writer per file and the relay's claims wait for it.
+    #[cfg(feature = "sqlite")]
+    pub async fn insert_sqlite<'c, E>(
+        &self,
+        executor: E,
+        message: &NewMessage,
+    ) -> Result<i64, sqlx::Error>
+    where
+        E: sqlx::SqliteExecutor<'c>,
+    {
+        // SQLite takes the PostgreSQL statement as written: double-quoted names,
+        // `$n` parameters, `RETURNING`.
+        sqlx::query_scalar(&self.insert_sql)
+            .bind(&message.topic)
+            .bind(message.key.as_deref())
+            .bind(message.payload.as_bytes().as_ref())
             .bind(Json(&message.headers))
             .fetch_one(executor)
             .await
