@@ -39,6 +39,20 @@ pub fn binary() -> PathBuf {
     binary
 }
 
+/// Runs `txoutboxd --config FILE ARGS...` to completion (`check-config`, `schema`, or a
+/// start that must fail), with `config` written to a temporary file.
+pub fn run_to_exit(config: &str, args: &[&str]) -> std::process::Output {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+    std::process::Command::new(binary())
+        .arg("--config")
+        .arg(file.path())
+        .args(args)
+        .env_remove("TXOUTBOX_CONFIG")
+        .output()
+        .unwrap()
+}
+
 pub struct Server {
     child: Child,
     pub address: String,

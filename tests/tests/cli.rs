@@ -3,18 +3,10 @@
 
 use std::process::Output;
 
-use txoutbox_tests::server::binary;
+use txoutbox_tests::server::run_to_exit;
 
 fn txoutboxd(config: &str, args: &[&str]) -> Output {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
-    std::process::Command::new(binary())
-        .arg("--config")
-        .arg(file.path())
-        .args(args)
-        .env_remove("TXOUTBOX_CONFIG")
-        .output()
-        .unwrap()
+    run_to_exit(config, args)
 }
 
 const VALID: &str = r#"

@@ -2,7 +2,6 @@
 //! back, nothing is delivered; committed, the row arrives as written.
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use txoutbox_client::producer::{NewMessage, OutboxTable};
 use txoutbox_client::{Message, PublishError, Subscriber};
@@ -44,26 +43,7 @@ async fn rows_commit_and_roll_back_with_the_callers_transaction() {
         .unwrap();
     drop(connection);
 
-    let received: Arc<Mutex<Vec<Message>>> = Arc::default();
-    let publisher = {
-        let received = Arc::clone(&received);
-        move |message: Message| {
-            received.lock().unwrap().push(message);
-            async { Ok::<_, PublishError>(()) }
-        }
-    };
-    let handle = Subscriber::builder([server.url()], "orders")
-        .build(publisher)
-        .unwrap()
-        .spawn();
-    eventually("both committed rows delivered", DEADLINE, || async {
-        (db.count("done").await == 2).then_some(())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    handle.stop().await.unwrap();
-
-    let received = received.lock().unwrap().clone();
+    let received = receive(&server, 2).await;
     assert_eq!(received.len(), 2, "{received:?}");
     let json = received.iter().find(|m| m.id == json_id).unwrap();
     assert_eq!(json.topic, "orders.created");
@@ -74,6 +54,7 @@ async fn rows_commit_and_roll_back_with_the_callers_transaction() {
     assert_eq!(&bytes.payload[..], &[0, 159, 146, 150]);
     assert_eq!((bytes.key.clone(), bytes.headers.len()), (None, 0));
     // The rolled-back row never existed.
+    assert_eq!(db.count("done").await, 2);
     assert_eq!(db.count("pending").await + db.count("dead").await, 0);
     db.drop().await;
 }

@@ -3,9 +3,9 @@
 //! relayed by a real `txoutboxd` to a real subscriber; and a table that does not fit,
 //! refused at start with every problem named.
 
-use std::process::{Command, Output};
+use std::process::Output;
 
-use txoutbox_tests::server::binary;
+use txoutbox_tests::server::run_to_exit;
 use txoutbox_tests::{Server, Subscriber, TestDb, DEADLINE};
 
 /// The team's table: message columns only, none named like the relay's.
@@ -36,15 +36,7 @@ processed_at = "relay_done_at"
 "#;
 
 fn txoutboxd(config: &str, args: &[&str]) -> Output {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
-    Command::new(binary())
-        .arg("--config")
-        .arg(file.path())
-        .args(args)
-        .env_remove("TXOUTBOX_CONFIG")
-        .output()
-        .unwrap()
+    run_to_exit(config, args)
 }
 
 /// `TestDb::config` with the mapping, and without `create_schema`: the team's table is
