@@ -1,5 +1,6 @@
 //! Harness of the end-to-end tests: a fresh PostgreSQL schema ([`TestDb`]), SQLite file
-//! ([`SqliteDb`]) or MariaDB database ([`MariaDb`]) per test, a real `txoutboxd` process
+//! ([`SqliteDb`]) or MariaDB database ([`MariaDb`]) per test, or a team's own mapped
+//! PostgreSQL table ([`MappedPgDb`]), all behind [`OutboxDb`], a real `txoutboxd` process
 //! on a port of its own, a small streaming subscriber, and the journal of the per-key
 //! order tests.
 //!
@@ -12,6 +13,7 @@ pub mod bench;
 pub mod db;
 pub mod journal;
 pub mod mariadb;
+pub mod outbox_db;
 pub mod server;
 pub mod sqlite_db;
 pub mod subscriber;
@@ -21,6 +23,7 @@ use std::time::Duration;
 
 pub use db::TestDb;
 pub use mariadb::MariaDb;
+pub use outbox_db::{MappedPgDb, OutboxDb};
 pub use server::Server;
 pub use sqlite_db::SqliteDb;
 pub use subscriber::Subscriber;

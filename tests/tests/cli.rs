@@ -1,13 +1,7 @@
 //! The `txoutboxd` command line: `check-config` and `schema`, with exit codes scripts can
 //! rely on and errors that name the file and the key.
 
-use std::process::Output;
-
 use txoutbox_tests::server::run_to_exit;
-
-fn txoutboxd(config: &str, args: &[&str]) -> Output {
-    run_to_exit(config, args)
-}
 
 const VALID: &str = r#"
 [databases.main]
@@ -20,7 +14,7 @@ notify_channel = "orders_inserted"
 
 #[test]
 fn check_config_accepts_a_valid_file() {
-    let output = txoutboxd(VALID, &["check-config"]);
+    let output = run_to_exit(VALID, &["check-config"]);
     assert!(output.status.success(), "{output:?}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("outboxes: orders"));
 }
@@ -31,7 +25,7 @@ fn check_config_lists_every_problem_with_its_key_and_exits_2() {
         "database = \"main\"",
         "database = \"other\"\nmax_attempts = 0",
     );
-    let output = txoutboxd(&config, &["check-config"]);
+    let output = run_to_exit(&config, &["check-config"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -44,7 +38,7 @@ fn check_config_lists_every_problem_with_its_key_and_exits_2() {
 
 #[test]
 fn a_misspelt_key_is_named() {
-    let output = txoutboxd(&format!("{VALID}leese = \"1m\"\n"), &["check-config"]);
+    let output = run_to_exit(&format!("{VALID}leese = \"1m\"\n"), &["check-config"]);
     assert_eq!(output.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("leese"), "{stderr}");
@@ -53,7 +47,7 @@ fn a_misspelt_key_is_named() {
 #[test]
 fn an_invalid_identifier_never_reaches_sql() {
     let config = VALID.replace("schema = \"shop\"", "schema = \"shop; DROP TABLE users\"");
-    let output = txoutboxd(&config, &["schema", "orders"]);
+    let output = run_to_exit(&config, &["schema", "orders"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(
         output.stdout.is_empty(),
@@ -65,7 +59,7 @@ fn an_invalid_identifier_never_reaches_sql() {
 
 #[test]
 fn schema_prints_the_ddl_of_an_outbox() {
-    let output = txoutboxd(VALID, &["schema", "orders"]);
+    let output = run_to_exit(VALID, &["schema", "orders"]);
     assert!(output.status.success(), "{output:?}");
     let sql = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -74,7 +68,7 @@ fn schema_prints_the_ddl_of_an_outbox() {
     );
     assert!(sql.contains("pg_notify('orders_inserted'"), "{sql}");
 
-    let output = txoutboxd(VALID, &["schema", "billing"]);
+    let output = run_to_exit(VALID, &["schema", "billing"]);
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("configured: orders"));
 }

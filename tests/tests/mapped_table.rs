@@ -3,64 +3,15 @@
 //! relayed by a real `txoutboxd` to a real subscriber; and a table that does not fit,
 //! refused at start with every problem named.
 
-use std::process::Output;
-
 use txoutbox_tests::server::run_to_exit;
-use txoutbox_tests::{Server, Subscriber, TestDb, DEADLINE};
-
-/// The team's table: message columns only, none named like the relay's.
-const TEAM_TABLE: &str = "CREATE TABLE {schema}.order_events (
-    event_id     serial PRIMARY KEY,
-    event_type   varchar(200) NOT NULL,
-    aggregate_id varchar(200),
-    body         bytea NOT NULL,
-    meta         json NOT NULL DEFAULT '{}',
-    occurred_at  timestamptz NOT NULL DEFAULT now()
-)";
-
-const MAPPING: &str = r#"
-table = "order_events"
-[outboxes.orders.columns]
-id = "event_id"
-topic = "event_type"
-key = "aggregate_id"
-payload = "body"
-headers = "meta"
-created_at = "occurred_at"
-status = "relay_status"
-attempts = "relay_attempts"
-available_at = "relay_due_at"
-leased_by = "relay_owner"
-last_error = "relay_error"
-processed_at = "relay_done_at"
-"#;
-
-fn txoutboxd(config: &str, args: &[&str]) -> Output {
-    run_to_exit(config, args)
-}
-
-/// `TestDb::config` with the mapping, and without `create_schema`: the team's table is
-/// theirs, prepared by the printed DDL.
-fn config(db: &TestDb) -> String {
-    db.config(MAPPING)
-        .replace("table = \"outbox\"\n", "")
-        .replace("create_schema = true\n", "")
-}
-
-async fn create_team_table(db: &TestDb) {
-    sqlx::query(&TEAM_TABLE.replace("{schema}", &db.schema))
-        .execute(&db.pool)
-        .await
-        .unwrap();
-}
+use txoutbox_tests::{MappedPgDb, OutboxDb, Server, Subscriber, DEADLINE};
 
 #[tokio::test]
 async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
-    let db = TestDb::new().await;
-    create_team_table(&db).await;
-    let config = config(&db);
+    let db = MappedPgDb::unprepared().await;
+    let config = db.config("");
 
-    let printed = txoutboxd(&config, &["schema", "orders"]);
+    let printed = run_to_exit(&config, &["schema", "orders"]);
     assert!(printed.status.success(), "{printed:?}");
     let stderr = String::from_utf8_lossy(&printed.stderr);
     assert!(
@@ -72,8 +23,8 @@ async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
         ddl.contains("ADD COLUMN IF NOT EXISTS \"relay_due_at\""),
         "{ddl}"
     );
-    sqlx::raw_sql(&ddl).execute(&db.pool).await.unwrap();
-    let printed = txoutboxd(&config, &["schema", "orders"]);
+    sqlx::raw_sql(&ddl).execute(db.pool()).await.unwrap();
+    let printed = run_to_exit(&config, &["schema", "orders"]);
     assert!(
         String::from_utf8_lossy(&printed.stderr).contains("already fits"),
         "{printed:?}"
@@ -85,9 +36,9 @@ async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
            ('orders.created', 'order-1', 'first', '{{\"source\": \"shop\"}}'), \
            ('orders.created', 'order-1', 'second', '{{}}'), \
            ('orders.paid', NULL, 'third', '{{}}') RETURNING event_id",
-        db.schema
+        db.schema()
     ))
-    .fetch_all(&db.pool)
+    .fetch_all(db.pool())
     .await
     .unwrap();
     let ids: Vec<i64> = ids.into_iter().map(i64::from).collect();
@@ -115,9 +66,9 @@ async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
 
     let rows: Vec<(String, i32, Option<String>)> = sqlx::query_as(&format!(
         "SELECT relay_status, relay_attempts, relay_error FROM {}.order_events ORDER BY event_id",
-        db.schema
+        db.schema()
     ))
-    .fetch_all(&db.pool)
+    .fetch_all(db.pool())
     .await
     .unwrap();
     assert_eq!(
@@ -133,13 +84,14 @@ async fn a_mapped_team_table_is_prepared_by_txoutboxd_schema_and_relayed() {
 
 #[tokio::test]
 async fn txoutboxd_refuses_to_start_on_a_table_that_does_not_fit_and_names_every_problem() {
-    let db = TestDb::new().await;
-    create_team_table(&db).await;
-    let config = config(&db).replace("payload = \"body\"", "payload = \"data\"");
+    let db = MappedPgDb::unprepared().await;
+    let config = db
+        .config("")
+        .replace("payload = \"body\"", "payload = \"data\"");
 
     let run = tokio::time::timeout(
         DEADLINE,
-        tokio::task::spawn_blocking(move || txoutboxd(&config, &["--listen", "127.0.0.1:0"])),
+        tokio::task::spawn_blocking(move || run_to_exit(&config, &["--listen", "127.0.0.1:0"])),
     )
     .await
     .expect("txoutboxd should exit at start, not serve")
