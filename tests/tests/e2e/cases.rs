@@ -146,48 +146,34 @@ pub async fn a_zero_window_stops_batches_until_reopened(db: impl OutboxDb) {
 }
 
 pub async fn per_key_order_holds_with_four_subscribers_and_random_nacks(db: impl OutboxDb) {
-    let (keys, per_key) = (12, 25);
     let server =
         Server::start_serving(&db.config("max_attempts = 1000\nmax_batch_size = 20")).await;
-    db.insert_many("t", &rows(keys, per_key)).await;
-    let total = keys * per_key as usize;
-
-    let journal = Arc::new(Mutex::new(Journal::default()));
-    let mut tasks = Vec::new();
-    for i in 0..4 {
-        let sub = Subscriber::open(&server, &format!("sub{i}"), 16, 0).await;
-        tasks.push(tokio::spawn(publish_loop(
-            sub,
-            Arc::clone(&journal),
-            0.2,
-            total,
-        )));
-    }
-    let all = futures::future::join_all(tasks);
-    tokio::time::timeout(DEADLINE * 4, all)
-        .await
-        .expect("drain did not finish in time");
-    assert_per_key_order(&journal.lock().unwrap(), keys, per_key);
-    assert_eq!(db.count("done").await, total as i64);
-    db.drop().await;
+    drain_in_key_order(db, [&server; 4], 16, 0.2).await;
 }
 
 pub async fn two_server_processes_on_one_table_never_lease_a_row_twice(db: impl OutboxDb) {
-    let (keys, per_key) = (20, 20);
     let config = db.config("max_batch_size = 10");
     let first = Server::start_serving(&config).await;
     let second = Server::start_serving(&config).await;
+    drain_in_key_order(db, [&first, &second, &first, &second], 10, 0.1).await;
+}
+
+/// Inserts 12 keys × 25 rows, drains them through one subscriber per entry of `servers`
+/// (window `window`, failing a `nack_rate` share of attempts at random), and checks that
+/// each key was published in order and every row ended `done`.
+async fn drain_in_key_order(db: impl OutboxDb, servers: [&Server; 4], window: u32, nack_rate: f64) {
+    let (keys, per_key) = (12, 25);
     db.insert_many("t", &rows(keys, per_key)).await;
     let total = keys * per_key as usize;
 
     let journal = Arc::new(Mutex::new(Journal::default()));
     let mut tasks = Vec::new();
-    for (i, server) in [&first, &second, &first, &second].into_iter().enumerate() {
-        let sub = Subscriber::open(server, &format!("sub{i}"), 10, 0).await;
+    for (i, server) in servers.into_iter().enumerate() {
+        let sub = Subscriber::open(server, &format!("sub{i}"), window, 0).await;
         tasks.push(tokio::spawn(publish_loop(
             sub,
             Arc::clone(&journal),
-            0.1,
+            nack_rate,
             total,
         )));
     }
