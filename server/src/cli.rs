@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Config, Overrides, EMBEDDED_NAME};
+use crate::config::{is_sqlite_url, Config, Overrides, EMBEDDED_NAME};
 use crate::storage::{sqlite, StorageError};
 use crate::{app, telemetry};
 
@@ -117,6 +117,14 @@ async fn schema(config: &Config, outbox: &str) -> ExitCode {
         Ok(storages) => {
             let storage = &storages[outbox];
             println!("{}", storage.schema_sql());
+            // Opening a SQLite file that does not exist would create it: not for a command
+            // that only prints.
+            let url = &config.databases[&config.outboxes[outbox].database].url;
+            let absent_file =
+                is_sqlite_url(url) && sqlite::database_file(url).is_ok_and(|file| !file.exists());
+            if absent_file {
+                return ExitCode::SUCCESS;
+            }
             match storage.ping().await {
                 Ok(()) => eprintln!("txoutboxd: the live table already fits outbox `{outbox}`"),
                 Err(

@@ -72,3 +72,22 @@ fn schema_prints_the_ddl_of_an_outbox() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("configured: orders"));
 }
+
+#[test]
+fn schema_of_the_embedded_default_prints_without_creating_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = std::process::Command::new(txoutbox_tests::server::binary());
+    command.current_dir(dir.path()).args(["schema", "default"]);
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("TXOUTBOX_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{output:?}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("CREATE TABLE IF NOT EXISTS"));
+    assert!(
+        !dir.path().join("txoutbox.db").exists(),
+        "a command that prints must not create the database file"
+    );
+}
