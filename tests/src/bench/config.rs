@@ -39,6 +39,11 @@ pub struct Options {
     /// the Python original's. For experiments, for example `synchronous_commit=off`.
     #[arg(long = "relay-pg-setting", value_name = "KEY=VALUE")]
     pub relay_pg_settings: Vec<String>,
+    /// A PostgreSQL setting (KEY=VALUE, repeatable) for the Python original's sessions
+    /// only (asyncpg server settings), for example `synchronous_commit=off` to compare
+    /// both relays at the same durability: txoutboxd's sessions run with it always.
+    #[arg(long = "python-pg-setting", value_name = "KEY=VALUE")]
+    pub python_pg_settings: Vec<String>,
     /// Everything tiny (2,000 rows, 1 run, claim cost at 1k/10k, 50 idle streams), for
     /// the test suite: proves the tool works, measures nothing worth quoting.
     #[arg(long)]
@@ -112,6 +117,9 @@ pub struct Plan {
     /// storage connect with.
     pub relay_url: String,
     pub relay_pg_settings: Vec<String>,
+    /// `database_url` plus `--python-pg-setting`s: what the Python original connects with.
+    pub python_url: String,
+    pub python_pg_settings: Vec<String>,
     pub quick: bool,
     pub sections: Vec<Section>,
     pub runs: usize,
@@ -133,6 +141,25 @@ pub struct Plan {
     pub json: Option<PathBuf>,
 }
 
+/// `url` with each `KEY=VALUE` of `settings` appended as the query parameter `param`
+/// renders; `flag` names the option in errors.
+fn with_settings(
+    url: &str,
+    flag: &str,
+    settings: &[String],
+    param: impl Fn(&str, &str) -> String,
+) -> anyhow::Result<String> {
+    let mut url = url.to_owned();
+    for setting in settings {
+        let (key, value) = setting
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("{flag} {setting}: expected KEY=VALUE"))?;
+        let separator = if url.contains('?') { '&' } else { '?' };
+        url = format!("{url}{separator}{}", param(key, value));
+    }
+    Ok(url)
+}
+
 impl Plan {
     pub fn from_options(options: Options) -> anyhow::Result<Self> {
         let quick = options.quick;
@@ -146,19 +173,26 @@ impl Plan {
         } else {
             options.only
         };
-        let mut relay_url = options.database_url.clone();
-        for setting in &options.relay_pg_settings {
-            let (key, value) = setting.split_once('=').ok_or_else(|| {
-                anyhow::anyhow!("--relay-pg-setting {setting}: expected KEY=VALUE")
-            })?;
-            let separator = if relay_url.contains('?') { '&' } else { '?' };
-            relay_url = format!("{relay_url}{separator}options[{key}]={value}");
-        }
+        let relay_url = with_settings(
+            &options.database_url,
+            "--relay-pg-setting",
+            &options.relay_pg_settings,
+            |key, value| format!("options[{key}]={value}"),
+        )?;
+        // asyncpg passes unknown DSN query parameters on as server settings.
+        let python_url = with_settings(
+            &options.database_url,
+            "--python-pg-setting",
+            &options.python_pg_settings,
+            |key, value| format!("{key}={value}"),
+        )?;
         let rows = options.rows.unwrap_or(pick(quick, 100_000, 2_000));
         let plan = Self {
             database_url: options.database_url,
             relay_url,
             relay_pg_settings: options.relay_pg_settings,
+            python_url,
+            python_pg_settings: options.python_pg_settings,
             quick,
             sections,
             runs: options.runs.unwrap_or(pick(quick, 3, 1)),

@@ -122,7 +122,7 @@ async fn drain_in(
 ) -> anyhow::Result<f64> {
     let mut args = vec![
         "--dsn".to_owned(),
-        plan.database_url.clone(),
+        plan.python_url.clone(),
         "--schema".to_owned(),
         schema.name.clone(),
         "--table".to_owned(),

@@ -91,7 +91,7 @@ impl Report {
         let settings = format!(
             "{rows} rows per drain ({hot} for the hot key), batch {batch}, window {window}, {keys} keys, {runs} run(s) per figure; \
              latency at {rate} rows/s for {secs:.0}s; claim cost at {sizes} pending rows, {samples} claims per cell; \
-             {streams} idle streams{relay}{quick}",
+             {streams} idle streams{relay}{python}{quick}",
             rows = plan.rows,
             hot = plan.hot_key_rows,
             batch = plan.batch_size,
@@ -107,6 +107,11 @@ impl Report {
                 String::new()
             } else {
                 format!("; relay sessions with {}", plan.relay_pg_settings.join(", "))
+            },
+            python = if plan.python_pg_settings.is_empty() {
+                String::new()
+            } else {
+                format!("; Python sessions with {}", plan.python_pg_settings.join(", "))
             },
             quick = if plan.quick { " (QUICK MODE: tiny sizes, figures not meaningful)" } else { "" },
         );
