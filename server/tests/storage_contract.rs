@@ -289,6 +289,11 @@ storage_contract!(
     no_insert_signal = "SQLite cannot tell another process of a commit: claiming polls"
 );
 storage_contract!(
+    sqlite_mapped,
+    SqliteBackend::mapped().await,
+    no_insert_signal = "SQLite cannot tell another process of a commit: claiming polls"
+);
+storage_contract!(
     mariadb,
     MySqlBackend::new().await,
     no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
