@@ -298,3 +298,8 @@ storage_contract!(
     MySqlBackend::new().await,
     no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
 );
+storage_contract!(
+    mariadb_mapped,
+    MySqlBackend::mapped().await,
+    no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
+);
