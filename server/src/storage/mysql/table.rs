@@ -24,8 +24,9 @@
 //!   fresh), then one `ALTER TABLE ... ADD COLUMN IF NOT EXISTS ...` of the bookkeeping
 //!   columns and one `ADD INDEX IF NOT EXISTS ...` of the indexes (MariaDB's syntax; the
 //!   whole output runs as printed on a fresh or an existing table, again and again).
-//! - `create_schema` (`create_schema = true`) looks at the live table and adds only what
-//!   it lacks, without `IF NOT EXISTS`, which MySQL 8 does not have.
+//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//!   table and adds only what it lacks, without `IF NOT EXISTS`, which MySQL 8 does not
+//!   have.
 //!
 //! For the relay's own names the output is exactly what it always was: no `ALTER`s.
 
@@ -188,8 +189,8 @@ impl Schema {
         }
         text += &format!(
             "-- A table of your own ({}) needs the relay's bookkeeping columns and indexes:
--- these statements add what it lacks (create_schema = true does the same). MySQL 8
--- has no IF NOT EXISTS here: leave out what your table has.
+-- these statements add what it lacks. MySQL 8 has no IF NOT EXISTS here: leave out
+-- what your table has.
 {};
 {};
 -- Rows already in the table are now pending and will be published; to skip them, run
@@ -291,8 +292,7 @@ pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'sta
     }
     Err(match kind {
         ColumnKind::Id => "BIGINT or INT",
-        ColumnKind::Text => "VARCHAR or CHAR",
-        ColumnKind::Status => "VARCHAR(16) or CHAR",
+        ColumnKind::Text | ColumnKind::Status => "VARCHAR or CHAR",
         ColumnKind::Payload(PayloadFormat::Bytes) => {
             "LONGBLOB, MEDIUMBLOB, BLOB or VARBINARY (for a text column, set \
              payload_format = \"text\")"

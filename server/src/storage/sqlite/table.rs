@@ -4,8 +4,9 @@
 //! A mapped table ("bring your own table") usually exists already, holding the producer's
 //! message columns but not the relay's bookkeeping columns. SQLite has no
 //! `ADD COLUMN IF NOT EXISTS`, so the two ways of getting them differ:
-//! - `create_schema` (`create_schema = true`) looks at the live table and adds only the
-//!   bookkeeping columns it lacks, then the indexes, in one write transaction.
+//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//!   table and adds only the bookkeeping columns it lacks, then the indexes, in one write
+//!   transaction.
 //! - `txoutboxd schema` prints the `CREATE TABLE IF NOT EXISTS` (for a team starting
 //!   fresh), then the `ALTER TABLE ... ADD COLUMN` of every bookkeeping column as SQL
 //!   *comments* with a note to run the ones the table lacks, then the indexes. Commented
@@ -116,8 +117,7 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
         if !self.own_names {
             text += &format!(
                 "-- A table of your own ({}) needs the relay's bookkeeping columns. SQLite has
--- no ADD COLUMN IF NOT EXISTS: run the statements below for the columns your table lacks
--- (create_schema = true adds exactly those).
+-- no ADD COLUMN IF NOT EXISTS: run the statements below for the columns your table lacks.
 ",
                 self.table
             );
