@@ -290,7 +290,17 @@ storage_contract!(
     no_insert_signal = "SQLite cannot tell another process of a commit: claiming polls"
 );
 storage_contract!(
+    sqlite_mapped,
+    SqliteBackend::mapped().await,
+    no_insert_signal = "SQLite cannot tell another process of a commit: claiming polls"
+);
+storage_contract!(
     mariadb,
     MySqlBackend::new().await,
+    no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
+);
+storage_contract!(
+    mariadb_mapped,
+    MySqlBackend::mapped().await,
     no_insert_signal = "MySQL and MariaDB have no LISTEN/NOTIFY: claiming polls"
 );

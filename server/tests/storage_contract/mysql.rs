@@ -4,11 +4,16 @@
 //! server at `TXOUTBOX_TEST_MYSQL_URL` (default `mysql://root@127.0.0.1:3306/test`),
 //! dropped when the test ends, even when it fails. Storages reach the table through the
 //! `schema` option (qualified `db.outbox`), so the qualification is tested too.
+//!
+//! `MySqlBackend::mapped` runs the contract on a team's own table, mapped in
+//! configuration ("bring your own table"); the cases at the bottom cover the rest of it.
 
 use super::*;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor};
+use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
 use txoutbox_server::storage::mysql::{self, MySqlOptions, MySqlStorage};
+use txoutbox_server::storage::StorageError;
 
 pub fn url() -> String {
     std::env::var("TXOUTBOX_TEST_MYSQL_URL")
@@ -24,6 +29,11 @@ async fn connection() -> MySqlConnection {
 
 pub struct MySqlBackend {
     pub database: String,
+    table: String,
+    columns: Columns,
+    /// The team's own table (`{db}` stands for the database), created before the storage
+    /// adds what the relay needs.
+    own_table: Option<&'static str>,
     _drop: DropDatabase,
 }
 
@@ -41,30 +51,80 @@ impl MySqlBackend {
         Self {
             _drop: DropDatabase(database.clone()),
             database,
+            table: "outbox".to_owned(),
+            columns: Columns::default(),
+            own_table: None,
+        }
+    }
+
+    /// A team's own table: the message columns under names of its own, an `INT UNSIGNED`
+    /// id, the server's default (case-insensitive) collation, a `TIMESTAMP(3)` creation
+    /// time, headers that may be NULL, and none of the relay's columns or indexes:
+    /// `create_schema` adds those, some under mapped names too. The payload stays binary:
+    /// the contract round-trips bytes that are not UTF-8.
+    pub async fn mapped() -> Self {
+        let mapping = ColumnMapping {
+            id: "event_id".into(),
+            topic: Some("event_type".into()),
+            key: "aggregate_id".into(),
+            payload: "body".into(),
+            headers: "meta".into(),
+            created_at: "occurred_at".into(),
+            status: "relay_status".into(),
+            leased_by: "claimed_by".into(),
+            ..ColumnMapping::default()
+        };
+        Self {
+            table: "order_events".to_owned(),
+            columns: Columns::from_mapping(&mapping).unwrap(),
+            own_table: Some(
+                "CREATE TABLE IF NOT EXISTS {db}.order_events (
+                    event_id     INT UNSIGNED NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                    event_type   VARCHAR(100) NOT NULL,
+                    aggregate_id VARCHAR(64) NULL,
+                    body         MEDIUMBLOB NOT NULL,
+                    meta         JSON NULL,
+                    occurred_at  TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3)
+                ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            ),
+            ..Self::new().await
         }
     }
 
     pub fn options(&self, setup: &Setup) -> MySqlOptions {
         MySqlOptions {
             database: Some(self.database.clone()),
-            table: "outbox".to_owned(),
+            table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
-            columns: Default::default(),
+            columns: self.columns.clone(),
         }
+    }
+
+    /// Runs `sql` with `{db}` standing for this test's database.
+    async fn execute(&self, sql: &str) {
+        let sql = sql.replace("{db}", &format!("`{}`", self.database));
+        connection()
+            .await
+            .execute(sql.as_str())
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
     }
 }
 
 impl Backend for MySqlBackend {
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
+        if let Some(own_table) = self.own_table {
+            self.execute(own_table).await;
+        }
         let storage = MySqlStorage::connect(&url(), 4, self.options(&setup)).unwrap();
         storage.create_schema().await.expect("create schema");
         Arc::new(storage)
     }
 
     async fn row_count(&self) -> u64 {
-        let sql = format!("SELECT COUNT(*) FROM `{}`.outbox", self.database);
+        let sql = format!("SELECT COUNT(*) FROM `{}`.`{}`", self.database, self.table);
         let count: i64 = sqlx::query_scalar(&sql)
             .fetch_one(&mut connection().await)
             .await
@@ -235,4 +295,252 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
     let keys: Vec<&str> = others.iter().filter_map(|m| m.key.as_deref()).collect();
     assert_eq!(keys.len(), 10, "{keys:?}");
     assert!(keys.iter().all(|k| *k != "hot"));
+}
+
+// Tables of a team's own ("bring your own table"); the mapped contract runs the rest.
+
+/// A storage on the table `ddl` creates (`{db}`: the test's database) with `mapping`,
+/// its bookkeeping columns and indexes added by `create_schema`.
+async fn own_table(backend: &MySqlBackend, ddl: &str, mapping: ColumnMapping) -> MySqlStorage {
+    backend.execute(ddl).await;
+    let table = ddl
+        .split_whitespace()
+        .nth(2)
+        .and_then(|name| name.strip_prefix("{db}."))
+        .expect("CREATE TABLE {db}.name")
+        .to_owned();
+    let options = MySqlOptions {
+        table,
+        columns: Columns::from_mapping(&mapping).unwrap(),
+        ..backend.options(&Setup::default())
+    };
+    let storage = MySqlStorage::connect(&url(), 2, options).unwrap();
+    storage.create_schema().await.expect("create schema");
+    storage.create_schema().await.expect("create schema again");
+    storage.ping().await.expect("the table fits its mapping");
+    storage
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fixed_topic_json_table_without_headers_round_trips() {
+    let backend = MySqlBackend::new().await;
+    let ddl = "CREATE TABLE {db}.invoice_events (
+        id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        invoice   VARCHAR(64),
+        document  JSON NOT NULL,
+        logged_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+    )";
+    let mapping = ColumnMapping {
+        fixed_topic: Some("invoices".into()),
+        key: "invoice".into(),
+        payload: "document".into(),
+        payload_format: PayloadFormat::Json,
+        headers: String::new(),
+        created_at: "logged_at".into(),
+        ..ColumnMapping::default()
+    };
+    let storage = own_table(&backend, ddl, mapping).await;
+    let schema = storage.schema_sql();
+    assert!(
+        !schema.contains("topic") && !schema.contains("headers"),
+        "{schema}"
+    );
+
+    let first = storage
+        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
+        .await
+        .unwrap();
+    // The producer's own insert: message columns only, the relay's from their defaults.
+    backend
+        .execute(r#"INSERT INTO {db}.invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
+        .await;
+
+    let other = ["billing".to_owned()];
+    assert!(claim_topics(&storage, "w1", 10, LEASE, &other)
+        .await
+        .is_empty());
+    let stats = storage.stats().await.unwrap();
+    assert_eq!(stats.topics.len(), 1);
+    assert_eq!(
+        (stats.topics[0].topic.as_str(), stats.topics[0].pending),
+        ("invoices", 2)
+    );
+
+    let wanted = ["billing".to_owned(), "invoices".to_owned()];
+    let got = claim_topics(&storage, "w1", 10, LEASE, &wanted).await;
+    assert_eq!(ids(&got)[0], first);
+    assert_eq!(payloads(&got), [r#"{"total": 12}"#, r#"["x"]"#]);
+    assert!(got
+        .iter()
+        .all(|m| m.topic == "invoices" && m.headers.is_empty()));
+    assert_eq!(got[1].key.as_deref(), Some("inv-2"));
+    assert_eq!(storage.ack(&ids(&got), "w1").await.unwrap(), ids(&got));
+    assert_eq!(storage.stats().await.unwrap(), Default::default());
+
+    for (message, complaint) in [
+        (
+            NewMessage::new("billing", "{}"),
+            "every row has topic \"invoices\"",
+        ),
+        (NewMessage::new("invoices", "{oops"), "not JSON"),
+        (NewMessage::new("invoices", vec![0xc3, 0x28]), "not UTF-8"),
+        (
+            NewMessage {
+                headers: [("trace".to_owned(), "1".to_owned())].into(),
+                ..NewMessage::new("invoices", "{}")
+            },
+            "no headers column",
+        ),
+    ] {
+        let err = storage.insert(message).await.unwrap_err();
+        assert!(matches!(err, StorageError::Other(_)), "{err:?}");
+        assert!(err.to_string().contains(complaint), "{complaint}: {err}");
+    }
+    assert!(
+        claim(&storage, "w1", 10, LEASE).await.is_empty(),
+        "nothing inserted"
+    );
+}
+
+/// A text payload (here in a latin1 column: the server converts it to the connection's
+/// UTF-8) is handed out as its UTF-8 bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
+    let backend = MySqlBackend::new().await;
+    let ddl = "CREATE TABLE {db}.notes (
+        id         INT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+        topic      VARCHAR(64) NOT NULL,
+        `key`      VARCHAR(64),
+        note       TEXT CHARACTER SET latin1 NOT NULL,
+        headers    LONGTEXT,
+        created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+    )";
+    let mapping = ColumnMapping {
+        payload: "note".into(),
+        payload_format: PayloadFormat::Text,
+        ..ColumnMapping::default()
+    };
+    let storage = own_table(&backend, ddl, mapping).await;
+    let mut message = NewMessage::new("t", "grüße");
+    message.headers.insert("lang".into(), "de".into());
+    storage.insert(message.clone()).await.unwrap();
+    let got = claim(&storage, "w1", 10, LEASE).await;
+    assert_eq!(got[0].payload, "grüße".as_bytes());
+    assert_eq!(got[0].headers, message.headers);
+    let err = storage
+        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("payload_format = \"text\""),
+        "{err}"
+    );
+}
+
+/// Every problem of a table that does not fit, at once: missing columns, types the
+/// backend cannot use, a relay column that must allow NULL, one that needs a default,
+/// and the missing index claims are pinned to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_lists_every_missing_and_mistyped_column() {
+    let backend = MySqlBackend::new().await;
+    backend
+        .execute(
+            "CREATE TABLE {db}.outbox (
+                id         CHAR(36) NOT NULL PRIMARY KEY,
+                topic      TEXT NOT NULL,
+                payload    LONGTEXT NOT NULL,
+                created_at BIGINT NOT NULL,
+                status     VARCHAR(16) NOT NULL,
+                attempts   INT UNSIGNED NOT NULL DEFAULT 0,
+                available_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+                leased_by  VARCHAR(255) NOT NULL
+            )",
+        )
+        .await;
+    let storage = MySqlStorage::connect(&url(), 1, backend.options(&Setup::default())).unwrap();
+    let err = storage.ping().await.unwrap_err();
+    let StorageError::MismatchedTable { table, problems } = &err else {
+        panic!("expected a mismatched table, got {err:?}");
+    };
+    assert_eq!(table, &format!("{}.outbox", backend.database));
+    let expected = [
+        "\"id\" (columns.id) is char(36), needs BIGINT or INT",
+        "\"topic\" (columns.topic) is text, needs VARCHAR or CHAR",
+        "\"key\" (columns.key) is missing; map",
+        "\"payload\" (columns.payload) is longtext, needs LONGBLOB",
+        "\"headers\" (columns.headers) is missing",
+        "\"created_at\" (columns.created_at) is bigint(20), needs DATETIME or TIMESTAMP",
+        "\"status\" (columns.status) has no default",
+        "\"attempts\" (columns.attempts) is int(10) unsigned, needs a signed INT",
+        "\"available_at\" (columns.available_at) is timestamp(6), needs DATETIME(6)",
+        "\"leased_by\" (columns.leased_by) is NOT NULL",
+        "\"last_error\" (columns.last_error) is missing; `txoutboxd schema`",
+        "\"processed_at\" (columns.processed_at) is missing",
+        "index \"outbox_pending_idx\" is missing",
+    ];
+    for problem in expected {
+        assert!(
+            problems.iter().any(|p| p.contains(problem)),
+            "{problem} not in {problems:#?}"
+        );
+    }
+    assert_eq!(problems.len(), expected.len(), "{problems:#?}");
+}
+
+/// `txoutboxd schema` of a mapped table runs as printed, on a fresh database and on an
+/// existing table that lacks the relay's columns and indexes, and again on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
+    let mapping = ColumnMapping {
+        id: "event_id".into(),
+        status: "state".into(),
+        ..ColumnMapping::default()
+    };
+    let options = |backend: &MySqlBackend| MySqlOptions {
+        columns: Columns::from_mapping(&mapping).unwrap(),
+        ..backend.options(&Setup::default())
+    };
+    let run = |schema: String| async move {
+        let mut conn = connection().await;
+        // One statement at a time, as a migration tool would send them.
+        for statement in schema.split(";\n").filter(|s| !s.trim().is_empty()) {
+            let statement: String = statement
+                .lines()
+                .filter(|line| !line.starts_with("--"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            if !statement.trim().is_empty() {
+                conn.execute(statement.as_str()).await.unwrap();
+            }
+        }
+    };
+
+    let fresh = MySqlBackend::new().await;
+    let storage = MySqlStorage::connect(&url(), 1, options(&fresh)).unwrap();
+    run(storage.schema_sql()).await;
+    run(storage.schema_sql()).await;
+    storage.ping().await.unwrap();
+
+    let existing = MySqlBackend::new().await;
+    existing
+        .execute(
+            "CREATE TABLE {db}.outbox (
+                event_id INT NOT NULL AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(64) NOT NULL,
+                `key` VARCHAR(64), payload BLOB NOT NULL, headers JSON,
+                created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+                attempts INT NOT NULL DEFAULT 0
+            )",
+        )
+        .await;
+    let storage = MySqlStorage::connect(&url(), 1, options(&existing)).unwrap();
+    let err = storage.ping().await.unwrap_err().to_string();
+    assert!(
+        err.contains("\"state\" (columns.status) is missing"),
+        "{err}"
+    );
+    run(storage.schema_sql()).await;
+    run(storage.schema_sql()).await;
+    storage.ping().await.unwrap();
+    insert(&storage, "t", "new", None).await;
+    assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }

@@ -1,24 +1,74 @@
 //! The SQLite backend of the contract, and the cases only SQLite has: a producer writing
-//! into the same file from connections of its own, the write lock, WAL mode.
+//! into the same file from connections of its own, the write lock, WAL mode, and tables
+//! of a team's own mapped in configuration ("bring your own table").
 
 use std::str::FromStr;
 
 use super::*;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::Executor;
+use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
 use txoutbox_server::storage::sqlite::{SqliteOptions, SqliteStorage, BUSY_TIMEOUT};
 use txoutbox_server::storage::StorageError;
+
+/// The machine clock in epoch milliseconds, as a team's own table would default it.
+const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
 
 /// A fresh database file per test, in a temporary directory removed when the test ends.
 pub struct SqliteBackend {
     pub url: String,
     dir: tempfile::TempDir,
+    table: String,
+    columns: Columns,
+    /// The team's own table, created before the storage adds what the relay needs.
+    own_table: Option<String>,
 }
 
 impl SqliteBackend {
     pub async fn new() -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
-        Self { url, dir }
+        Self {
+            url,
+            dir,
+            table: "outbox".to_owned(),
+            columns: Columns::default(),
+            own_table: None,
+        }
+    }
+
+    /// A team's own table: the message columns under names of its own (an `INTEGER`
+    /// rowid without `AUTOINCREMENT`, a `VARCHAR` topic, headers that may be NULL), and
+    /// none of the relay's; `create_schema` adds those, some under mapped names too.
+    /// The payload stays binary: the contract round-trips bytes that are not UTF-8.
+    pub async fn mapped() -> Self {
+        let mapping = ColumnMapping {
+            id: "event_id".into(),
+            topic: Some("event_type".into()),
+            key: "aggregate_id".into(),
+            payload: "body".into(),
+            headers: "meta".into(),
+            created_at: "occurred_at".into(),
+            status: "relay_status".into(),
+            leased_by: "claimed_by".into(),
+            ..ColumnMapping::default()
+        };
+        let own_table = format!(
+            "CREATE TABLE IF NOT EXISTS order_events (
+                event_id     INTEGER PRIMARY KEY,
+                event_type   VARCHAR(100) NOT NULL,
+                aggregate_id TEXT,
+                body         BLOB NOT NULL,
+                meta         TEXT,
+                occurred_at  INTEGER NOT NULL DEFAULT ({NOW_MS})
+            )"
+        );
+        Self {
+            table: "order_events".to_owned(),
+            columns: Columns::from_mapping(&mapping).unwrap(),
+            own_table: Some(own_table),
+            ..Self::new().await
+        }
     }
 
     pub fn file(&self) -> std::path::PathBuf {
@@ -28,17 +78,20 @@ impl SqliteBackend {
     pub fn options(&self, setup: &Setup) -> SqliteOptions {
         assert!(!setup.notify, "SQLite has no insert notifications");
         SqliteOptions {
-            table: "outbox".to_owned(),
+            table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
-            columns: Default::default(),
+            columns: self.columns.clone(),
         }
     }
 
-    /// Connections of the producer application: plain sqlx, nothing of the relay's.
+    /// Connections of the producer application: plain sqlx, nothing of the relay's. It
+    /// may come first and create the file (a team's own table).
     pub async fn producer(&self) -> SqlitePool {
-        let options = SqliteConnectOptions::from_str(&self.url).unwrap();
+        let options = SqliteConnectOptions::from_str(&self.url)
+            .unwrap()
+            .create_if_missing(true);
         SqlitePoolOptions::new()
             .max_connections(2)
             .connect_with(options)
@@ -53,6 +106,11 @@ impl Backend for SqliteBackend {
             notify: false,
             ..setup
         };
+        if let Some(own_table) = &self.own_table {
+            let producer = self.producer().await;
+            producer.execute(own_table.as_str()).await.unwrap();
+            producer.close().await;
+        }
         let storage = SqliteStorage::connect(&self.url, 4, self.options(&setup))
             .await
             .unwrap();
@@ -62,10 +120,8 @@ impl Backend for SqliteBackend {
 
     async fn row_count(&self) -> u64 {
         let producer = self.producer().await;
-        let count: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox")
-            .fetch_one(&producer)
-            .await
-            .unwrap();
+        let sql = format!("SELECT count(*) FROM {}", self.table);
+        let count: i64 = sqlx::query_scalar(&sql).fetch_one(&producer).await.unwrap();
         producer.close().await;
         count as u64
     }
@@ -249,4 +305,282 @@ async fn empty_payloads_and_text_payloads_read_as_bytes() {
     let got = claim(&*storage, "w1", 10, LEASE).await;
     assert_eq!(payloads(&got), ["", "", "42", ""]);
     producer.close().await;
+}
+
+// Tables of a team's own ("bring your own table"); the mapped contract runs the rest.
+
+/// A storage on `table` (created by `ddl` first) with `mapping`, and its bookkeeping
+/// columns added by `create_schema`.
+async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -> SqliteStorage {
+    let producer = backend.producer().await;
+    producer.execute(ddl).await.unwrap();
+    producer.close().await;
+    let table = ddl
+        .split_whitespace()
+        .nth(2)
+        .expect("CREATE TABLE name")
+        .to_owned();
+    let options = SqliteOptions {
+        table,
+        columns: Columns::from_mapping(&mapping).unwrap(),
+        ..backend.options(&Setup::default())
+    };
+    let storage = SqliteStorage::connect(&backend.url, 2, options)
+        .await
+        .unwrap();
+    storage.create_schema().await.expect("create schema");
+    storage.create_schema().await.expect("create schema again");
+    storage.ping().await.expect("the table fits its mapping");
+    storage
+}
+
+#[tokio::test]
+async fn a_fixed_topic_json_table_without_headers_round_trips() {
+    let backend = SqliteBackend::new().await;
+    let ddl = format!(
+        "CREATE TABLE invoice_events (
+            id        INTEGER PRIMARY KEY AUTOINCREMENT,
+            invoice   TEXT,
+            document  JSON NOT NULL,
+            logged_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+        )"
+    );
+    let mapping = ColumnMapping {
+        fixed_topic: Some("invoices".into()),
+        key: "invoice".into(),
+        payload: "document".into(),
+        payload_format: PayloadFormat::Json,
+        headers: String::new(),
+        created_at: "logged_at".into(),
+        ..ColumnMapping::default()
+    };
+    let storage = own_table(&backend, &ddl, mapping).await;
+    let schema = storage.schema_sql();
+    assert!(
+        !schema.contains("topic") && !schema.contains("headers"),
+        "{schema}"
+    );
+
+    let first = storage
+        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
+        .await
+        .unwrap();
+    // The producer's own insert: message columns only, the relay's from their defaults.
+    let producer = backend.producer().await;
+    producer
+        .execute(r#"INSERT INTO invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
+        .await
+        .unwrap();
+    producer.close().await;
+
+    let other = ["billing".to_owned()];
+    assert!(claim_topics(&storage, "w1", 10, LEASE, &other)
+        .await
+        .is_empty());
+    let stats = storage.stats().await.unwrap();
+    assert_eq!(stats.topics.len(), 1);
+    assert_eq!(
+        (stats.topics[0].topic.as_str(), stats.topics[0].pending),
+        ("invoices", 2)
+    );
+
+    let wanted = ["billing".to_owned(), "invoices".to_owned()];
+    let got = claim_topics(&storage, "w1", 10, LEASE, &wanted).await;
+    assert_eq!(ids(&got)[0], first);
+    assert_eq!(payloads(&got), [r#"{"total": 12}"#, r#"["x"]"#]);
+    assert!(got
+        .iter()
+        .all(|m| m.topic == "invoices" && m.headers.is_empty()));
+    assert_eq!(got[1].key.as_deref(), Some("inv-2"));
+    assert_eq!(storage.ack(&ids(&got), "w1").await.unwrap(), ids(&got));
+    assert_eq!(storage.stats().await.unwrap(), Default::default());
+
+    for (message, complaint) in [
+        (
+            NewMessage::new("billing", "{}"),
+            "every row has topic \"invoices\"",
+        ),
+        (NewMessage::new("invoices", "{oops"), "not JSON"),
+        (NewMessage::new("invoices", vec![0xc3, 0x28]), "not UTF-8"),
+        (
+            NewMessage {
+                headers: [("trace".to_owned(), "1".to_owned())].into(),
+                ..NewMessage::new("invoices", "{}")
+            },
+            "no headers column",
+        ),
+    ] {
+        let err = storage.insert(message).await.unwrap_err();
+        assert!(matches!(err, StorageError::Other(_)), "{err:?}");
+        assert!(err.to_string().contains(complaint), "{complaint}: {err}");
+    }
+    assert!(
+        claim(&storage, "w1", 10, LEASE).await.is_empty(),
+        "nothing inserted"
+    );
+}
+
+#[tokio::test]
+async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
+    let backend = SqliteBackend::new().await;
+    let ddl = format!(
+        "CREATE TABLE notes (
+            id         INTEGER PRIMARY KEY,
+            topic      TEXT NOT NULL,
+            key        TEXT,
+            note       TEXT NOT NULL,
+            headers    TEXT,
+            created_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+        )"
+    );
+    let mapping = ColumnMapping {
+        payload: "note".into(),
+        payload_format: PayloadFormat::Text,
+        ..ColumnMapping::default()
+    };
+    let storage = own_table(&backend, &ddl, mapping).await;
+    let mut message = NewMessage::new("t", "grüße");
+    message.headers.insert("lang".into(), "de".into());
+    storage.insert(message.clone()).await.unwrap();
+    let got = claim(&storage, "w1", 10, LEASE).await;
+    assert_eq!(got[0].payload, "grüße".as_bytes());
+    assert_eq!(got[0].headers, message.headers);
+    let err = storage
+        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("payload_format = \"text\""),
+        "{err}"
+    );
+}
+
+/// Every problem of a table that does not fit, at once: missing columns, types the
+/// backend cannot use, a relay column that must allow NULL, one that needs a default.
+#[tokio::test]
+async fn ping_lists_every_missing_and_mistyped_column() {
+    let backend = SqliteBackend::new().await;
+    // The relay's own table passes the same check.
+    backend.open(Setup::default()).await.ping().await.unwrap();
+
+    let producer = backend.producer().await;
+    producer
+        .execute(
+            "CREATE TABLE legacy (
+                id         TEXT PRIMARY KEY,
+                topic      INTEGER NOT NULL,
+                payload    TEXT NOT NULL,
+                created_at DATETIME DEFAULT CURRENT_TIMESTAMP,
+                status     TEXT NOT NULL,
+                attempts   INTEGER NOT NULL DEFAULT 0,
+                leased_by  TEXT NOT NULL
+            )",
+        )
+        .await
+        .unwrap();
+    producer.close().await;
+    let options = SqliteOptions {
+        table: "legacy".to_owned(),
+        ..backend.options(&Setup::default())
+    };
+    let storage = SqliteStorage::connect(&backend.url, 1, options)
+        .await
+        .unwrap();
+    let err = storage.ping().await.unwrap_err();
+    let StorageError::MismatchedTable { table, problems } = &err else {
+        panic!("expected a mismatched table, got {err:?}");
+    };
+    assert_eq!(table, "legacy");
+    let expected = [
+        "\"id\" (columns.id) is TEXT, needs INTEGER",
+        "\"topic\" (columns.topic) is INTEGER, needs TEXT",
+        "\"key\" (columns.key) is missing; map",
+        "\"payload\" (columns.payload) is TEXT, needs BLOB (for a TEXT column, set \
+         payload_format = \"text\")",
+        "\"headers\" (columns.headers) is missing",
+        "\"created_at\" (columns.created_at) is DATETIME, needs INTEGER (Unix epoch",
+        "\"status\" (columns.status) has no default",
+        "\"available_at\" (columns.available_at) is missing; `txoutboxd schema`",
+        "\"leased_by\" (columns.leased_by) is NOT NULL",
+        "\"last_error\" (columns.last_error) is missing",
+        "\"processed_at\" (columns.processed_at) is missing",
+    ];
+    for problem in expected {
+        assert!(
+            problems.iter().any(|p| p.contains(problem)),
+            "{problem} not in {problems:#?}"
+        );
+    }
+    assert_eq!(problems.len(), expected.len(), "{problems:#?}");
+    assert!(
+        err.to_string().contains("does not fit its columns"),
+        "{err}"
+    );
+}
+
+/// `txoutboxd schema` of a mapped table: runnable as printed on a fresh database, and its
+/// commented `ALTER`s are what an existing table needs.
+#[tokio::test]
+async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one() {
+    let mapping = ColumnMapping {
+        id: "event_id".into(),
+        status: "state".into(),
+        ..ColumnMapping::default()
+    };
+    let options = |backend: &SqliteBackend| SqliteOptions {
+        columns: Columns::from_mapping(&mapping).unwrap(),
+        ..backend.options(&Setup::default())
+    };
+
+    let fresh = SqliteBackend::new().await;
+    let storage = SqliteStorage::connect(&fresh.url, 1, options(&fresh))
+        .await
+        .unwrap();
+    let schema = storage.schema_sql();
+    let producer = fresh.producer().await;
+    producer.execute(schema.as_str()).await.unwrap();
+    producer.execute(schema.as_str()).await.expect("idempotent");
+    producer.close().await;
+    storage.ping().await.unwrap();
+
+    let existing = SqliteBackend::new().await;
+    let producer = existing.producer().await;
+    producer
+        .execute(
+            format!(
+                "CREATE TABLE outbox (event_id INTEGER PRIMARY KEY, topic TEXT NOT NULL, \
+                 key TEXT, payload BLOB NOT NULL, headers TEXT, \
+                 created_at INTEGER NOT NULL DEFAULT ({NOW_MS}), \
+                 attempts INTEGER NOT NULL DEFAULT 0); \
+                 INSERT INTO outbox (topic, payload) VALUES ('t', 'published long ago')"
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    let storage = SqliteStorage::connect(&existing.url, 1, options(&existing))
+        .await
+        .unwrap();
+    let err = storage.ping().await.unwrap_err().to_string();
+    assert!(
+        err.contains("\"state\" (columns.status) is missing"),
+        "{err}"
+    );
+    // What the printed text tells the team to run: the ALTERs of the missing columns
+    // (all but attempts), the UPDATE that skips old rows, the rest as printed.
+    let mut script = String::new();
+    for line in schema.lines() {
+        match line.strip_prefix("-- ALTER") {
+            Some(alter) if !alter.contains(" attempts ") => script += &format!("ALTER{alter}\n"),
+            _ => match line.strip_prefix("--   UPDATE") {
+                Some(update) => script += &format!("UPDATE{update}\n"),
+                None => script += &format!("{line}\n"),
+            },
+        }
+    }
+    producer.execute(script.as_str()).await.unwrap();
+    producer.close().await;
+    storage.ping().await.unwrap();
+    insert(&storage, "t", "new", None).await;
+    assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }

@@ -31,6 +31,12 @@ pub(super) fn is_lock_conflict(err: &sqlx::Error) -> bool {
     matches!(number(err), Some(LOCK_WAIT_TIMEOUT | DEADLOCK))
 }
 
+/// `ER_DUP_FIELDNAME` or `ER_DUP_KEYNAME`: an `ALTER TABLE` adding a column or an index
+/// that is there already.
+pub(super) fn is_duplicate_column_or_index(err: &sqlx::Error) -> bool {
+    matches!(number(err), Some(1060 | 1061))
+}
+
 /// The one place driver errors become [`StorageError`]s: by error number, not by message.
 /// `table` is what [`StorageError::MissingTable`] names.
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
@@ -62,8 +68,9 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
     }
 }
 
-/// Attempts as stored (INT) to the trait's count.
-pub(super) fn attempts(stored: i32) -> u32 {
+/// Attempts as read (`CAST(... AS SIGNED)`, whatever the column's integer type) to the
+/// trait's count.
+pub(super) fn attempts(stored: i64) -> u32 {
     u32::try_from(stored).unwrap_or(0)
 }
 
@@ -102,21 +109,27 @@ fn required_text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
     })
 }
 
+/// Headers as stored (JSON text) to strings. A team's own table may hold NULL or
+/// anything that is not a JSON object: that reads as no headers rather than failing every
+/// claim that meets the row.
+fn headers_from_bytes(stored: Option<&[u8]>) -> BTreeMap<String, String> {
+    stored
+        .and_then(|bytes| serde_json::from_slice(bytes).ok())
+        .map(headers_from_json)
+        .unwrap_or_default()
+}
+
 /// A candidate row of a claim, as the message it becomes once leased (attempt counted).
 pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
-    let headers: Vec<u8> = row.try_get("headers")?;
-    let headers = serde_json::from_slice(&headers).map_err(|err| sqlx::Error::ColumnDecode {
-        index: "headers".to_owned(),
-        source: Box::new(err),
-    })?;
-    let stored_attempts: i32 = row.try_get("attempts")?;
+    let headers: Option<Vec<u8>> = row.try_get("headers")?;
+    let stored_attempts: i64 = row.try_get("attempts")?;
     Ok(OutboxMessage {
         id: row.try_get("id")?,
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
         payload: row.try_get("payload")?,
-        headers: headers_from_json(headers),
+        headers: headers_from_bytes(headers.as_deref()),
         attempts: attempts(stored_attempts.saturating_add(1)),
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
     })
@@ -156,6 +169,9 @@ mod tests {
         assert_eq!(headers["a"], "x");
         assert_eq!(headers["n"], "1");
         assert!(headers_from_json(serde_json::json!([1])).is_empty());
+        assert!(headers_from_bytes(None).is_empty());
+        assert!(headers_from_bytes(Some(b"not json")).is_empty());
+        assert_eq!(headers_from_bytes(Some(br#"{"a":"x"}"#))["a"], "x");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! `CREATE INDEX IF NOT EXISTS`), but MySQL is not tested.
 //!
 //! Start with [`MySqlStorage::connect`]; the statements live in [`sql`], the transaction
-//! of each operation in [`ops`].
+//! of each operation in [`ops`], the table's DDL and the check of a live table against
+//! the column mapping in [`table`].
 //!
 //! How it differs from PostgreSQL, and why:
 //! - **No `UPDATE ... RETURNING`.** Every multi-row write-back is a short transaction: lock
@@ -41,6 +42,7 @@
 mod convert;
 mod ops;
 mod sql;
+mod table;
 
 use std::fmt;
 use std::future::Future;
@@ -54,7 +56,8 @@ use sqlx::Executor;
 
 use self::convert::{classify, decode_topic_stats, sorted};
 use self::sql::{Shape, Statements};
-use super::columns::Columns;
+use self::table::Payload;
+use super::columns::{check_live_columns, Columns, LiveColumn};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, RetryPolicy, Stats,
@@ -143,6 +146,7 @@ impl MySqlStorage {
         let sql = Statements::render(&Shape {
             database: database.as_ref(),
             table: &table,
+            columns: &options.columns,
         });
         Ok(Self { pool, options, sql })
     }
@@ -169,6 +173,39 @@ impl MySqlStorage {
                 operation().await.map_err(self.error(action))
             }
             result => result.map_err(self.error(action)),
+        }
+    }
+
+    /// The live table's columns and index names; none when there is no table.
+    async fn live_table(
+        &self,
+        action: &'static str,
+    ) -> StorageResult<(Vec<LiveColumn>, Vec<String>)> {
+        let database = self.options.database.as_deref();
+        let columns: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.sql.live_columns)
+            .bind(database)
+            .bind(&self.options.table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error(action))?;
+        let indexes = sqlx::query_scalar(&self.sql.live_indexes)
+            .bind(database)
+            .bind(&self.options.table)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error(action))?;
+        Ok((
+            columns.into_iter().map(table::live_column).collect(),
+            indexes,
+        ))
+    }
+
+    /// Runs one `ALTER TABLE` of `create_schema`. A server starting at the same time may
+    /// have added the same columns or indexes first: duplicates are what was wanted.
+    async fn alter(&self, statement: &str) -> StorageResult<()> {
+        match self.pool.execute(statement).await {
+            Err(err) if convert::is_duplicate_column_or_index(&err) => Ok(()),
+            result => result.map(drop).map_err(self.error("create schema")),
         }
     }
 }
@@ -348,43 +385,84 @@ impl Storage for MySqlStorage {
     }
 
     fn schema_sql(&self) -> String {
-        self.sql
-            .schema
-            .iter()
-            .map(|statement| format!("{statement};\n"))
-            .collect()
+        self.sql.schema.text()
     }
 
+    /// The database and table if missing, then what a table of the team's own lacks of
+    /// the bookkeeping columns and indexes, each kind in one `ALTER TABLE` (see
+    /// [`table`]).
     #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
     async fn create_schema(&self) -> StorageResult<()> {
         // `CREATE ... IF NOT EXISTS` is atomic under MariaDB's metadata locks, so servers
         // starting together need no lock of their own. DDL commits implicitly: no
         // transaction around it.
-        for statement in &self.sql.schema {
+        let schema = &self.sql.schema;
+        for statement in &schema.create {
             self.pool
                 .execute(statement.as_str())
                 .await
                 .map_err(self.error("create schema"))?;
         }
+        let (live_columns, live_indexes) = self.live_table("create schema").await?;
+        let live: Vec<&str> = live_columns.iter().map(|c| c.name.as_str()).collect();
+        let columns = table::lacking(&schema.add_columns, &live);
+        if !columns.is_empty() {
+            tracing::info!(columns = columns.len(), "adding bookkeeping columns");
+            self.alter(&schema.add_columns(columns, false)).await?;
+        }
+        let live: Vec<&str> = live_indexes.iter().map(String::as_str).collect();
+        let indexes = table::lacking(&schema.indexes, &live);
+        if !indexes.is_empty() {
+            tracing::info!(indexes = indexes.len(), "adding indexes");
+            self.alter(&schema.add_indexes(indexes, false)).await?;
+        }
         Ok(())
     }
 
+    /// The table answers, its columns are what the mapping needs (the relay's own table
+    /// is checked too), and it has the index claims are pinned to.
     async fn ping(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pool)
             .await
             .map_err(self.error("ping"))?;
-        Ok(())
+        let (columns, indexes) = self.live_table("ping").await?;
+        let mut problems =
+            check_live_columns(&self.options.columns, &columns, true, table::accepts);
+        let pending_index = &self.sql.schema.pending_index;
+        if !indexes
+            .iter()
+            .any(|name| name.eq_ignore_ascii_case(pending_index))
+        {
+            problems.push(format!(
+                "index {pending_index:?} is missing: claims are pinned to it; \
+                 `txoutboxd schema` prints the statement that adds it"
+            ));
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(StorageError::MismatchedTable {
+            table: self.sql.display_table.clone(),
+            problems,
+        })
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        let headers = serde_json::to_string(&message.headers)
-            .map_err(|err| StorageError::Other(err.into()))?;
-        let done = sqlx::query(&self.sql.insert)
-            .bind(message.topic)
-            .bind(message.key)
-            .bind(message.payload)
-            .bind(headers)
+        let row = table::insertable(&self.options.columns, &self.sql.display_table, message)?;
+        let mut query = sqlx::query(&self.sql.insert);
+        if let Some(topic) = row.topic {
+            query = query.bind(topic);
+        }
+        query = query.bind(row.key);
+        query = match row.payload {
+            Payload::Bytes(bytes) => query.bind(bytes),
+            Payload::Text(text) => query.bind(text),
+        };
+        if let Some(headers) = row.headers {
+            query = query.bind(headers);
+        }
+        let done = query
             .execute(&self.pool)
             .await
             .map_err(self.error("insert"))?;

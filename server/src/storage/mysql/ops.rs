@@ -10,6 +10,7 @@ use sqlx::Row;
 use super::convert::{self, after, attempts, decode_candidate};
 use super::sql::{self, ClaimShape};
 use super::MySqlStorage;
+use crate::storage::columns::TopicSource;
 use crate::storage::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, RetryPolicy,
 };
@@ -27,7 +28,7 @@ impl MySqlStorage {
         ids: &[MessageId],
         owner: &str,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
-        let statement = sql::held(&self.sql.table, ids.len());
+        let statement = self.sql.held(ids.len());
         let mut query = sqlx::query_scalar(&statement);
         for id in ids {
             query = query.bind(id);
@@ -47,20 +48,30 @@ impl MySqlStorage {
             - chrono::Duration::from_std(self.options.visibility_delay)
                 .unwrap_or(chrono::Duration::MAX);
 
-        let statement = sql::claim_candidates(
-            &self.sql.table,
-            &self.sql.pending_index,
-            &ClaimShape {
-                strict_ordering: strict,
-                visibility_delay: delay,
-                topics: request.topics.len(),
-            },
-        );
+        // Every row of a fixed topic has it: a filter takes all of them or none.
+        let topics = match &self.options.columns.topic {
+            TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
+                if !request.topics.contains(fixed) {
+                    tx.commit().await?;
+                    return Ok(Claimed {
+                        messages: Vec::new(),
+                        lease_expires_at: after(now, request.lease),
+                    });
+                }
+                &[]
+            }
+            _ => request.topics,
+        };
+        let statement = self.sql.claim_candidates(&ClaimShape {
+            strict_ordering: strict,
+            visibility_delay: delay,
+            topics: topics.len(),
+        });
         let mut query = sqlx::query(&statement).bind(now);
         if delay {
             query = query.bind(visible_before);
         }
-        for topic in request.topics {
+        for topic in topics {
             query = query.bind(topic);
         }
         if strict {
@@ -68,7 +79,7 @@ impl MySqlStorage {
             if delay {
                 query = query.bind(visible_before);
             }
-            for topic in request.topics {
+            for topic in topics {
                 query = query.bind(topic);
             }
         }
@@ -82,7 +93,7 @@ impl MySqlStorage {
             .collect::<Result<Vec<_>, _>>()?;
 
         if strict && messages.iter().any(|m| m.key.is_some()) {
-            let statement = sql::claim_successors(&self.sql.table, messages.len());
+            let statement = self.sql.claim_successors(messages.len());
             let mut query = sqlx::query_scalar(&statement);
             for _ in 0..2 {
                 for message in &messages {
@@ -101,7 +112,7 @@ impl MySqlStorage {
 
         let lease_expires_at = after(now, request.lease);
         if !messages.is_empty() {
-            let statement = sql::claim_update(&self.sql.table, messages.len());
+            let statement = self.sql.claim_update(messages.len());
             let mut query = sqlx::query(&statement)
                 .bind(request.owner)
                 .bind(lease_expires_at);
@@ -126,9 +137,9 @@ impl MySqlStorage {
         let held = self.held(&mut tx, ids, owner).await?;
         if !held.is_empty() {
             let statement = if self.options.delete_on_ack {
-                sql::ack_delete(&self.sql.table, held.len())
+                self.sql.ack_delete(held.len())
             } else {
-                sql::ack(&self.sql.table, held.len())
+                self.sql.ack(held.len())
             };
             let mut query = sqlx::query(&statement);
             for id in &held {
@@ -157,7 +168,7 @@ impl MySqlStorage {
         let Some(held) = held else {
             return Ok(NackResult::Fenced);
         };
-        let stored_attempts: i32 = held.try_get("attempts")?;
+        let stored_attempts: i64 = held.try_get("attempts")?;
         let key = convert::text(&held, "key")?;
         let now = self.now(&mut tx).await?;
 
@@ -196,7 +207,7 @@ impl MySqlStorage {
             None => Vec::new(),
         };
         if !released.is_empty() {
-            let statement = sql::release_at(&self.sql.table, released.len());
+            let statement = self.sql.release_at(released.len());
             let mut query = sqlx::query(&statement).bind(successors_at);
             for id in &released {
                 query = query.bind(id);
@@ -222,7 +233,7 @@ impl MySqlStorage {
         let mut tx = self.pool.begin().await?;
         let held = self.held(&mut tx, ids, owner).await?;
         if !held.is_empty() {
-            let statement = sql::release_after(&self.sql.table, held.len());
+            let statement = self.sql.release_after(held.len());
             let mut query = sqlx::query(&statement).bind(sql::micros(delay));
             for id in &held {
                 query = query.bind(id);
@@ -247,7 +258,7 @@ impl MySqlStorage {
         };
         let lease_expires_at = after(self.now(&mut tx).await?, lease);
         if !held.is_empty() {
-            let statement = sql::extend_lease(&self.sql.table, held.len());
+            let statement = self.sql.extend_lease(held.len());
             let mut query = sqlx::query(&statement).bind(lease_expires_at);
             for id in &held {
                 query = query.bind(id);
@@ -266,7 +277,7 @@ impl MySqlStorage {
         ids: &[MessageId],
         owner: &str,
     ) -> Result<u64, sqlx::Error> {
-        let statement = sql::return_leases(&self.sql.table, ids.len());
+        let statement = self.sql.return_leases(ids.len());
         let mut query = sqlx::query(&statement);
         for id in ids {
             query = query.bind(id);

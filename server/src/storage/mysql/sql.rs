@@ -15,6 +15,8 @@
 
 use std::time::Duration;
 
+use super::table::Schema;
+use crate::storage::columns::{Columns, TopicSource};
 use crate::storage::ident::Ident;
 
 /// Statements for one outbox table.
@@ -24,6 +26,8 @@ pub(super) struct Statements {
     pub display_table: String,
     /// `` `db`.`table` ``, for the statements rendered per call.
     pub table: String,
+    /// The columns as they appear in SQL.
+    pub names: Names,
     /// `` `table_pending_idx` ``, which the claim's scan is pinned to.
     pub pending_index: String,
     pub now: String,
@@ -35,9 +39,14 @@ pub(super) struct Statements {
     pub stats: String,
     pub purge_batch: String,
     pub ping: String,
+    /// `?` database (`NULL`: the connection's), `?` table: the live table's columns.
+    pub live_columns: String,
+    /// `?` database, `?` table: the names of the live table's indexes.
+    pub live_indexes: String,
+    /// Parameters in column order: topic (unless the topic is fixed), key, payload,
+    /// headers (if the table has them).
     pub insert: String,
-    /// The DDL, one statement per entry (sent one by one: no multi-statement packets).
-    pub schema: Vec<String>,
+    pub schema: Schema,
 }
 
 /// What shapes the statements besides the table name.
@@ -45,6 +54,82 @@ pub(super) struct Shape<'a> {
     /// The database (MySQL's "schema") holding the table; `None`: the connection's.
     pub database: Option<&'a Ident>,
     pub table: &'a Ident,
+    pub columns: &'a Columns,
+}
+
+/// The columns of the table as they appear in SQL. The relay's own names are written as
+/// they always were (bare, and `` `key` ``, a reserved word, quoted), so the DDL of a
+/// table the relay created stays what it was; a configured name is always quoted.
+#[derive(Debug)]
+pub(super) struct Names {
+    pub id: String,
+    /// `None`: every row has the fixed topic, the table has no topic column.
+    pub topic: Option<String>,
+    /// The fixed topic as a literal, when there is one.
+    fixed_topic: Option<String>,
+    pub key: String,
+    pub payload: String,
+    /// `None`: the table has no headers; messages carry none.
+    pub headers: Option<String>,
+    pub created_at: String,
+    pub status: String,
+    pub attempts: String,
+    pub available_at: String,
+    pub leased_by: String,
+    pub last_error: String,
+    pub processed_at: String,
+}
+
+impl Names {
+    pub fn new(columns: &Columns) -> Self {
+        let (topic, fixed_topic) = match &columns.topic {
+            TopicSource::Column(name) => (Some(column(name, "topic")), None),
+            TopicSource::Fixed(fixed) => (None, Some(string_literal(fixed))),
+        };
+        Self {
+            id: column(&columns.id, "id"),
+            topic,
+            fixed_topic,
+            key: column(&columns.key, "key"),
+            payload: column(&columns.payload, "payload"),
+            headers: columns.headers.as_ref().map(|name| column(name, "headers")),
+            created_at: column(&columns.created_at, "created_at"),
+            status: column(&columns.status, "status"),
+            attempts: column(&columns.attempts, "attempts"),
+            available_at: column(&columns.available_at, "available_at"),
+            leased_by: column(&columns.leased_by, "leased_by"),
+            last_error: column(&columns.last_error, "last_error"),
+            processed_at: column(&columns.processed_at, "processed_at"),
+        }
+    }
+
+    /// The topic as a value: the column (after `prefix`, a table alias and its dot), or
+    /// the fixed topic.
+    pub fn topic_of(&self, prefix: &str) -> String {
+        match (&self.topic, &self.fixed_topic) {
+            (Some(topic), _) => format!("{prefix}{topic}"),
+            (None, Some(fixed)) => fixed.clone(),
+            (None, None) => unreachable!("a topic column or a fixed topic"),
+        }
+    }
+}
+
+/// `name` as SQL: bare when it is the relay's own name `own` (but `` `key` ``), quoted
+/// otherwise.
+pub(super) fn column(name: &Ident, own: &str) -> String {
+    if name.as_str() == own && own != "key" {
+        own.to_owned()
+    } else {
+        quote(name.as_str())
+    }
+}
+
+/// A string as a MySQL value that reads the same under every `sql_mode`: hex bytes
+/// reinterpreted as UTF-8 (a quoted literal's backslashes mean different things with and
+/// without `NO_BACKSLASH_ESCAPES`).
+fn string_literal(text: &str) -> String {
+    let hex: String = text.bytes().map(|byte| format!("{byte:02x}")).collect();
+    format!("CONVERT(X'{hex}' USING utf8mb4)")
 }
 
 impl Statements {
@@ -61,53 +146,86 @@ impl Statements {
             Some(database) => format!("{database}.{}", shape.table),
             None => shape.table.to_string(),
         };
+        let names = Names::new(shape.columns);
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            last_error,
+            processed_at,
+            created_at,
+            ..
+        } = &names;
+        let topic = names.topic_of("");
+        let mut inserted: Vec<&str> = Vec::new();
+        inserted.extend(names.topic.as_deref());
+        inserted.extend([key.as_str(), &names.payload]);
+        inserted.extend(names.headers.as_deref());
         Self {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
-                "SELECT attempts, `key` FROM {t} \
-                 WHERE id = ? AND leased_by = ? AND status = 'pending' FOR UPDATE"
+                "SELECT CAST({attempts} AS SIGNED) AS attempts, {key} AS `key` FROM {t} \
+                 WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending' FOR UPDATE"
             ),
             // The row is locked and known to be held by the owner (nack_select).
             nack_retry: format!(
-                "UPDATE {t} SET available_at = ?, last_error = ?, leased_by = NULL WHERE id = ?"
+                "UPDATE {t} SET {available_at} = ?, {last_error} = ?, {leased_by} = NULL \
+                 WHERE {id} = ?"
             ),
             nack_dead: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = ?, last_error = ?, \
-                 leased_by = NULL WHERE id = ?"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = ?, {last_error} = ?, \
+                 {leased_by} = NULL WHERE {id} = ?"
             ),
             successors_select: format!(
-                "SELECT id FROM {t} \
-                 WHERE `key` = ? AND id > ? AND leased_by = ? AND status = 'pending' \
-                 ORDER BY id FOR UPDATE"
+                "SELECT CAST({id} AS SIGNED) FROM {t} \
+                 WHERE {key} = ? AND {id} > ? AND {leased_by} = ? AND {status} = 'pending' \
+                 ORDER BY {id} FOR UPDATE"
             ),
             // One row: no transaction needed to know whether it applied.
             dead_letter: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = UTC_TIMESTAMP(6), \
-                 last_error = ?, leased_by = NULL \
-                 WHERE id = ? AND leased_by = ? AND status = 'pending'"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = UTC_TIMESTAMP(6), \
+                 {last_error} = ?, {leased_by} = NULL \
+                 WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending'"
             ),
-            // SUM of a comparison counts the rows where it holds; SUM yields DECIMAL.
+            // SUM of a comparison counts the rows where it holds; SUM yields DECIMAL. A
+            // fixed topic groups by a constant: one group, or none for no rows.
             stats: format!(
-                "SELECT topic, \
-                   CAST(SUM(status = 'pending') AS SIGNED) AS pending, \
-                   CAST(SUM(status = 'pending' AND leased_by IS NOT NULL \
-                     AND available_at > UTC_TIMESTAMP(6)) AS SIGNED) AS leased, \
-                   CAST(SUM(status = 'dead') AS SIGNED) AS dead, \
+                "SELECT {topic} AS topic, \
+                   CAST(SUM({status} = 'pending') AS SIGNED) AS pending, \
+                   CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
+                     AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS leased, \
+                   CAST(SUM({status} = 'dead') AS SIGNED) AS dead, \
                    TIMESTAMPDIFF(MICROSECOND, \
-                     MIN(CASE WHEN status = 'pending' THEN created_at END), \
+                     MIN(CASE WHEN {status} = 'pending' THEN {created_at} END), \
                      UTC_TIMESTAMP(6)) AS oldest_pending_us \
-                 FROM {t} WHERE status IN ('pending', 'dead') \
-                 GROUP BY topic ORDER BY topic"
+                 FROM {t} WHERE {status} IN ('pending', 'dead') \
+                 GROUP BY {topic} ORDER BY {topic}"
             ),
             purge_batch: format!(
-                "DELETE FROM {t} WHERE status = 'done' \
-                 AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
-                 ORDER BY processed_at LIMIT ?"
+                "DELETE FROM {t} WHERE {status} = 'done' \
+                 AND {processed_at} < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
+                 ORDER BY {processed_at} LIMIT ?"
             ),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
-            insert: format!("INSERT INTO {t} (topic, `key`, payload, headers) VALUES (?, ?, ?, ?)"),
-            schema: schema(&t, shape),
+            live_columns: "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE = 'YES', \
+                             COLUMN_DEFAULT IS NOT NULL AND COLUMN_DEFAULT <> 'NULL' \
+                           FROM information_schema.COLUMNS \
+                           WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+                .to_owned(),
+            live_indexes: "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
+                           WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?"
+                .to_owned(),
+            insert: format!(
+                "INSERT INTO {t} ({}) VALUES ({})",
+                inserted.join(", "),
+                placeholders(inserted.len())
+            ),
+            schema: Schema::render(&t, &display_table, shape, &names),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
+            names,
             table: t,
             display_table,
         }
@@ -130,198 +248,239 @@ fn placeholders(n: usize) -> String {
 pub(super) struct ClaimShape {
     pub strict_ordering: bool,
     pub visibility_delay: bool,
+    /// How many topics the filter names; never more than zero for a fixed topic (the
+    /// backend decides in Rust whether a filter includes it).
     pub topics: usize,
 }
 
-/// Candidates of a claim: due, pending rows in id order, locked with `SKIP LOCKED` so
-/// concurrent claimers (and producers' uncommitted rows) never wait for each other.
-///
-/// Parameters, in order: `now`; with a visibility delay, `visible_before`; each topic;
-/// with strict ordering `now`, then `visible_before` and the topics again for the
-/// predecessor test; the batch size.
-///
-/// With strict ordering an earlier pending row of the key holds a row back unless it is
-/// claimable by this very claim (it then comes first in id order and is taken in the same
-/// batch). Not claimable: leased or waiting for a retry, or, beyond the seed, not visible
-/// yet or outside the topic filter. This is a pre-filter that keeps batches full; the
-/// guarantee itself comes from [`claim_successors`], run after the candidates are locked.
-///
-/// The scan is pinned to the `(status, id)` index: it walks pending rows in id order and
-/// stops at the batch size. Left to itself the optimizer may pick the primary key for
-/// `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
-pub(super) fn claim_candidates(t: &str, pending_index: &str, shape: &ClaimShape) -> String {
-    let mut filters = String::new();
-    if shape.visibility_delay {
-        filters += " AND o.created_at <= ?";
-    }
-    if shape.topics > 0 {
-        filters += &format!(" AND o.topic IN ({})", placeholders(shape.topics));
-    }
-    if shape.strict_ordering {
-        let mut blocked = String::from("p.available_at > ?");
+impl Statements {
+    /// Candidates of a claim: due, pending rows in id order, locked with `SKIP LOCKED` so
+    /// concurrent claimers (and producers' uncommitted rows) never wait for each other.
+    /// Columns under the relay's own names, ids and attempts as `BIGINT` whatever the
+    /// table's integer types (what [`super::convert::decode_candidate`] reads).
+    ///
+    /// Parameters, in order: `now`; with a visibility delay, `visible_before`; each topic;
+    /// with strict ordering `now`, then `visible_before` and the topics again for the
+    /// predecessor test; the batch size.
+    ///
+    /// With strict ordering an earlier pending row of the key holds a row back unless it
+    /// is claimable by this very claim (it then comes first in id order and is taken in
+    /// the same batch). Not claimable: leased or waiting for a retry, or, beyond the seed,
+    /// not visible yet or outside the topic filter. This is a pre-filter that keeps
+    /// batches full; the guarantee itself comes from [`Statements::claim_successors`], run
+    /// after the candidates are locked.
+    ///
+    /// The scan is pinned to the `(status, id)` index: it walks pending rows in id order
+    /// and stops at the batch size. Left to itself the optimizer may pick the primary key
+    /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
+    pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
+        let (t, pending_index, c) = (&self.table, &self.pending_index, &self.names);
+        let Names {
+            id,
+            key,
+            status,
+            available_at,
+            created_at,
+            attempts,
+            payload,
+            ..
+        } = c;
+        let topic = |alias: &str| c.topic_of(alias);
+        let mut filters = String::new();
         if shape.visibility_delay {
-            blocked += " OR p.created_at > ?";
+            filters += &format!(" AND o.{created_at} <= ?");
         }
         if shape.topics > 0 {
-            blocked += &format!(" OR p.topic NOT IN ({})", placeholders(shape.topics));
+            filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
         }
-        filters += &format!(
-            " AND (o.`key` IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-             WHERE p.`key` = o.`key` AND p.id < o.id AND p.status = 'pending' AND ({blocked})))"
-        );
+        if shape.strict_ordering {
+            let mut blocked = format!("p.{available_at} > ?");
+            if shape.visibility_delay {
+                blocked += &format!(" OR p.{created_at} > ?");
+            }
+            if shape.topics > 0 {
+                blocked += &format!(
+                    " OR {} NOT IN ({})",
+                    topic("p."),
+                    placeholders(shape.topics)
+                );
+            }
+            filters += &format!(
+                " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+                 WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
+                 AND ({blocked})))"
+            );
+        }
+        let headers = c
+            .headers
+            .as_ref()
+            .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
+        format!(
+            "SELECT CAST(o.{id} AS SIGNED) AS id, {} AS topic, o.{key} AS `key`, \
+               o.{payload} AS payload, {headers} AS headers, \
+               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at \
+             FROM {t} o FORCE INDEX ({pending_index}) \
+             WHERE o.{status} = 'pending' AND o.{available_at} <= ?{filters} \
+             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
+            topic("o.")
+        )
     }
-    format!(
-        "SELECT o.id, o.topic, o.`key`, o.payload, o.headers, o.attempts, o.created_at \
-         FROM {t} o FORCE INDEX ({pending_index}) \
-         WHERE o.status = 'pending' AND o.available_at <= ?{filters} \
-         ORDER BY o.id LIMIT ? FOR UPDATE SKIP LOCKED"
-    )
-}
 
-/// Which of the `n` locked candidates (bound twice: the ids to test, then the whole batch)
-/// have an earlier pending row of their key outside the batch: those must not be claimed.
-///
-/// This is what makes strict ordering hold across concurrent claimers, in a fresh
-/// statement after the candidates are locked. A row leaves `pending` only through its
-/// holder (ack, dead-letter), never by a claim, so "every earlier pending row of the key is
-/// in my batch, locked by me" stays true until this transaction commits: no other claimer
-/// can hold an earlier row of the key, nor claim a later one (its own check sees ours).
-/// It also covers what the pre-filter cannot see: an earlier row skipped because another
-/// transaction had it locked, which `SKIP LOCKED` passes over silently.
-pub(super) fn claim_successors(t: &str, n: usize) -> String {
-    let ids = placeholders(n);
-    format!(
-        "SELECT o.id FROM {t} o WHERE o.id IN ({ids}) AND o.`key` IS NOT NULL \
-         AND EXISTS (SELECT 1 FROM {t} p WHERE p.`key` = o.`key` AND p.id < o.id \
-           AND p.status = 'pending' AND p.id NOT IN ({ids}))"
-    )
-}
-
-/// Leases `n` locked rows: `?` owner, `?` lease deadline, then the ids.
-pub(super) fn claim_update(t: &str, n: usize) -> String {
-    format!(
-        "UPDATE {t} SET leased_by = ?, attempts = attempts + 1, available_at = ? \
-         WHERE id IN ({})",
-        placeholders(n)
-    )
-}
-
-/// Fence of every multi-row write-back: which of the `n` ids (then `?` owner) the owner
-/// holds, locked until the transaction ends. MariaDB has no `UPDATE ... RETURNING`, so the
-/// applied ids come from here and the update follows in the same transaction.
-pub(super) fn held(t: &str, n: usize) -> String {
-    format!(
-        "SELECT id FROM {t} WHERE id IN ({}) AND leased_by = ? AND status = 'pending' \
-         ORDER BY id FOR UPDATE",
-        placeholders(n)
-    )
-}
-
-/// Marks `n` held rows delivered.
-pub(super) fn ack(t: &str, n: usize) -> String {
-    format!(
-        "UPDATE {t} SET status = 'done', processed_at = UTC_TIMESTAMP(6), leased_by = NULL \
-         WHERE id IN ({})",
-        placeholders(n)
-    )
-}
-
-pub(super) fn ack_delete(t: &str, n: usize) -> String {
-    format!("DELETE FROM {t} WHERE id IN ({})", placeholders(n))
-}
-
-/// Gives `n` held rows back untried: `?` when they are claimable, then the ids.
-pub(super) fn release_at(t: &str, n: usize) -> String {
-    release(t, n, "?")
-}
-
-/// Gives `n` held rows back untried: `?` microseconds from now, then the ids.
-pub(super) fn release_after(t: &str, n: usize) -> String {
-    release(t, n, "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
-}
-
-fn release(t: &str, n: usize, available_at: &str) -> String {
-    format!(
-        "UPDATE {t} SET attempts = GREATEST(attempts - 1, 0), available_at = {available_at}, \
-         leased_by = NULL WHERE id IN ({})",
-        placeholders(n)
-    )
-}
-
-/// `?` new lease deadline, then `n` held ids.
-pub(super) fn extend_lease(t: &str, n: usize) -> String {
-    format!(
-        "UPDATE {t} SET available_at = ? WHERE id IN ({})",
-        placeholders(n)
-    )
-}
-
-/// Fenced in its own `WHERE`: only the count is reported, so no transaction is needed.
-/// `n` ids, then `?` owner.
-pub(super) fn return_leases(t: &str, n: usize) -> String {
-    format!(
-        "UPDATE {t} SET leased_by = NULL, available_at = UTC_TIMESTAMP(6) \
-         WHERE id IN ({}) AND leased_by = ? AND status = 'pending'",
-        placeholders(n)
-    )
-}
-
-/// The DDL. Indexes are declared inside `CREATE TABLE` (MySQL 8 has no
-/// `CREATE INDEX IF NOT EXISTS`), so a table that already exists is left as it is.
-///
-/// - `(status, id)` serves the claim: pending rows in id order, stopping at the batch size.
-/// - `(key, status, id)` serves strict ordering's predecessor tests and successors.
-/// - `(status, available_at)` finds the few rows that hold keys back (leased or
-///   retrying): the predecessor test behind a blocked hot key probes it instead of the
-///   key's backlog (0.53 s to 0.16 s for a claim behind 20,000 blocked rows).
-/// - `(status, processed_at)` serves purge.
-///
-/// `topic`, `key` and `leased_by` compare byte for byte (`utf8mb4_bin`), as in PostgreSQL:
-/// the default collation would make `Order-1` and `order-1` one key.
-fn schema(t: &str, shape: &Shape<'_>) -> Vec<String> {
-    let name = |suffix: &str| quote(&derived_name(shape.table.as_str(), suffix));
-    let mut statements = Vec::new();
-    if let Some(database) = shape.database {
-        statements.push(format!(
-            "CREATE DATABASE IF NOT EXISTS {}",
-            quote(database.as_str())
-        ));
+    /// Which of the `n` locked candidates (bound twice: the ids to test, then the whole
+    /// batch) have an earlier pending row of their key outside the batch: those must not
+    /// be claimed.
+    ///
+    /// This is what makes strict ordering hold across concurrent claimers, in a fresh
+    /// statement after the candidates are locked. A row leaves `pending` only through its
+    /// holder (ack, dead-letter), never by a claim, so "every earlier pending row of the
+    /// key is in my batch, locked by me" stays true until this transaction commits: no
+    /// other claimer can hold an earlier row of the key, nor claim a later one (its own
+    /// check sees ours). It also covers what the pre-filter cannot see: an earlier row
+    /// skipped because another transaction had it locked, which `SKIP LOCKED` passes over
+    /// silently.
+    pub fn claim_successors(&self, n: usize) -> String {
+        let (
+            t,
+            Names {
+                id, key, status, ..
+            },
+        ) = (&self.table, &self.names);
+        let ids = placeholders(n);
+        format!(
+            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({ids}) \
+             AND o.{key} IS NOT NULL \
+             AND EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
+               AND p.{status} = 'pending' AND p.{id} NOT IN ({ids}))"
+        )
     }
-    statements.push(format!(
-        "CREATE TABLE IF NOT EXISTS {t} (
-    id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
-    topic        VARCHAR(255) COLLATE utf8mb4_bin NOT NULL,
-    `key`        VARCHAR(255) COLLATE utf8mb4_bin NULL,
-    payload      LONGBLOB     NOT NULL,
-    headers      JSON         NOT NULL DEFAULT ('{{}}'),
-    created_at   DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-    status       VARCHAR(16)  NOT NULL DEFAULT 'pending'
-                              CHECK (status IN ('pending', 'done', 'dead')),
-    attempts     INT          NOT NULL DEFAULT 0,
-    available_at DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
-    leased_by    VARCHAR(255) COLLATE utf8mb4_bin NULL,
-    last_error   TEXT         NULL,
-    processed_at DATETIME(6)  NULL,
-    KEY {pending} (status, id),
-    KEY {key_pending} (`key`, status, id),
-    KEY {due} (status, available_at),
-    KEY {processed} (status, processed_at)
-) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
-        pending = name(PENDING_INDEX),
-        key_pending = name("_key_idx"),
-        due = name("_due_idx"),
-        processed = name("_processed_idx"),
-    ));
-    statements
+
+    /// Leases `n` locked rows: `?` owner, `?` lease deadline, then the ids.
+    pub fn claim_update(&self, n: usize) -> String {
+        let Names {
+            id,
+            leased_by,
+            attempts,
+            available_at,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {} SET {leased_by} = ?, {attempts} = {attempts} + 1, \
+             {available_at} = ? WHERE {id} IN ({})",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    /// Fence of every multi-row write-back: which of the `n` ids (then `?` owner) the
+    /// owner holds, locked until the transaction ends. MariaDB has no
+    /// `UPDATE ... RETURNING`, so the applied ids come from here and the update follows in
+    /// the same transaction.
+    pub fn held(&self, n: usize) -> String {
+        let Names {
+            id,
+            leased_by,
+            status,
+            ..
+        } = &self.names;
+        format!(
+            "SELECT CAST({id} AS SIGNED) FROM {} \
+             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending' \
+             ORDER BY {id} FOR UPDATE",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    /// Marks `n` held rows delivered.
+    pub fn ack(&self, n: usize) -> String {
+        let Names {
+            id,
+            status,
+            processed_at,
+            leased_by,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {} SET {status} = 'done', {processed_at} = UTC_TIMESTAMP(6), \
+             {leased_by} = NULL WHERE {id} IN ({})",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    pub fn ack_delete(&self, n: usize) -> String {
+        format!(
+            "DELETE FROM {} WHERE {} IN ({})",
+            self.table,
+            self.names.id,
+            placeholders(n)
+        )
+    }
+
+    /// Gives `n` held rows back untried: `?` when they are claimable, then the ids.
+    pub fn release_at(&self, n: usize) -> String {
+        self.release(n, "?")
+    }
+
+    /// Gives `n` held rows back untried: `?` microseconds from now, then the ids.
+    pub fn release_after(&self, n: usize) -> String {
+        self.release(n, "UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND")
+    }
+
+    fn release(&self, n: usize, due: &str) -> String {
+        let Names {
+            id,
+            attempts,
+            available_at,
+            leased_by,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {} SET {attempts} = GREATEST({attempts} - 1, 0), {available_at} = {due}, \
+             {leased_by} = NULL WHERE {id} IN ({})",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    /// `?` new lease deadline, then `n` held ids.
+    pub fn extend_lease(&self, n: usize) -> String {
+        let Names {
+            id, available_at, ..
+        } = &self.names;
+        format!(
+            "UPDATE {} SET {available_at} = ? WHERE {id} IN ({})",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    /// Fenced in its own `WHERE`: only the count is reported, so no transaction is
+    /// needed. `n` ids, then `?` owner.
+    pub fn return_leases(&self, n: usize) -> String {
+        let Names {
+            id,
+            available_at,
+            leased_by,
+            status,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {} SET {leased_by} = NULL, {available_at} = UTC_TIMESTAMP(6) \
+             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending'",
+            self.table,
+            placeholders(n)
+        )
+    }
 }
 
-/// Suffix of the claim's index, which [`claim_candidates`] names.
-const PENDING_INDEX: &str = "_pending_idx";
+/// Suffix of the claim's index, which [`Statements::claim_candidates`] names.
+pub(super) const PENDING_INDEX: &str = "_pending_idx";
 
 /// `table` + `suffix`, kept within MySQL's 64 characters. A long table name is cut and
 /// tagged with a hash of the full name, so two long tables sharing a prefix never
 /// truncate to the same name.
-fn derived_name(table: &str, suffix: &str) -> String {
+pub(super) fn derived_name(table: &str, suffix: &str) -> String {
     const MAX_LEN: usize = 64;
     if table.len() + suffix.len() <= MAX_LEN {
         return format!("{table}{suffix}");
@@ -349,41 +508,110 @@ pub(super) fn micros(duration: Duration) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::columns::{ColumnMapping, PayloadFormat};
+
+    fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
+        let database = database.map(|d| Ident::new(d).unwrap());
+        Statements::render(&Shape {
+            database: database.as_ref(),
+            table: &Ident::new(table).unwrap(),
+            columns,
+        })
+    }
 
     #[test]
     fn identifiers_are_backtick_quoted_and_qualified() {
-        let (db, table) = (Ident::new("app").unwrap(), Ident::new("Outbox").unwrap());
-        let sql = Statements::render(&Shape {
-            database: Some(&db),
-            table: &table,
-        });
+        let sql = render(Some("app"), "Outbox", &Columns::default());
         assert_eq!(sql.table, "`app`.`Outbox`");
         assert_eq!(sql.display_table, "app.Outbox");
-        assert_eq!(sql.schema[0], "CREATE DATABASE IF NOT EXISTS `app`");
-        assert!(sql.schema[1].contains("KEY `Outbox_pending_idx` (status, id)"));
+        assert_eq!(sql.schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
+        assert!(sql.schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
         assert_eq!(quote("a`b"), "`a``b`");
     }
 
     #[test]
     fn claim_placeholders_follow_the_shape() {
+        let sql = render(None, "t", &Columns::default());
         let shape = ClaimShape {
             strict_ordering: true,
             visibility_delay: true,
             topics: 2,
         };
-        let sql = claim_candidates("`t`", "`t_pending_idx`", &shape);
-        assert_eq!(sql.matches('?').count(), 1 + 1 + 2 + 1 + 1 + 2 + 1);
-        assert!(sql.contains("FORCE INDEX (`t_pending_idx`)"));
-        assert!(sql.contains("o.topic IN (?, ?)") && sql.contains("p.topic NOT IN (?, ?)"));
+        let claim = sql.claim_candidates(&shape);
+        assert_eq!(claim.matches('?').count(), 1 + 1 + 2 + 1 + 1 + 2 + 1);
+        assert!(claim.contains("FORCE INDEX (`t_pending_idx`)"));
+        assert!(claim.contains("o.topic IN (?, ?)") && claim.contains("p.topic NOT IN (?, ?)"));
         let plain = ClaimShape {
             strict_ordering: false,
             visibility_delay: false,
             topics: 0,
         };
-        let sql = claim_candidates("`t`", "`t_pending_idx`", &plain);
-        assert_eq!(sql.matches('?').count(), 2);
-        assert!(!sql.contains("EXISTS"));
-        assert_eq!(claim_successors("`t`", 3).matches('?').count(), 6);
+        let claim = sql.claim_candidates(&plain);
+        assert_eq!(claim.matches('?').count(), 2);
+        assert!(!claim.contains("EXISTS"));
+        assert_eq!(sql.claim_successors(3).matches('?').count(), 6);
+    }
+
+    #[test]
+    fn mapped_names_are_quoted_and_read_under_the_relays_names() {
+        let columns = Columns::from_mapping(&ColumnMapping {
+            id: "event_id".into(),
+            topic: Some("event_type".into()),
+            key: "aggregate_id".into(),
+            payload: "body".into(),
+            payload_format: PayloadFormat::Text,
+            headers: "meta".into(),
+            status: "state".into(),
+            ..ColumnMapping::default()
+        })
+        .unwrap();
+        let sql = render(None, "events", &columns);
+        let claim = sql.claim_candidates(&ClaimShape {
+            strict_ordering: true,
+            visibility_delay: false,
+            topics: 1,
+        });
+        assert!(claim.starts_with(
+            "SELECT CAST(o.`event_id` AS SIGNED) AS id, o.`event_type` AS topic, \
+             o.`aggregate_id` AS `key`, o.`body` AS payload, o.`meta` AS headers, \
+             CAST(o.attempts AS SIGNED) AS attempts, o.created_at AS created_at"
+        ));
+        assert!(
+            claim.contains("p.`aggregate_id` = o.`aggregate_id` AND p.`event_id` < o.`event_id`")
+        );
+        assert!(claim.contains("WHERE o.`state` = 'pending'"));
+        assert!(sql
+            .held(1)
+            .starts_with("SELECT CAST(`event_id` AS SIGNED) FROM `events`"));
+        assert_eq!(
+            sql.insert,
+            "INSERT INTO `events` (`event_type`, `aggregate_id`, `body`, `meta`) \
+             VALUES (?, ?, ?, ?)"
+        );
+        assert!(sql
+            .stats
+            .ends_with("GROUP BY `event_type` ORDER BY `event_type`"));
+    }
+
+    #[test]
+    fn a_fixed_topic_reads_the_same_under_every_sql_mode() {
+        let columns = Columns::from_mapping(&ColumnMapping {
+            fixed_topic: Some("a\\'b".into()),
+            headers: String::new(),
+            ..ColumnMapping::default()
+        })
+        .unwrap();
+        let sql = render(None, "t", &columns);
+        let literal = "CONVERT(X'615c2762' USING utf8mb4)";
+        let claim = sql.claim_candidates(&ClaimShape {
+            strict_ordering: true,
+            visibility_delay: false,
+            topics: 0,
+        });
+        assert!(claim.contains(&format!("{literal} AS topic")), "{claim}");
+        assert!(claim.contains("'{}' AS headers"), "{claim}");
+        assert!(sql.stats.contains(&format!("GROUP BY {literal}")));
+        assert_eq!(sql.insert, "INSERT INTO `t` (`key`, payload) VALUES (?, ?)");
     }
 
     #[test]

@@ -138,7 +138,11 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
                 topic: row.try_get("topic")?,
                 key: row.try_get("key")?,
                 payload: row.try_get("payload")?,
-                headers: headers_from_text(&row.try_get::<String, _>("headers")?),
+                // A table of the team's own may leave its headers column NULL.
+                headers: row
+                    .try_get::<Option<String>, _>("headers")?
+                    .map(|text| headers_from_text(&text))
+                    .unwrap_or_default(),
                 attempts: attempts(row.try_get("attempts")?),
                 created_at: datetime(row.try_get("created_at")?)?,
             })

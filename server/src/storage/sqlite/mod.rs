@@ -3,7 +3,8 @@
 //!
 //! Start with [`SqliteStorage::connect`]. The statements live in [`sql`] (which also says
 //! how times are stored: epoch milliseconds), the error mapping and row decoding in
-//! [`convert`].
+//! [`convert`], the table's DDL and the check of a live table against the column mapping
+//! in [`table`].
 //!
 //! Locking. SQLite has no `SKIP LOCKED` and no row locks; it has something simpler: one
 //! writer at a time per file, across every connection and every process on the machine.
@@ -27,6 +28,7 @@
 
 mod convert;
 mod sql;
+mod table;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -43,11 +45,12 @@ use sqlx::sqlite::{
 use sqlx::Executor;
 
 use self::convert::{
-    after, attempts, before, classify, datetime, decode_messages, decode_topic_stats,
-    headers_to_text, json_list, now_ms, sorted, Place,
+    after, attempts, before, classify, datetime, decode_messages, decode_topic_stats, json_list,
+    now_ms, sorted, Place,
 };
 use self::sql::{Shape, Statements};
-use super::columns::Columns;
+use self::table::Payload;
+use super::columns::{check_live_columns, Columns, LiveColumn, TopicSource};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
@@ -197,6 +200,7 @@ impl SqliteStorage {
             Ident::new(&options.table).map_err(|err| anyhow!("invalid sqlite `table`: {err}"))?;
         let sql = Statements::render(&Shape {
             table: &table,
+            columns: &options.columns,
             strict_ordering: options.strict_ordering,
             visibility_delay: options.visibility_delay,
         });
@@ -232,6 +236,20 @@ impl SqliteStorage {
             .map_err(self.error(action))
     }
 
+    /// The live table's columns, as `conn` sees them; none when there is no table.
+    async fn live_columns(
+        &self,
+        conn: impl sqlx::SqliteExecutor<'_>,
+        action: &'static str,
+    ) -> StorageResult<Vec<LiveColumn>> {
+        let rows = sqlx::query_as(&self.sql.live_columns)
+            .bind(&self.sql.display_table)
+            .fetch_all(conn)
+            .await
+            .map_err(self.error(action))?;
+        Ok(rows.into_iter().map(table::live_column).collect())
+    }
+
     /// A write transaction holding the file's write lock from its first statement on.
     async fn begin_immediate(
         &self,
@@ -258,11 +276,24 @@ impl Storage for SqliteStorage {
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         let err = || self.error("claim");
-        let (statement, probe) = match request.topics {
+        // Every row of a fixed topic has it: a filter takes all of them or none.
+        let topics = match &self.options.columns.topic {
+            TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
+                if !request.topics.contains(fixed) {
+                    return Ok(Claimed {
+                        messages: Vec::new(),
+                        lease_expires_at: datetime(after(now_ms(), request.lease)).map_err(err())?,
+                    });
+                }
+                &[]
+            }
+            _ => request.topics,
+        };
+        let (statement, probe) = match topics {
             [] => (&self.sql.claim_all, &self.sql.probe_all),
             _ => (&self.sql.claim_topics, &self.sql.probe_topics),
         };
-        let topics = (!request.topics.is_empty()).then(|| json_list(request.topics));
+        let topics = (!topics.is_empty()).then(|| json_list(topics));
         let delay = self.options.visibility_delay;
 
         // The common idle case, answered by a read: no write lock taken.
@@ -521,34 +552,67 @@ impl Storage for SqliteStorage {
     }
 
     fn schema_sql(&self) -> String {
-        self.sql.schema.clone()
+        self.sql.schema.text()
     }
 
+    /// The table if missing, the bookkeeping columns a table of the team's own lacks
+    /// (see [`table`]: SQLite cannot add a column "if not exists"), then the indexes.
     #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
     async fn create_schema(&self) -> StorageResult<()> {
         let err = || self.error("create schema");
+        let schema = &self.sql.schema;
         // Under the write lock, so servers starting together create it once.
         let mut tx = self.begin_immediate("create schema").await?;
         // No bind parameters: every statement of the script runs.
-        tx.execute(self.sql.schema.as_str()).await.map_err(err())?;
+        tx.execute(schema.create_table.as_str())
+            .await
+            .map_err(err())?;
+        let live = self.live_columns(&mut *tx, "create schema").await?;
+        for add in &schema.add_columns {
+            let name = add.name.as_str();
+            if !live.iter().any(|c| c.name.eq_ignore_ascii_case(name)) {
+                tracing::info!(column = name, "adding a bookkeeping column");
+                tx.execute(add.statement.as_str()).await.map_err(err())?;
+            }
+        }
+        tx.execute(schema.indexes.as_str()).await.map_err(err())?;
         tx.commit().await.map_err(err())
     }
 
+    /// The table answers, and its columns are what the mapping needs (the relay's own
+    /// table is checked too).
     async fn ping(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pools.reader)
             .await
             .map_err(self.error("ping"))?;
-        Ok(())
+        let live = self.live_columns(&self.pools.reader, "ping").await?;
+        let problems = check_live_columns(&self.options.columns, &live, true, table::accepts);
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(StorageError::MismatchedTable {
+            table: self.sql.display_table.clone(),
+            problems,
+        })
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
+        let row = table::insertable(&self.options.columns, &self.sql.display_table, message)?;
         let mut conn = self.writer("insert").await?;
-        sqlx::query_scalar(&self.sql.insert)
-            .bind(message.topic)
-            .bind(message.key)
-            .bind(message.payload)
-            .bind(headers_to_text(&message.headers))
+        let mut query = sqlx::query_scalar(&self.sql.insert);
+        if let Some(topic) = row.topic {
+            query = query.bind(topic);
+        }
+        query = query.bind(row.key);
+        query = match row.payload {
+            Payload::Bytes(bytes) => query.bind(bytes),
+            Payload::Text(text) => query.bind(text),
+        };
+        if let Some(headers) = row.headers {
+            query = query.bind(headers);
+        }
+        query
             .fetch_one(&mut *conn)
             .await
             .map_err(self.error("insert"))

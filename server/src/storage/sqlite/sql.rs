@@ -17,7 +17,9 @@
 
 use std::time::Duration;
 
-use crate::storage::ident::{self, Ident};
+use super::table::Schema;
+use crate::storage::columns::{Columns, TopicSource};
+use crate::storage::ident::Ident;
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -47,101 +49,226 @@ pub(super) struct Statements {
     pub stats: String,
     pub purge_batch: String,
     pub ping: String,
+    /// `?1` the table name: the live table's columns, for [`super::table::check`].
+    pub live_columns: String,
+    /// Parameters in column order: topic (unless the topic is fixed), key, payload,
+    /// headers (if the table has them).
     pub insert: String,
-    pub schema: String,
+    pub schema: Schema,
 }
 
 /// What shapes the statements besides the table name.
 pub(super) struct Shape<'a> {
     pub table: &'a Ident,
+    pub columns: &'a Columns,
     pub strict_ordering: bool,
     pub visibility_delay: Duration,
 }
 
-/// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
-const HELD: &str = "WHERE id IN (SELECT value FROM json_each(?1)) AND leased_by = ?2 \
-                    AND status = 'pending'";
+/// The columns of the table as they appear in SQL. The relay's own names are written as
+/// they always were (bare: none is a word SQLite reserves), so the statements of a table
+/// the relay created stay what they were; a configured name is always quoted.
+#[derive(Debug)]
+pub(super) struct Names {
+    pub id: String,
+    /// `None`: every row has the fixed topic, the table has no topic column.
+    pub topic: Option<String>,
+    pub key: String,
+    pub payload: String,
+    /// `None`: the table has no headers; messages carry none.
+    pub headers: Option<String>,
+    pub created_at: String,
+    pub status: String,
+    pub attempts: String,
+    pub available_at: String,
+    pub leased_by: String,
+    pub last_error: String,
+    pub processed_at: String,
+    /// The topic as a value: the column, or the fixed topic as a string literal.
+    pub topic_value: String,
+}
 
-/// The message columns, payload as bytes whatever a producer stored (`'hello'` from the
-/// `sqlite3` shell is TEXT in a BLOB column).
-const MESSAGE: &str = "id, topic, key, CAST(payload AS BLOB) AS payload, headers, attempts, \
-                       created_at";
+impl Names {
+    pub fn new(columns: &Columns) -> Self {
+        let topic = match &columns.topic {
+            TopicSource::Column(name) => Some(column(name, "topic")),
+            TopicSource::Fixed(_) => None,
+        };
+        let topic_value = match &columns.topic {
+            TopicSource::Column(_) => topic.clone().expect("a topic column"),
+            TopicSource::Fixed(fixed) => string_literal(fixed),
+        };
+        Self {
+            id: column(&columns.id, "id"),
+            topic,
+            key: column(&columns.key, "key"),
+            payload: column(&columns.payload, "payload"),
+            headers: columns.headers.as_ref().map(|name| column(name, "headers")),
+            created_at: column(&columns.created_at, "created_at"),
+            status: column(&columns.status, "status"),
+            attempts: column(&columns.attempts, "attempts"),
+            available_at: column(&columns.available_at, "available_at"),
+            leased_by: column(&columns.leased_by, "leased_by"),
+            last_error: column(&columns.last_error, "last_error"),
+            processed_at: column(&columns.processed_at, "processed_at"),
+            topic_value,
+        }
+    }
+}
+
+/// `name` as SQL: bare when it is the relay's own name `own`, quoted otherwise.
+pub(super) fn column(name: &Ident, own: &str) -> String {
+    if name.as_str() == own {
+        own.to_owned()
+    } else {
+        name.quoted()
+    }
+}
+
+/// A string as an SQLite literal. SQLite has no backslash escapes: doubling the quote is
+/// all there is to it.
+fn string_literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// `expr AS name`, or just `name` when the expression is that column already.
+fn aliased(expr: &str, name: &str) -> String {
+    if expr == name {
+        name.to_owned()
+    } else {
+        format!("{expr} AS {name}")
+    }
+}
+
+/// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
+fn held(c: &Names) -> String {
+    format!(
+        "WHERE {} IN (SELECT value FROM json_each(?1)) AND {} = ?2 AND {} = 'pending'",
+        c.id, c.leased_by, c.status
+    )
+}
+
+/// The message columns under the relay's own names (what [`super::convert`] decodes),
+/// payload as bytes whatever a producer stored (`'hello'` from the `sqlite3` shell is TEXT
+/// in a BLOB column; a TEXT or JSON payload column gives its UTF-8 text).
+fn message(c: &Names) -> String {
+    [
+        aliased(&c.id, "id"),
+        aliased(&c.topic_value, "topic"),
+        aliased(&c.key, "key"),
+        format!("CAST({} AS BLOB) AS payload", c.payload),
+        aliased(c.headers.as_deref().unwrap_or("'{}'"), "headers"),
+        aliased(&c.attempts, "attempts"),
+        aliased(&c.created_at, "created_at"),
+    ]
+    .join(", ")
+}
 
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
         let t = shape.table.quoted();
+        let c = Names::new(shape.columns);
+        let held = held(&c);
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            last_error,
+            processed_at,
+            created_at,
+            topic_value,
+            ..
+        } = &c;
+        let mut inserted: Vec<&str> = Vec::new();
+        inserted.extend(c.topic.as_deref());
+        inserted.extend([key.as_str(), &c.payload]);
+        inserted.extend(c.headers.as_deref());
+        let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
+        // A fixed topic is never filtered in SQL (see `candidates`): its "topics"
+        // statements are the unfiltered ones, and unused.
+        let filtered = c.topic.is_some();
         Self {
-            claim_all: claim(&t, shape, false),
-            claim_topics: claim(&t, shape, true),
-            probe_all: probe(&t, shape, false),
-            probe_topics: probe(&t, shape, true),
+            claim_all: claim(&t, &c, shape, false),
+            claim_topics: claim(&t, &c, shape, filtered),
+            probe_all: probe(&t, &c, shape, false),
+            probe_topics: probe(&t, &c, shape, filtered),
             // `?3` now.
             ack: format!(
-                "UPDATE {t} SET status = 'done', processed_at = ?3, leased_by = NULL \
-                 {HELD} RETURNING id"
+                "UPDATE {t} SET {status} = 'done', {processed_at} = ?3, {leased_by} = NULL \
+                 {held} RETURNING {id}"
             ),
-            ack_delete: format!("DELETE FROM {t} {HELD} RETURNING id"),
+            ack_delete: format!("DELETE FROM {t} {held} RETURNING {id}"),
             nack_select: format!(
-                "SELECT attempts, key FROM {t} \
-                 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending'"
+                "SELECT {attempts}, {key} FROM {t} \
+                 WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending'"
             ),
             // The row is known to be held by the owner (nack_select, same transaction).
             // `?2` retry time.
             nack_retry: format!(
-                "UPDATE {t} SET available_at = ?2, last_error = ?3, leased_by = NULL \
-                 WHERE id = ?1"
+                "UPDATE {t} SET {available_at} = ?2, {last_error} = ?3, {leased_by} = NULL \
+                 WHERE {id} = ?1"
             ),
             // `?2` now.
             nack_dead: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = ?2, last_error = ?3, \
-                 leased_by = NULL WHERE id = ?1"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = ?2, {last_error} = ?3, \
+                 {leased_by} = NULL WHERE {id} = ?1"
             ),
             // `?1` key, `?2` the nacked id, `?3` owner, `?4` when they are due.
             release_successors: format!(
-                "UPDATE {t} SET attempts = MAX(attempts - 1, 0), available_at = ?4, \
-                 leased_by = NULL \
-                 WHERE key = ?1 AND id > ?2 AND leased_by = ?3 AND status = 'pending' \
-                 RETURNING id"
+                "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = ?4, \
+                 {leased_by} = NULL \
+                 WHERE {key} = ?1 AND {id} > ?2 AND {leased_by} = ?3 AND {status} = 'pending' \
+                 RETURNING {id}"
             ),
             // `?3` when they are due.
             release: format!(
-                "UPDATE {t} SET attempts = MAX(attempts - 1, 0), available_at = ?3, \
-                 leased_by = NULL {HELD} RETURNING id"
+                "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = ?3, \
+                 {leased_by} = NULL {held} RETURNING {id}"
             ),
             // `?4` now.
             dead_letter: format!(
-                "UPDATE {t} SET status = 'dead', processed_at = ?4, last_error = ?3, \
-                 leased_by = NULL \
-                 WHERE id = ?1 AND leased_by = ?2 AND status = 'pending' RETURNING id"
+                "UPDATE {t} SET {status} = 'dead', {processed_at} = ?4, {last_error} = ?3, \
+                 {leased_by} = NULL \
+                 WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' RETURNING {id}"
             ),
             // `?3` the new deadline.
-            extend_lease: format!("UPDATE {t} SET available_at = ?3 {HELD} RETURNING id"),
+            extend_lease: format!("UPDATE {t} SET {available_at} = ?3 {held} RETURNING {id}"),
             // `?3` now.
-            return_leases: format!("UPDATE {t} SET leased_by = NULL, available_at = ?3 {HELD}"),
+            return_leases: format!("UPDATE {t} SET {leased_by} = NULL, {available_at} = ?3 {held}"),
             // `?1` now. `status = 'pending' OR status = 'dead'` (not IN) lets the planner
-            // use the two partial indexes instead of scanning the delivered rows.
+            // use the two partial indexes instead of scanning the delivered rows. A fixed
+            // topic groups by a constant: one group, or none for no rows.
             stats: format!(
-                "SELECT topic, \
-                   sum(status = 'pending') AS pending, \
-                   sum(status = 'pending' AND leased_by IS NOT NULL AND available_at > ?1) \
-                     AS leased, \
-                   sum(status = 'dead') AS dead, \
-                   min(CASE WHEN status = 'pending' THEN created_at END) \
+                "SELECT {topic}, \
+                   sum({status} = 'pending') AS pending, \
+                   sum({status} = 'pending' AND {leased_by} IS NOT NULL \
+                     AND {available_at} > ?1) AS leased, \
+                   sum({status} = 'dead') AS dead, \
+                   min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                      AS oldest_pending_created_at \
-                 FROM {t} WHERE status = 'pending' OR status = 'dead' \
-                 GROUP BY topic ORDER BY topic"
+                 FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \
+                 GROUP BY {topic_value} ORDER BY {topic_value}",
+                topic = aliased(topic_value, "topic"),
             ),
             // `?1` cutoff, `?2` batch size.
             purge_batch: format!(
-                "DELETE FROM {t} WHERE id IN (\
-                   SELECT id FROM {t} WHERE status = 'done' AND processed_at < ?1 LIMIT ?2)"
+                "DELETE FROM {t} WHERE {id} IN (\
+                   SELECT {id} FROM {t} WHERE {status} = 'done' AND {processed_at} < ?1 \
+                   LIMIT ?2)"
             ),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
+            live_columns: "SELECT name, type, \"notnull\", dflt_value IS NOT NULL \
+                           FROM pragma_table_info(?1)"
+                .to_owned(),
             insert: format!(
-                "INSERT INTO {t} (topic, key, payload, headers) VALUES (?1, ?2, ?3, ?4) \
-                 RETURNING id"
+                "INSERT INTO {t} ({}) VALUES ({}) RETURNING {id}",
+                inserted.join(", "),
+                params.join(", ")
             ),
-            schema: schema(&t, shape.table),
+            schema: Schema::render(&t, shape.table, shape.columns, &c),
             display_table: shape.table.to_string(),
         }
     }
@@ -150,7 +277,9 @@ impl Statements {
 /// `?1` now, then `?2` topics (a JSON array, with `topics`) and the visibility cutoff (now
 /// minus the delay, when one is configured) as the next parameter: the rows a claim may
 /// take, in id order. Shared by the claim and its probe, which bind the same prefix.
-fn candidates(t: &str, shape: &Shape<'_>, topics: bool) -> (String, usize) {
+/// A fixed topic has no topic filter: the backend decides in Rust whether a filter
+/// includes it (claim everything) or not (claim nothing).
+fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, usize) {
     let mut next_param = 2;
     let mut param = || {
         let p = format!("?{next_param}");
@@ -159,33 +288,43 @@ fn candidates(t: &str, shape: &Shape<'_>, topics: bool) -> (String, usize) {
     };
     let topics_param = topics.then(&mut param);
     let cutoff_param = (!shape.visibility_delay.is_zero()).then(&mut param);
+    let Names {
+        id,
+        key,
+        status,
+        available_at,
+        created_at,
+        topic_value: topic,
+        ..
+    } = c;
 
     let mut filters = String::new();
     if let Some(p) = &cutoff_param {
-        filters += &format!(" AND o.created_at <= {p}");
+        filters += &format!(" AND o.{created_at} <= {p}");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND o.topic IN (SELECT value FROM json_each({p}))");
+        filters += &format!(" AND o.{topic} IN (SELECT value FROM json_each({p}))");
     }
     if shape.strict_ordering {
         // As in PostgreSQL: an earlier pending row of the key holds this one back unless
         // this very claim can take it (it then comes first in id order). Not claimable:
         // leased or waiting for a retry, not visible yet, or outside the topic filter.
-        let mut blocked = String::from("p.available_at > ?1");
+        let mut blocked = format!("p.{available_at} > ?1");
         if let Some(p) = &cutoff_param {
-            blocked += &format!(" OR p.created_at > {p}");
+            blocked += &format!(" OR p.{created_at} > {p}");
         }
         if let Some(p) = &topics_param {
-            blocked += &format!(" OR p.topic NOT IN (SELECT value FROM json_each({p}))");
+            blocked += &format!(" OR p.{topic} NOT IN (SELECT value FROM json_each({p}))");
         }
         filters += &format!(
-            " AND (o.key IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-             WHERE p.key = o.key AND p.id < o.id AND p.status = 'pending' AND ({blocked})))"
+            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+             WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
+             AND ({blocked})))"
         );
     }
     let select = format!(
-        "SELECT o.id FROM {t} o \
-         WHERE o.status = 'pending' AND o.available_at <= ?1{filters} ORDER BY o.id"
+        "SELECT o.{id} FROM {t} o \
+         WHERE o.{status} = 'pending' AND o.{available_at} <= ?1{filters} ORDER BY o.{id}"
     );
     (select, next_param)
 }
@@ -193,8 +332,8 @@ fn candidates(t: &str, shape: &Shape<'_>, topics: bool) -> (String, usize) {
 /// Whether a claim would find anything: a read, answered without the write lock, so an
 /// idle relay polling the file never stands in a producer's way. Parameters as in
 /// [`candidates`].
-fn probe(t: &str, shape: &Shape<'_>, topics: bool) -> String {
-    let (select, _) = candidates(t, shape, topics);
+fn probe(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+    let (select, _) = candidates(t, c, shape, topics);
     format!("SELECT EXISTS ({select} LIMIT 1)")
 }
 
@@ -203,78 +342,123 @@ fn probe(t: &str, shape: &Shape<'_>, topics: bool) -> String {
 /// One statement, run under `BEGIN IMMEDIATE` (see the module docs of the backend): SQLite
 /// has one writer at a time per file, so the rows it picks cannot be picked by another
 /// claim, and the strict-ordering predicate sees every earlier claim's result.
-fn claim(t: &str, shape: &Shape<'_>, topics: bool) -> String {
-    let (select, next) = candidates(t, shape, topics);
+fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+    let (select, next) = candidates(t, c, shape, topics);
     let (owner, lease_until, limit) = (next, next + 1, next + 2);
+    let Names {
+        id,
+        attempts,
+        available_at,
+        leased_by,
+        ..
+    } = c;
     format!(
-        "UPDATE {t} SET leased_by = ?{owner}, attempts = attempts + 1, \
-           available_at = ?{lease_until} \
-         WHERE id IN ({select} LIMIT ?{limit}) \
-         RETURNING {MESSAGE}"
-    )
-}
-
-fn schema(t: &str, table: &Ident) -> String {
-    let name = |suffix: &str| ident::quote(&format!("{table}{suffix}"));
-    format!(
-        "CREATE TABLE IF NOT EXISTS {t} (
-    id           INTEGER PRIMARY KEY AUTOINCREMENT,
-    topic        TEXT    NOT NULL,
-    key          TEXT,
-    payload      BLOB    NOT NULL,
-    headers      TEXT    NOT NULL DEFAULT '{{}}' CHECK (json_valid(headers)),
-    -- Times: Unix epoch milliseconds (UTC).
-    created_at   INTEGER NOT NULL DEFAULT ({NOW_MS}),
-    status       TEXT    NOT NULL DEFAULT 'pending'
-                         CHECK (status IN ('pending', 'done', 'dead')),
-    attempts     INTEGER NOT NULL DEFAULT 0,
-    available_at INTEGER NOT NULL DEFAULT ({NOW_MS}),
-    leased_by    TEXT,
-    last_error   TEXT,
-    processed_at INTEGER
-);
-CREATE INDEX IF NOT EXISTS {pending} ON {t} (id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS {key_pending} ON {t} (key, id) WHERE status = 'pending';
-CREATE INDEX IF NOT EXISTS {processed} ON {t} (processed_at) WHERE status = 'done';
-CREATE INDEX IF NOT EXISTS {dead} ON {t} (id) WHERE status = 'dead';
-",
-        pending = name("_pending_idx"),
-        key_pending = name("_key_pending_idx"),
-        processed = name("_processed_idx"),
-        dead = name("_dead_idx"),
+        "UPDATE {t} SET {leased_by} = ?{owner}, {attempts} = {attempts} + 1, \
+           {available_at} = ?{lease_until} \
+         WHERE {id} IN ({select} LIMIT ?{limit}) \
+         RETURNING {}",
+        message(c)
     )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::storage::columns::{ColumnMapping, PayloadFormat};
 
-    #[test]
-    fn claim_parameters_are_numbered_in_order() {
-        let table = Ident::new("outbox").unwrap();
-        let shape = Shape {
-            table: &table,
+    fn render(table: &str, columns: &Columns, visibility_delay: Duration) -> Statements {
+        Statements::render(&Shape {
+            table: &Ident::new(table).unwrap(),
+            columns,
             strict_ordering: true,
-            visibility_delay: Duration::from_secs(1),
-        };
-        let sql = claim("\"outbox\"", &shape, true);
-        assert!(sql.contains("o.topic IN (SELECT value FROM json_each(?2))"));
-        assert!(sql.contains("o.created_at <= ?3"));
-        assert!(sql.contains("leased_by = ?4") && sql.contains("available_at = ?5"));
-        assert!(sql.contains("LIMIT ?6"));
-        let sql = claim("\"outbox\"", &shape, false);
-        assert!(sql.contains("o.created_at <= ?2") && sql.contains("LIMIT ?5"));
-        assert!(!sql.contains("?6"));
-        let sql = probe("\"outbox\"", &shape, false);
-        assert!(sql.contains("o.created_at <= ?2") && !sql.contains("?3"));
+            visibility_delay,
+        })
+    }
+
+    fn mapped() -> Columns {
+        Columns::from_mapping(&ColumnMapping {
+            id: "event_id".into(),
+            topic: Some("event_type".into()),
+            key: "aggregate_id".into(),
+            payload: "body".into(),
+            payload_format: PayloadFormat::Text,
+            headers: "meta".into(),
+            created_at: "occurred_at".into(),
+            status: "relay_status".into(),
+            ..ColumnMapping::default()
+        })
+        .unwrap()
     }
 
     #[test]
-    fn schema_quotes_names_and_defaults_times_to_the_clock() {
-        let table = Ident::new("Outbox").unwrap();
-        let sql = schema("\"Outbox\"", &table);
-        assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"Outbox\""));
-        assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
-        assert!(sql.contains(&format!("DEFAULT ({NOW_MS})")));
+    fn claim_parameters_are_numbered_in_order() {
+        let sql = render("outbox", &Columns::default(), Duration::from_secs(1));
+        let claim = &sql.claim_topics;
+        assert!(claim.contains("o.topic IN (SELECT value FROM json_each(?2))"));
+        assert!(claim.contains("o.created_at <= ?3"));
+        assert!(claim.contains("leased_by = ?4") && claim.contains("available_at = ?5"));
+        assert!(claim.contains("LIMIT ?6"));
+        let claim = &sql.claim_all;
+        assert!(claim.contains("o.created_at <= ?2") && claim.contains("LIMIT ?5"));
+        assert!(!claim.contains("?6"));
+        assert!(sql.probe_all.contains("o.created_at <= ?2") && !sql.probe_all.contains("?3"));
+    }
+
+    #[test]
+    fn the_relays_own_names_render_as_before() {
+        let sql = render("outbox", &Columns::default(), Duration::ZERO);
+        assert!(sql.claim_all.ends_with(
+            "RETURNING id, topic, key, CAST(payload AS BLOB) AS payload, headers, attempts, \
+             created_at"
+        ));
+        assert_eq!(
+            sql.insert,
+            "INSERT INTO \"outbox\" (topic, key, payload, headers) VALUES (?1, ?2, ?3, ?4) \
+             RETURNING id"
+        );
+        assert!(sql.stats.ends_with("GROUP BY topic ORDER BY topic"));
+    }
+
+    #[test]
+    fn mapped_names_are_quoted_and_read_under_the_relays_names() {
+        let sql = render("events", &mapped(), Duration::from_secs(1));
+        assert!(sql.claim_topics.contains(
+            "RETURNING \"event_id\" AS id, \"event_type\" AS topic, \"aggregate_id\" AS key, \
+             CAST(\"body\" AS BLOB) AS payload, \"meta\" AS headers, attempts, \
+             \"occurred_at\" AS created_at"
+        ));
+        assert!(sql
+            .claim_topics
+            .contains("o.\"event_type\" IN (SELECT value"));
+        assert!(sql
+            .claim_topics
+            .contains("p.\"aggregate_id\" = o.\"aggregate_id\""));
+        assert!(sql.ack.contains("SET \"relay_status\" = 'done'"));
+        assert!(sql.stats.contains("\"event_type\" AS topic"));
+        assert_eq!(
+            sql.insert,
+            "INSERT INTO \"events\" (\"event_type\", \"aggregate_id\", \"body\", \"meta\") \
+             VALUES (?1, ?2, ?3, ?4) RETURNING \"event_id\""
+        );
+    }
+
+    #[test]
+    fn a_fixed_topic_is_a_literal_and_absent_headers_read_as_none() {
+        let columns = Columns::from_mapping(&ColumnMapping {
+            fixed_topic: Some("it's".into()),
+            headers: String::new(),
+            ..ColumnMapping::default()
+        })
+        .unwrap();
+        let sql = render("outbox", &columns, Duration::ZERO);
+        assert!(sql.claim_all.contains(
+            "RETURNING id, 'it''s' AS topic, key, CAST(payload AS BLOB) AS payload, \
+                       '{}' AS headers"
+        ));
+        assert!(sql.stats.contains("GROUP BY 'it''s'"));
+        assert_eq!(
+            sql.insert,
+            "INSERT INTO \"outbox\" (key, payload) VALUES (?1, ?2) RETURNING id"
+        );
     }
 }

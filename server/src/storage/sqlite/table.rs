@@ -1,0 +1,493 @@
+//! The outbox table itself: its DDL rendered from the column mapping, the check of a live
+//! table against the mapping, and what a row to insert must look like.
+//!
+//! A mapped table ("bring your own table") usually exists already, holding the producer's
+//! message columns but not the relay's bookkeeping columns. SQLite has no
+//! `ADD COLUMN IF NOT EXISTS`, so the two ways of getting them differ:
+//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//!   table and adds only the bookkeeping columns it lacks, then the indexes, in one write
+//!   transaction.
+//! - `txoutboxd schema` prints the `CREATE TABLE IF NOT EXISTS` (for a team starting
+//!   fresh), then the `ALTER TABLE ... ADD COLUMN` of every bookkeeping column as SQL
+//!   *comments* with a note to run the ones the table lacks, then the indexes. Commented
+//!   out, the whole output stays runnable on a fresh database (where the table already has
+//!   every column and a live `ADD COLUMN` would fail as a duplicate); on an existing table
+//!   whose columns were not added, the indexes fail loudly on the missing `status` column
+//!   instead of anything being skipped silently.
+//!
+//! For the relay's own names the output is exactly what it always was: no `ALTER` part.
+//!
+//! `ADD COLUMN` cannot take an expression default, so an added `available_at` defaults to
+//! `0` (due since 1970: claimable at once, like the `CREATE TABLE` default of "now").
+
+use anyhow::anyhow;
+
+use super::convert::headers_to_text;
+use super::sql::{Names, NOW_MS};
+use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat, TopicSource};
+use crate::storage::ident::{self, Ident};
+use crate::storage::{NewMessage, StorageError};
+
+/// The DDL of one outbox table.
+#[derive(Debug)]
+pub(super) struct Schema {
+    /// `CREATE TABLE IF NOT EXISTS` with every column the mapping names.
+    pub create_table: String,
+    /// The relay's bookkeeping columns, each with the statement that adds it.
+    pub add_columns: Vec<AddColumn>,
+    /// `CREATE INDEX IF NOT EXISTS` of the claim's, strict ordering's, purge's and the
+    /// dead rows' indexes.
+    pub indexes: String,
+    /// The table as named, and whether its names are the relay's own.
+    table: String,
+    own_names: bool,
+    /// Marks the rows already in a table delivered (printed with the `ALTER`s).
+    skip_existing: String,
+}
+
+/// One bookkeeping column and the `ALTER TABLE` that adds it.
+#[derive(Debug)]
+pub(super) struct AddColumn {
+    pub name: Ident,
+    pub statement: String,
+}
+
+impl Schema {
+    /// `t` is the quoted table name; `c` the columns as [`super::sql`] writes them.
+    pub fn render(t: &str, table: &Ident, columns: &Columns, c: &Names) -> Self {
+        let mut lines = Vec::new();
+        let mut add_columns = Vec::new();
+        for needed in columns.needed() {
+            let (name, definition) = definition(needed.key, c, columns.payload_format);
+            let comment = match needed.key {
+                "created_at" => "    -- Times: Unix epoch milliseconds (UTC).\n",
+                _ => "",
+            };
+            lines.push(format!("{comment}    {name:<12} {definition}"));
+            if Columns::is_bookkeeping(needed.kind) {
+                let definition = match needed.key {
+                    "available_at" => "INTEGER NOT NULL DEFAULT 0".to_owned(),
+                    _ => definition.split_whitespace().collect::<Vec<_>>().join(" "),
+                };
+                add_columns.push(AddColumn {
+                    name: needed.name.clone(),
+                    statement: format!("ALTER TABLE {t} ADD COLUMN {name} {definition}"),
+                });
+            }
+        }
+        let create_table = format!(
+            "CREATE TABLE IF NOT EXISTS {t} (\n{}\n);\n",
+            lines.join(",\n")
+        );
+        let index = |suffix: &str| ident::quote(&format!("{table}{suffix}"));
+        let Names {
+            id,
+            key,
+            status,
+            processed_at,
+            ..
+        } = c;
+        let indexes = format!(
+            "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
+CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
+",
+            pending = index("_pending_idx"),
+            key_pending = index("_key_pending_idx"),
+            processed = index("_processed_idx"),
+            dead = index("_dead_idx"),
+        );
+        Self {
+            create_table,
+            add_columns,
+            indexes,
+            table: table.to_string(),
+            own_names: columns.is_default(),
+            skip_existing: format!(
+                "UPDATE {t} SET {status} = 'done', {processed_at} = {NOW_MS} \
+                 WHERE {status} = 'pending'"
+            ),
+        }
+    }
+
+    /// What `txoutboxd schema` prints (see the module docs).
+    pub fn text(&self) -> String {
+        let mut text = self.create_table.clone();
+        if !self.own_names {
+            text += &format!(
+                "-- A table of your own ({}) needs the relay's bookkeeping columns. SQLite has
+-- no ADD COLUMN IF NOT EXISTS: run the statements below for the columns your table lacks.
+",
+                self.table
+            );
+            for add in &self.add_columns {
+                text += &format!("-- {};\n", add.statement);
+            }
+            text += &format!(
+                "-- Rows already in the table are now pending and will be published; to skip
+-- them, run once the columns are there:
+--   {};
+",
+                self.skip_existing
+            );
+        }
+        text + &self.indexes
+    }
+}
+
+/// A column of the `CREATE TABLE`, by its key under `columns.`: its name as written and
+/// its definition.
+fn definition<'a>(key: &str, c: &'a Names, format: PayloadFormat) -> (&'a str, String) {
+    match key {
+        "id" => (&c.id, "INTEGER PRIMARY KEY AUTOINCREMENT".to_owned()),
+        "topic" => (
+            c.topic.as_deref().unwrap_or_default(),
+            "TEXT    NOT NULL".to_owned(),
+        ),
+        "key" => (&c.key, "TEXT".to_owned()),
+        "payload" => (
+            &c.payload,
+            match format {
+                PayloadFormat::Bytes => "BLOB    NOT NULL".to_owned(),
+                PayloadFormat::Text => "TEXT    NOT NULL".to_owned(),
+                PayloadFormat::Json => format!("TEXT    NOT NULL CHECK (json_valid({}))", c.payload),
+            },
+        ),
+        "headers" => {
+            let name = c.headers.as_deref().unwrap_or_default();
+            (
+                name,
+                format!("TEXT    NOT NULL DEFAULT '{{}}' CHECK (json_valid({name}))"),
+            )
+        }
+        "created_at" => (&c.created_at, format!("INTEGER NOT NULL DEFAULT ({NOW_MS})")),
+        "status" => (
+            &c.status,
+            format!(
+                "TEXT    NOT NULL DEFAULT 'pending'\n{:25}CHECK ({} IN ('pending', 'done', 'dead'))",
+                "", c.status
+            ),
+        ),
+        "attempts" => (&c.attempts, "INTEGER NOT NULL DEFAULT 0".to_owned()),
+        "available_at" => (
+            &c.available_at,
+            format!("INTEGER NOT NULL DEFAULT ({NOW_MS})"),
+        ),
+        "leased_by" => (&c.leased_by, "TEXT".to_owned()),
+        "last_error" => (&c.last_error, "TEXT".to_owned()),
+        "processed_at" => (&c.processed_at, "INTEGER".to_owned()),
+        _ => unreachable!("every key of Columns::needed is listed: {key}"),
+    }
+}
+
+/// SQLite's type affinity of a declared type (section 3.1 of "Datatypes In SQLite"):
+/// the declared type is free text, and only these rules give it meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Affinity {
+    Integer,
+    Text,
+    Blob,
+    Real,
+    Numeric,
+}
+
+/// How [`live_column`] shows a column declared without a type (`CREATE TABLE t (a, b)`),
+/// which no declared type can look like.
+const UNTYPED: &str = "(no declared type)";
+
+fn affinity(declared: &str) -> Affinity {
+    if declared == UNTYPED {
+        return Affinity::Blob;
+    }
+    let declared = declared.to_ascii_uppercase();
+    let has = |part: &str| declared.contains(part);
+    if has("INT") {
+        Affinity::Integer
+    } else if has("CHAR") || has("CLOB") || has("TEXT") {
+        Affinity::Text
+    } else if has("BLOB") || declared.trim().is_empty() {
+        Affinity::Blob
+    } else if has("REAL") || has("FLOA") || has("DOUB") {
+        Affinity::Real
+    } else {
+        Affinity::Numeric
+    }
+}
+
+/// Which declared types can hold each kind of column; the error says what would do.
+/// Times are integers of epoch milliseconds, as everywhere in this backend (see `sql`):
+/// a table keeping text times (`CURRENT_TIMESTAMP`) is refused rather than misread.
+pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'static str> {
+    let affinity = affinity(&column.type_name);
+    let is_json = column.type_name.trim().eq_ignore_ascii_case("JSON");
+    let ok = match kind {
+        ColumnKind::Id | ColumnKind::Counter => affinity == Affinity::Integer,
+        ColumnKind::Timestamp | ColumnKind::DueAt | ColumnKind::NullableTimestamp => {
+            affinity == Affinity::Integer
+        }
+        ColumnKind::Text | ColumnKind::Status | ColumnKind::NullableText => {
+            affinity == Affinity::Text
+        }
+        ColumnKind::Payload(PayloadFormat::Bytes) => affinity == Affinity::Blob,
+        ColumnKind::Payload(PayloadFormat::Text) => affinity == Affinity::Text,
+        ColumnKind::Payload(PayloadFormat::Json) | ColumnKind::Headers => {
+            affinity == Affinity::Text || is_json
+        }
+    };
+    if ok {
+        return Ok(());
+    }
+    Err(match kind {
+        ColumnKind::Id => "INTEGER (ideally INTEGER PRIMARY KEY, the rowid)",
+        ColumnKind::Counter => "INTEGER",
+        ColumnKind::Timestamp | ColumnKind::DueAt | ColumnKind::NullableTimestamp => {
+            "INTEGER (Unix epoch milliseconds)"
+        }
+        ColumnKind::Text | ColumnKind::Status | ColumnKind::NullableText => "TEXT",
+        ColumnKind::Payload(PayloadFormat::Bytes) => {
+            "BLOB (for a TEXT column, set payload_format = \"text\")"
+        }
+        ColumnKind::Payload(PayloadFormat::Text) => "TEXT (payload_format = \"text\")",
+        ColumnKind::Payload(PayloadFormat::Json) => "TEXT or JSON (payload_format = \"json\")",
+        ColumnKind::Headers => "TEXT or JSON (a JSON object of strings)",
+    })
+}
+
+/// A row of `pragma_table_info` (name, declared type, NOT NULL, has a default) as a
+/// [`LiveColumn`].
+pub(super) fn live_column(
+    (name, declared, not_null, has_default): (String, String, i64, i64),
+) -> LiveColumn {
+    LiveColumn {
+        name,
+        type_name: if declared.trim().is_empty() {
+            UNTYPED.to_owned()
+        } else {
+            declared
+        },
+        nullable: not_null == 0,
+        has_default: has_default != 0,
+    }
+}
+
+/// The payload as bound to the insert: bytes for a BLOB column, text for the others.
+#[derive(Debug, PartialEq)]
+pub(super) enum Payload {
+    Bytes(Vec<u8>),
+    Text(String),
+}
+
+/// The values `insert` binds, in column order; `None` topic or headers: the table has no
+/// such column.
+#[derive(Debug)]
+pub(super) struct Row {
+    pub topic: Option<String>,
+    pub key: Option<String>,
+    pub payload: Payload,
+    pub headers: Option<String>,
+}
+
+/// The row to insert for `message`, once checked that the table can hold it: a fixed topic
+/// takes only that topic, a table without headers no headers, a text payload UTF-8 and a
+/// JSON payload JSON. The errors name the table and the setting.
+pub(super) fn insertable(
+    columns: &Columns,
+    table: &str,
+    message: NewMessage,
+) -> Result<Row, StorageError> {
+    let refuse = |why: String| StorageError::Other(anyhow!("cannot insert into {table}: {why}"));
+    let topic = match &columns.topic {
+        TopicSource::Column(_) => Some(message.topic),
+        TopicSource::Fixed(fixed) if *fixed == message.topic => None,
+        TopicSource::Fixed(fixed) => {
+            return Err(refuse(format!(
+                "the table has no topic column, every row has topic {fixed:?} \
+                 (columns.fixed_topic), not {:?}",
+                message.topic
+            )))
+        }
+    };
+    let headers = match (&columns.headers, message.headers.is_empty()) {
+        (Some(_), _) => Some(headers_to_text(&message.headers)),
+        (None, true) => None,
+        (None, false) => {
+            return Err(refuse(
+                "the table has no headers column (columns.headers is empty), and the \
+                 message has headers"
+                    .to_owned(),
+            ))
+        }
+    };
+    let payload = match columns.payload_format {
+        PayloadFormat::Bytes => Payload::Bytes(message.payload),
+        format => {
+            let text = String::from_utf8(message.payload).map_err(|err| {
+                refuse(format!(
+                    "the payload column holds {} (columns.payload_format = {:?}), and the \
+                     payload is not UTF-8: {err}",
+                    if format == PayloadFormat::Json {
+                        "JSON"
+                    } else {
+                        "text"
+                    },
+                    format.as_str()
+                ))
+            })?;
+            if format == PayloadFormat::Json {
+                serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|err| {
+                    refuse(format!(
+                        "the payload column holds JSON (columns.payload_format = \"json\"), \
+                         and the payload is not JSON: {err}"
+                    ))
+                })?;
+            }
+            Payload::Text(text)
+        }
+    };
+    Ok(Row {
+        topic,
+        key: message.key,
+        payload,
+        headers,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::columns::ColumnMapping;
+
+    fn schema(table: &str, columns: &Columns) -> Schema {
+        let ident = Ident::new(table).unwrap();
+        Schema::render(&ident.quoted(), &ident, columns, &Names::new(columns))
+    }
+
+    fn columns(mapping: ColumnMapping) -> Columns {
+        Columns::from_mapping(&mapping).unwrap()
+    }
+
+    /// The DDL of the relay's own table, as it was before column mappings existed.
+    #[test]
+    fn the_relays_own_table_is_created_as_before() {
+        let expected = format!(
+            "CREATE TABLE IF NOT EXISTS \"Outbox\" (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic        TEXT    NOT NULL,
+    key          TEXT,
+    payload      BLOB    NOT NULL,
+    headers      TEXT    NOT NULL DEFAULT '{{}}' CHECK (json_valid(headers)),
+    -- Times: Unix epoch milliseconds (UTC).
+    created_at   INTEGER NOT NULL DEFAULT ({NOW_MS}),
+    status       TEXT    NOT NULL DEFAULT 'pending'
+                         CHECK (status IN ('pending', 'done', 'dead')),
+    attempts     INTEGER NOT NULL DEFAULT 0,
+    available_at INTEGER NOT NULL DEFAULT ({NOW_MS}),
+    leased_by    TEXT,
+    last_error   TEXT,
+    processed_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\" ON \"Outbox\" (id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS \"Outbox_key_pending_idx\" ON \"Outbox\" (key, id) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS \"Outbox_processed_idx\" ON \"Outbox\" (processed_at) WHERE status = 'done';
+CREATE INDEX IF NOT EXISTS \"Outbox_dead_idx\" ON \"Outbox\" (id) WHERE status = 'dead';
+"
+        );
+        assert_eq!(schema("Outbox", &Columns::default()).text(), expected);
+    }
+
+    #[test]
+    fn a_mapped_table_gets_its_names_and_the_columns_to_add_as_comments() {
+        let columns = columns(ColumnMapping {
+            id: "event_id".into(),
+            fixed_topic: Some("orders".into()),
+            key: "aggregate_id".into(),
+            payload: "body".into(),
+            payload_format: PayloadFormat::Json,
+            headers: String::new(),
+            status: "relay_status".into(),
+            ..ColumnMapping::default()
+        });
+        let schema = schema("events", &columns);
+        let text = schema.text();
+        assert!(text.contains("    \"event_id\"   INTEGER PRIMARY KEY AUTOINCREMENT,"));
+        assert!(text.contains("\"body\"       TEXT    NOT NULL CHECK (json_valid(\"body\"))"));
+        assert!(
+            !text.contains("topic") && !text.contains("headers"),
+            "{text}"
+        );
+        assert!(text.contains(
+            "-- ALTER TABLE \"events\" ADD COLUMN \"relay_status\" TEXT NOT NULL DEFAULT \
+             'pending' CHECK (\"relay_status\" IN ('pending', 'done', 'dead'));\n"
+        ));
+        assert!(text.contains(
+            "-- ALTER TABLE \"events\" ADD COLUMN available_at INTEGER NOT NULL DEFAULT 0;\n"
+        ));
+        assert!(text.contains("--   UPDATE \"events\" SET \"relay_status\" = 'done'"));
+        assert!(text.contains(
+            "ON \"events\" (\"aggregate_id\", \"event_id\") WHERE \"relay_status\" = 'pending';"
+        ));
+        let added: Vec<&str> = schema.add_columns.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(
+            added,
+            [
+                "relay_status",
+                "attempts",
+                "available_at",
+                "leased_by",
+                "last_error",
+                "processed_at"
+            ]
+        );
+    }
+
+    fn live(type_name: &str) -> LiveColumn {
+        live_column(("c".into(), type_name.into(), 0, 0))
+    }
+
+    #[test]
+    fn declared_types_are_judged_by_their_affinity() {
+        assert!(accepts(ColumnKind::Id, &live("BIGINT")).is_ok());
+        assert!(accepts(ColumnKind::Text, &live("VARCHAR(64)")).is_ok());
+        assert!(accepts(ColumnKind::Payload(PayloadFormat::Bytes), &live("")).is_ok());
+        assert!(accepts(ColumnKind::Payload(PayloadFormat::Json), &live("json")).is_ok());
+        assert!(accepts(ColumnKind::Headers, &live("TEXT")).is_ok());
+        let refused = accepts(ColumnKind::Payload(PayloadFormat::Bytes), &live("TEXT"));
+        assert!(refused.unwrap_err().contains("payload_format = \"text\""));
+        let refused = accepts(ColumnKind::Timestamp, &live("DATETIME")).unwrap_err();
+        assert!(refused.contains("epoch milliseconds"), "{refused}");
+        assert!(accepts(ColumnKind::Counter, &live("REAL")).is_err());
+        assert_eq!(live(" ").type_name, UNTYPED);
+    }
+
+    #[test]
+    fn inserts_are_checked_against_the_table() {
+        let columns = columns(ColumnMapping {
+            fixed_topic: Some("orders".into()),
+            payload_format: PayloadFormat::Json,
+            headers: String::new(),
+            ..ColumnMapping::default()
+        });
+        let insert = |message: NewMessage| insertable(&columns, "events", message);
+        let row = insert(NewMessage::new("orders", r#"{"a": 1}"#)).unwrap();
+        assert_eq!(row.topic, None);
+        assert_eq!(row.payload, Payload::Text(r#"{"a": 1}"#.into()));
+        let err = insert(NewMessage::new("billing", "{}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("every row has topic \"orders\""), "{err}");
+        assert!(err.contains("cannot insert into events"), "{err}");
+        let err = insert(NewMessage::new("orders", "{"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not JSON"), "{err}");
+        let err = insert(NewMessage::new("orders", vec![0xff]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not UTF-8"), "{err}");
+        let mut message = NewMessage::new("orders", "{}");
+        message.headers.insert("a".into(), "b".into());
+        let err = insert(message).unwrap_err().to_string();
+        assert!(err.contains("no headers column"), "{err}");
+    }
+}
