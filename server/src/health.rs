@@ -1,7 +1,8 @@
 //! Per-outbox health for `grpc.health.v1`: each outbox is a service named after it,
 //! SERVING while its database answers and its table exists, NOT_SERVING otherwise.
-//! With `create_schema = true`, a missing table is created here, so a server started
-//! before its database still comes up on its own.
+//! With `create_schema = true`, a missing table is created here (and a mapped table gets
+//! the columns it lacks), so a server started before its database still comes up on its
+//! own.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
 use tonic_health::ServingStatus;
 
-use crate::relay::Relay;
+use crate::relay::{Outbox, Relay};
 use crate::storage::StorageError;
 
 /// Pings every outbox now and then every `interval` until `stop`.
@@ -24,15 +25,7 @@ pub async fn watch(
     let mut last: HashMap<String, bool> = HashMap::new();
     loop {
         for outbox in relay.outboxes() {
-            let mut result = outbox.storage().ping().await;
-            if matches!(result, Err(StorageError::MissingTable { .. }))
-                && outbox.config.create_schema
-            {
-                result = outbox.storage().create_schema().await;
-                if result.is_ok() {
-                    tracing::info!(outbox = %outbox.name, "created the outbox table");
-                }
-            }
+            let result = check_table(outbox).await;
             let healthy = result.is_ok();
             if last.get(&outbox.name) != Some(&healthy) {
                 match &result {
@@ -55,6 +48,22 @@ pub async fn watch(
             _ = tokio::time::sleep(interval) => {}
         }
     }
+}
+
+/// Pings the outbox's table; with `create_schema`, first creates it when it is missing,
+/// or adds what its column mapping still lacks, and pings again.
+pub async fn check_table(outbox: &Outbox) -> Result<(), StorageError> {
+    let result = outbox.storage().ping().await;
+    let fixable = matches!(
+        result,
+        Err(StorageError::MissingTable { .. } | StorageError::MismatchedTable { .. })
+    );
+    if !(fixable && outbox.config.create_schema) {
+        return result;
+    }
+    outbox.storage().create_schema().await?;
+    tracing::info!(outbox = %outbox.name, "created the outbox table, or added the columns it lacked");
+    outbox.storage().ping().await
 }
 
 /// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.

@@ -133,8 +133,8 @@ impl OutboxDb for MappedPgDb {
     fn config(&self, extra: &str) -> String {
         self.db
             .config(&format!("{extra}\n{TEAM_MAPPING}"))
-            .replace("table = \"outbox\"\n", "")
-            .replace("create_schema = true\n", "")
+            .replacen("table = \"outbox\"\n", "", 1)
+            .replacen("create_schema = true\n", "", 1)
     }
 
     async fn insert(&self, topic: &str, key: Option<&str>, payload: &[u8]) -> i64 {

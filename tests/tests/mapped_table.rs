@@ -108,3 +108,16 @@ async fn txoutboxd_refuses_to_start_on_a_table_that_does_not_fit_and_names_every
     }
     db.drop().await;
 }
+
+#[tokio::test]
+async fn with_create_schema_txoutboxd_adds_the_columns_a_team_table_lacks() {
+    let db = MappedPgDb::unprepared().await;
+    let server = Server::start_serving(&db.config("create_schema = true")).await;
+    let id = db.insert("orders.created", Some("order-1"), b"hello").await;
+    let mut sub = Subscriber::open(&server, "mapped", 10, 0).await;
+    let got = sub.take(1).await;
+    assert_eq!((got[0].id, got[0].payload.as_slice()), (id, &b"hello"[..]));
+    sub.ack(&[id]).await;
+    assert_eq!(db.count("done").await, 1);
+    db.drop().await;
+}

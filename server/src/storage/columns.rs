@@ -435,7 +435,7 @@ pub fn insert_row(columns: &Columns, message: NewMessage) -> Result<InsertRow, S
         TopicSource::Fixed(fixed) if message.topic == *fixed || message.topic.is_empty() => None,
         TopicSource::Fixed(fixed) => {
             return invalid(format!(
-                "topic {:?}: this outbox's table has one topic for every row, {fixed:?} \
+                "topic {:?}: the table has no topic column, every row has topic {fixed:?} \
                  (columns.fixed_topic)",
                 message.topic
             ))
@@ -457,9 +457,9 @@ pub fn insert_row(columns: &Columns, message: NewMessage) -> Result<InsertRow, S
         PayloadFormat::Text | PayloadFormat::Json => match String::from_utf8(message.payload) {
             Err(_) => {
                 return invalid(format!(
-                    "payload: not UTF-8, but the payload column holds {} \
-                     (columns.payload_format)",
-                    columns.payload_format.as_str()
+                    "payload: not UTF-8, but the payload column holds {format} \
+                     (columns.payload_format = \"{format}\")",
+                    format = columns.payload_format.as_str()
                 ))
             }
             Ok(text) => {
@@ -467,7 +467,7 @@ pub fn insert_row(columns: &Columns, message: NewMessage) -> Result<InsertRow, S
                     if let Err(why) = serde_json::from_str::<serde::de::IgnoredAny>(&text) {
                         return invalid(format!(
                             "payload: not JSON ({why}), but the payload column holds JSON \
-                             (columns.payload_format)"
+                             (columns.payload_format = \"json\")"
                         ));
                     }
                 }

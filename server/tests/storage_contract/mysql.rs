@@ -393,7 +393,7 @@ async fn a_fixed_topic_json_table_without_headers_round_trips() {
         ),
     ] {
         let err = storage.insert(message).await.unwrap_err();
-        assert!(matches!(err, StorageError::Other(_)), "{err:?}");
+        assert!(matches!(err, StorageError::InvalidMessage(_)), "{err:?}");
         assert!(err.to_string().contains(complaint), "{complaint}: {err}");
     }
     assert!(

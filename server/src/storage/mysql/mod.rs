@@ -56,8 +56,8 @@ use sqlx::Executor;
 
 use self::convert::{classify, decode_topic_stats, sorted};
 use self::sql::{Shape, Statements};
-use self::table::Payload;
-use super::columns::{check_live_columns, Columns, LiveColumn};
+
+use super::columns::{check_live_columns, insert_row, Columns, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, RetryPolicy, Stats,
@@ -449,18 +449,18 @@ impl Storage for MySqlStorage {
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        let row = table::insertable(&self.options.columns, &self.sql.display_table, message)?;
+        let row = insert_row(&self.options.columns, message)?;
         let mut query = sqlx::query(&self.sql.insert);
         if let Some(topic) = row.topic {
             query = query.bind(topic);
         }
         query = query.bind(row.key);
         query = match row.payload {
-            Payload::Bytes(bytes) => query.bind(bytes),
-            Payload::Text(text) => query.bind(text),
+            InsertPayload::Bytes(bytes) => query.bind(bytes),
+            InsertPayload::Text(text) => query.bind(text),
         };
         if let Some(headers) = row.headers {
-            query = query.bind(headers);
+            query = query.bind(sqlx::types::Json(headers));
         }
         let done = query
             .execute(&self.pool)

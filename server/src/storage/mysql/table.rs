@@ -30,11 +30,8 @@
 //!
 //! For the relay's own names the output is exactly what it always was: no `ALTER`s.
 
-use anyhow::anyhow;
-
 use super::sql::{derived_name, quote, Names, Shape, PENDING_INDEX};
-use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat, TopicSource};
-use crate::storage::{NewMessage, StorageError};
+use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -322,90 +319,6 @@ pub(super) fn live_column(
     }
 }
 
-/// The payload as bound to the insert: bytes for a binary column, text for the others.
-#[derive(Debug, PartialEq)]
-pub(super) enum Payload {
-    Bytes(Vec<u8>),
-    Text(String),
-}
-
-/// The values `insert` binds, in column order; `None` topic or headers: the table has no
-/// such column.
-#[derive(Debug)]
-pub(super) struct Row {
-    pub topic: Option<String>,
-    pub key: Option<String>,
-    pub payload: Payload,
-    pub headers: Option<String>,
-}
-
-/// The row to insert for `message`, once checked that the table can hold it: a fixed topic
-/// takes only that topic, a table without headers no headers, a text payload UTF-8 and a
-/// JSON payload JSON. The errors name the table and the setting.
-pub(super) fn insertable(
-    columns: &Columns,
-    table: &str,
-    message: NewMessage,
-) -> Result<Row, StorageError> {
-    let refuse = |why: String| StorageError::Other(anyhow!("cannot insert into {table}: {why}"));
-    let topic = match &columns.topic {
-        TopicSource::Column(_) => Some(message.topic),
-        TopicSource::Fixed(fixed) if *fixed == message.topic => None,
-        TopicSource::Fixed(fixed) => {
-            return Err(refuse(format!(
-                "the table has no topic column, every row has topic {fixed:?} \
-                 (columns.fixed_topic), not {:?}",
-                message.topic
-            )))
-        }
-    };
-    let headers = match (&columns.headers, message.headers.is_empty()) {
-        (Some(_), _) => {
-            Some(serde_json::to_string(&message.headers).expect("string maps serialise"))
-        }
-        (None, true) => None,
-        (None, false) => {
-            return Err(refuse(
-                "the table has no headers column (columns.headers is empty), and the \
-                 message has headers"
-                    .to_owned(),
-            ))
-        }
-    };
-    let payload = match columns.payload_format {
-        PayloadFormat::Bytes => Payload::Bytes(message.payload),
-        format => {
-            let text = String::from_utf8(message.payload).map_err(|err| {
-                refuse(format!(
-                    "the payload column holds {} (columns.payload_format = {:?}), and the \
-                     payload is not UTF-8: {err}",
-                    if format == PayloadFormat::Json {
-                        "JSON"
-                    } else {
-                        "text"
-                    },
-                    format.as_str()
-                ))
-            })?;
-            if format == PayloadFormat::Json {
-                serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|err| {
-                    refuse(format!(
-                        "the payload column holds JSON (columns.payload_format = \"json\"), \
-                         and the payload is not JSON: {err}"
-                    ))
-                })?;
-            }
-            Payload::Text(text)
-        }
-    };
-    Ok(Row {
-        topic,
-        key: message.key,
-        payload,
-        headers,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -516,31 +429,5 @@ CREATE TABLE IF NOT EXISTS `app`.`outbox` (
         assert!(accepts(ColumnKind::Counter, &live("int(10) unsigned")).is_err());
         let refused = accepts(ColumnKind::Payload(PayloadFormat::Bytes), &live("longtext"));
         assert!(refused.unwrap_err().contains("payload_format = \"text\""));
-    }
-
-    #[test]
-    fn inserts_are_checked_against_the_table() {
-        let columns = Columns::from_mapping(&ColumnMapping {
-            fixed_topic: Some("orders".into()),
-            payload_format: PayloadFormat::Json,
-            headers: String::new(),
-            ..ColumnMapping::default()
-        })
-        .unwrap();
-        let insert = |message: NewMessage| insertable(&columns, "db.events", message);
-        let row = insert(NewMessage::new("orders", "[1]")).unwrap();
-        assert_eq!(
-            (row.topic, row.payload),
-            (None, Payload::Text("[1]".into()))
-        );
-        let err = insert(NewMessage::new("billing", "{}"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("cannot insert into db.events"), "{err}");
-        assert!(err.contains("every row has topic \"orders\""), "{err}");
-        let err = insert(NewMessage::new("orders", "nope"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("not JSON"), "{err}");
     }
 }

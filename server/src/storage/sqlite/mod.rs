@@ -49,8 +49,10 @@ use self::convert::{
     now_ms, sorted, Place,
 };
 use self::sql::{Shape, Statements};
-use self::table::Payload;
-use super::columns::{check_live_columns, Columns, LiveColumn, TopicSource};
+
+use super::columns::{
+    check_live_columns, insert_row, Columns, InsertPayload, LiveColumn, TopicSource,
+};
 use super::ident::Ident;
 use super::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
@@ -598,7 +600,7 @@ impl Storage for SqliteStorage {
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        let row = table::insertable(&self.options.columns, &self.sql.display_table, message)?;
+        let row = insert_row(&self.options.columns, message)?;
         let mut conn = self.writer("insert").await?;
         let mut query = sqlx::query_scalar(&self.sql.insert);
         if let Some(topic) = row.topic {
@@ -606,11 +608,11 @@ impl Storage for SqliteStorage {
         }
         query = query.bind(row.key);
         query = match row.payload {
-            Payload::Bytes(bytes) => query.bind(bytes),
-            Payload::Text(text) => query.bind(text),
+            InsertPayload::Bytes(bytes) => query.bind(bytes),
+            InsertPayload::Text(text) => query.bind(text),
         };
         if let Some(headers) = row.headers {
-            query = query.bind(headers);
+            query = query.bind(sqlx::types::Json(headers));
         }
         query
             .fetch_one(&mut *conn)

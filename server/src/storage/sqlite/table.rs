@@ -20,13 +20,9 @@
 //! `ADD COLUMN` cannot take an expression default, so an added `available_at` defaults to
 //! `0` (due since 1970: claimable at once, like the `CREATE TABLE` default of "now").
 
-use anyhow::anyhow;
-
-use super::convert::headers_to_text;
 use super::sql::{Names, NOW_MS};
-use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat, TopicSource};
+use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::ident::{self, Ident};
-use crate::storage::{NewMessage, StorageError};
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -271,88 +267,6 @@ pub(super) fn live_column(
     }
 }
 
-/// The payload as bound to the insert: bytes for a BLOB column, text for the others.
-#[derive(Debug, PartialEq)]
-pub(super) enum Payload {
-    Bytes(Vec<u8>),
-    Text(String),
-}
-
-/// The values `insert` binds, in column order; `None` topic or headers: the table has no
-/// such column.
-#[derive(Debug)]
-pub(super) struct Row {
-    pub topic: Option<String>,
-    pub key: Option<String>,
-    pub payload: Payload,
-    pub headers: Option<String>,
-}
-
-/// The row to insert for `message`, once checked that the table can hold it: a fixed topic
-/// takes only that topic, a table without headers no headers, a text payload UTF-8 and a
-/// JSON payload JSON. The errors name the table and the setting.
-pub(super) fn insertable(
-    columns: &Columns,
-    table: &str,
-    message: NewMessage,
-) -> Result<Row, StorageError> {
-    let refuse = |why: String| StorageError::Other(anyhow!("cannot insert into {table}: {why}"));
-    let topic = match &columns.topic {
-        TopicSource::Column(_) => Some(message.topic),
-        TopicSource::Fixed(fixed) if *fixed == message.topic => None,
-        TopicSource::Fixed(fixed) => {
-            return Err(refuse(format!(
-                "the table has no topic column, every row has topic {fixed:?} \
-                 (columns.fixed_topic), not {:?}",
-                message.topic
-            )))
-        }
-    };
-    let headers = match (&columns.headers, message.headers.is_empty()) {
-        (Some(_), _) => Some(headers_to_text(&message.headers)),
-        (None, true) => None,
-        (None, false) => {
-            return Err(refuse(
-                "the table has no headers column (columns.headers is empty), and the \
-                 message has headers"
-                    .to_owned(),
-            ))
-        }
-    };
-    let payload = match columns.payload_format {
-        PayloadFormat::Bytes => Payload::Bytes(message.payload),
-        format => {
-            let text = String::from_utf8(message.payload).map_err(|err| {
-                refuse(format!(
-                    "the payload column holds {} (columns.payload_format = {:?}), and the \
-                     payload is not UTF-8: {err}",
-                    if format == PayloadFormat::Json {
-                        "JSON"
-                    } else {
-                        "text"
-                    },
-                    format.as_str()
-                ))
-            })?;
-            if format == PayloadFormat::Json {
-                serde_json::from_str::<serde::de::IgnoredAny>(&text).map_err(|err| {
-                    refuse(format!(
-                        "the payload column holds JSON (columns.payload_format = \"json\"), \
-                         and the payload is not JSON: {err}"
-                    ))
-                })?;
-            }
-            Payload::Text(text)
-        }
-    };
-    Ok(Row {
-        topic,
-        key: message.key,
-        payload,
-        headers,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,36 +372,5 @@ CREATE INDEX IF NOT EXISTS \"Outbox_dead_idx\" ON \"Outbox\" (id) WHERE status =
         assert!(refused.contains("epoch milliseconds"), "{refused}");
         assert!(accepts(ColumnKind::Counter, &live("REAL")).is_err());
         assert_eq!(live(" ").type_name, UNTYPED);
-    }
-
-    #[test]
-    fn inserts_are_checked_against_the_table() {
-        let columns = columns(ColumnMapping {
-            fixed_topic: Some("orders".into()),
-            payload_format: PayloadFormat::Json,
-            headers: String::new(),
-            ..ColumnMapping::default()
-        });
-        let insert = |message: NewMessage| insertable(&columns, "events", message);
-        let row = insert(NewMessage::new("orders", r#"{"a": 1}"#)).unwrap();
-        assert_eq!(row.topic, None);
-        assert_eq!(row.payload, Payload::Text(r#"{"a": 1}"#.into()));
-        let err = insert(NewMessage::new("billing", "{}"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("every row has topic \"orders\""), "{err}");
-        assert!(err.contains("cannot insert into events"), "{err}");
-        let err = insert(NewMessage::new("orders", "{"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("is not JSON"), "{err}");
-        let err = insert(NewMessage::new("orders", vec![0xff]))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("not UTF-8"), "{err}");
-        let mut message = NewMessage::new("orders", "{}");
-        message.headers.insert("a".into(), "b".into());
-        let err = insert(message).unwrap_err().to_string();
-        assert!(err.contains("no headers column"), "{err}");
     }
 }
