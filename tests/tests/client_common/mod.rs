@@ -65,6 +65,17 @@ impl Journal {
         self.0.lock().unwrap().published.len()
     }
 
+    /// The sequence numbers of `key` successfully published, in the order they were.
+    pub fn sequence(&self, key: &str) -> Vec<u32> {
+        let inner = self.0.lock().unwrap();
+        inner
+            .published
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, seq)| *seq)
+            .collect()
+    }
+
     fn by_key(&self) -> BTreeMap<String, Vec<u32>> {
         let inner = self.0.lock().unwrap();
         assert!(
