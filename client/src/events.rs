@@ -52,7 +52,8 @@ pub enum Event {
         /// The server's address.
         address: String,
     },
-    /// The publisher accepted a message (the ack follows).
+    /// The publisher accepted a message. Its ack follows, unless an earlier message of
+    /// its key was lost while it published: then it is given back ([`Event::Blocked`]).
     Published {
         /// Id of the message.
         id: i64,
@@ -85,8 +86,9 @@ pub enum Event {
         /// The publisher's error.
         error: String,
     },
-    /// A message was given back untried because an earlier message of its key failed or
-    /// was lost: it comes back after that one.
+    /// A message was given back without an ack because an earlier message of its key
+    /// failed or was lost: it comes back after that one. Normally untried; a message that
+    /// was publishing when the earlier one was lost is given back once its publish ends.
     Blocked {
         /// Id of the held-back message.
         id: i64,
@@ -140,7 +142,7 @@ pub struct CounterSnapshot {
     pub retried: u64,
     /// Messages dead-lettered.
     pub dead_lettered: u64,
-    /// Messages given back untried behind a failed or lost message of their key.
+    /// Messages given back without an ack behind a failed or lost message of their key.
     pub blocked: u64,
     /// Messages given back untried on stop or drain (no attempt counted).
     pub released: u64,

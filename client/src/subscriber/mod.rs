@@ -34,11 +34,18 @@ use session::{End, Leftovers};
 /// - [`run_until_signal`](Self::run_until_signal) in a process of its own (SIGINT/SIGTERM).
 ///
 /// What it guarantees:
-/// - messages of one key are published one after another, in order, and the next one only
-///   starts once the previous one's ack is confirmed; different keys run concurrently up
-///   to `concurrency`;
+/// - messages of one key are published one after another, in order: the next one starts
+///   once the previous publish returned `Ok` (its ack is sent without waiting for the
+///   server's confirmation, so one busy key does not cost a round trip per message);
+///   different keys run concurrently up to `concurrency`;
 /// - a failed publish is nacked (the server schedules the retry) and the rest of its key
 ///   that this client holds is given back untried, never published out of order;
+/// - if an ack comes back fenced (the lease was gone), nothing later of that key is acked:
+///   what has not started is given back untried, a publish already running is given back
+///   once it ends. The server redelivers the key from its first message not acked, so
+///   after a lost lease, a lost connection or a server crash a consumer may see a run of
+///   a key's messages again, in order; a message is never first published before every
+///   earlier one of its key was;
 /// - leases are extended while a message waits or publishes (up to
 ///   `max_lease_extension`), so a slow publish is not redelivered to someone else;
 /// - a lost connection, a server restart or a drain only pauses it: it reconnects, and the

@@ -1,5 +1,6 @@
 //! One `Subscribe` stream, from `open` to its end: receives batches, runs publishes (one
-//! per key at a time, up to `concurrency`), answers, extends leases, and on a requested
+//! per key at a time, up to `concurrency`; a key's next one starts as soon as the previous
+//! publish returned `Ok`, see `dispatch.rs`), answers, extends leases, and on a requested
 //! stop finishes what is in flight and gives the rest back untried.
 //!
 //! Like the server's side of the stream, the loop owns all state: server responses,
@@ -165,7 +166,8 @@ pub(super) struct Session {
     running: HashMap<i64, AbortHandle>,
     /// Message id of each task, for tasks that end without an outcome (panic, abort).
     task_ids: HashMap<tokio::task::Id, i64>,
-    /// Published messages whose ack is not sent yet: sent together after each event.
+    /// Published messages whose ack is not sent yet: sent together after each event, and
+    /// before any other answer (the server settles answers in the order sent).
     pending_acks: Vec<i64>,
     /// The server is shutting down: start nothing new.
     draining: bool,
@@ -394,7 +396,7 @@ impl Session {
             return;
         }
         while self.tasks.len() < self.shared.config.concurrency {
-            let Some(message) = self.dispatch.next_ready() else {
+            let Some(message) = self.dispatch.next_ready(Instant::now(), self.margin()) else {
                 return;
             };
             let id = message.id;
@@ -429,9 +431,19 @@ impl Session {
                     return;
                 };
                 self.running.remove(&id);
-                if error.is_panic() && self.dispatch.state(id) == Some(State::Publishing) {
-                    tracing::error!(owner = %self.owner, id, "the publisher panicked");
-                    self.on_failure(id, PublishError::new("the publisher panicked"));
+                if !error.is_panic() {
+                    return;
+                }
+                match self.dispatch.state(id) {
+                    Some(State::Publishing) => {
+                        tracing::error!(owner = %self.owner, id, "the publisher panicked");
+                        self.on_failure(id, PublishError::new("the publisher panicked"));
+                    }
+                    Some(State::Orphaned { .. }) => {
+                        tracing::error!(owner = %self.owner, id, "the publisher panicked");
+                        self.give_back_orphan(id);
+                    }
+                    _ => {}
                 }
                 return;
             }
@@ -442,24 +454,43 @@ impl Session {
             elapsed,
         } = outcome;
         self.running.remove(&message.id);
-        // Lost while publishing (lease ran out): the result no longer matters.
-        if self.dispatch.state(message.id) != Some(State::Publishing) {
-            return;
-        }
-        match result {
-            Ok(()) => {
-                self.dispatch.published(message.id);
-                self.pending_acks.push(message.id);
-                self.shared.reporter.add(Count::Published, 1);
-                self.shared.reporter.emit(Event::Published {
-                    id: message.id,
-                    topic: message.topic,
-                    key: message.key,
-                    attempts: message.attempts,
-                    elapsed,
-                });
+        let id = message.id;
+        match (self.dispatch.state(id), result) {
+            (Some(State::Publishing), Ok(())) => {
+                self.dispatch.published(id);
+                self.pending_acks.push(id);
+                self.report_published(message, elapsed);
             }
-            Err(error) => self.on_failure(message.id, error),
+            (Some(State::Publishing), Err(error)) => self.on_failure(id, error),
+            // An earlier message of its key was lost while this one published: the key
+            // comes back from that one on, so this one is given back, not acked.
+            (Some(State::Orphaned { .. }), result) => {
+                if result.is_ok() {
+                    self.report_published(message, elapsed);
+                }
+                self.give_back_orphan(id);
+            }
+            // Lost while publishing (lease ran out): the result no longer matters.
+            _ => {}
+        }
+    }
+
+    fn report_published(&self, message: Message, elapsed: Duration) {
+        self.shared.reporter.add(Count::Published, 1);
+        self.shared.reporter.emit(Event::Published {
+            id: message.id,
+            topic: message.topic,
+            key: message.key,
+            attempts: message.attempts,
+            elapsed,
+        });
+    }
+
+    /// The publish of an orphaned message ended: give it back (it counts as blocked).
+    fn give_back_orphan(&mut self, id: i64) {
+        if let Some((behind, blocked)) = self.dispatch.orphan_done(id) {
+            tracing::info!(owner = %self.owner, id, behind, "giving back a message published behind a lost one");
+            self.block(behind, blocked, true);
         }
     }
 
@@ -500,7 +531,9 @@ impl Session {
         self.block(id, blocked, false);
     }
 
-    /// The lease of `id` is gone: stop its publish, hold back the rest of its key.
+    /// The lease of `id` is gone (ran out, or its answer came back fenced): stop its
+    /// publish, hold back the rest of its key. When `id` was acking, the later message of
+    /// its key that may be publishing is given back once it ends (`dispatch::fail`).
     fn lose(&mut self, id: i64) {
         let Some(blocked) = self.dispatch.fail(id) else {
             return;
@@ -549,14 +582,20 @@ impl Session {
             return;
         }
         let ids = std::mem::take(&mut self.pending_acks);
-        self.send(Request::Ack(v1::AckMessages { ids }), Sent::Ack);
+        self.push(Request::Ack(v1::AckMessages { ids }), Sent::Ack);
+    }
+
+    /// How close to its deadline a lease is extended; also, how much lease a key's
+    /// unsettled ack must have left for the key's next message to start behind it.
+    fn margin(&self) -> Duration {
+        self.lease / 2
     }
 
     fn extend_leases(&mut self) {
         let now = Instant::now();
         let ids = self
             .dispatch
-            .due_for_extension(now, self.lease / 2, self.lease);
+            .due_for_extension(now, self.margin(), self.lease);
         if ids.is_empty() {
             return;
         }
@@ -567,7 +606,13 @@ impl Session {
         );
     }
 
+    /// Sends an answer other than an ack, after the acks decided before it.
     fn send(&mut self, request: Request, sent: Sent) {
+        self.flush_acks();
+        self.push(request, sent);
+    }
+
+    fn push(&mut self, request: Request, sent: Sent) {
         let Some(requests) = &self.requests else {
             return;
         };
