@@ -6,6 +6,8 @@
 
 pub mod backoff;
 pub mod drain;
+#[cfg(test)]
+mod fake;
 pub mod poller;
 pub mod subscription;
 
