@@ -29,6 +29,10 @@
 //!   and its batch goes out before `draining`.
 //! - **End**: however the stream ends, the claim and the answer in flight are awaited, so
 //!   whatever they leased is known and given back.
+//!
+//! Idle polling is shared by the outbox's streams (see [`super::idle`]): a stream whose
+//! last claim came back short waits for its group's poll turn, an insert signal, or its
+//! own answers, instead of a timer of its own.
 
 mod answers;
 mod held;
@@ -48,7 +52,7 @@ use self::answers::{apply, apply_acks, check_window, Applied};
 pub use self::answers::{Answer, Settlement};
 use self::held::Held;
 use super::drain::Drain;
-use super::poller::Poller;
+use super::idle::PollGroup;
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
 
@@ -94,8 +98,10 @@ pub async fn run(
     drain: Drain,
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
+    let idle = outbox.idle_poll(&spec.topics);
     let mut state = Subscription {
-        poller: Poller::new(outbox.config.poll),
+        found: Some(idle.found()),
+        idle,
         topics: spec.topics.clone().into(),
         outbox,
         spec,
@@ -128,7 +134,10 @@ struct Subscription {
     topics: Arc<[String]>,
     held: Held,
     events: mpsc::Sender<RelayResult<Event>>,
-    poller: Poller,
+    /// The outbox's idle-polling group for this stream's topic filter.
+    idle: Arc<PollGroup>,
+    /// The group's "a poll found more than a batch" counter.
+    found: Option<watch::Receiver<u64>>,
     /// The claim running on its own task, if any.
     claim: Option<ClaimRun>,
     /// The answer (or the coalesced acks) being applied on its own task, if any.
@@ -136,7 +145,8 @@ struct Subscription {
     /// An answer taken from the channel that has not started: it waits for the answer in
     /// flight, or for the claim in flight (see [`Answer::waits_for_claims`]).
     next_answer: Option<RelayResult<Answer>>,
-    /// When this stream claims next; `None` while a claim runs.
+    /// When this stream claims next on its own account; `None` while it waits for its
+    /// group's poll turn, an insert signal, or its own answers.
     next_claim_at: Option<Instant>,
     /// The last claim returned fewer rows than asked while the stream held some.
     short_while_holding: bool,
@@ -148,6 +158,8 @@ struct Subscription {
 struct ClaimRun {
     task: JoinHandle<RelayResult<Claimed>>,
     asked: usize,
+    /// Claiming in its group's poll turn.
+    turn: bool,
 }
 
 struct AnswerRun {
@@ -206,6 +218,7 @@ impl Subscription {
             let claim_size = self.claim_size(drain);
             let can_claim = claim_size.is_some();
             let count = claim_size.unwrap_or(0);
+            let waiting = can_claim && self.next_claim_at.is_none();
             let take_answer = self.answer.is_none() && self.next_answer.is_none();
             let expiry = self.held.next_deadline();
             tokio::select! {
@@ -244,13 +257,21 @@ impl Subscription {
                 }
                 changed = wait_changed(&mut insert_signal), if can_claim && insert_signal.is_some() => {
                     if changed {
-                        self.start_claim(count);
+                        self.start_claim(count, false);
                     } else {
                         insert_signal = None;
                     }
                 }
-                _ = sleep_until(self.next_claim_at.unwrap_or_else(Instant::now)), if can_claim && self.next_claim_at.is_some() => {
-                    self.start_claim(count);
+                _ = sleep_until(self.next_claim_at.unwrap_or_else(Instant::now)), if can_claim && !waiting => {
+                    self.start_claim(count, false);
+                }
+                () = self.idle.turn(), if waiting => self.start_claim(count, true),
+                changed = wait_changed(&mut self.found), if waiting => {
+                    if changed {
+                        self.start_claim(count, false);
+                    } else {
+                        self.found = None;
+                    }
                 }
             }
         }
@@ -276,7 +297,7 @@ impl Subscription {
     }
 
     /// Starts a claim of up to `count` rows on its own task.
-    fn start_claim(&mut self, count: usize) {
+    fn start_claim(&mut self, count: usize, turn: bool) {
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
@@ -285,9 +306,17 @@ impl Subscription {
             async move { outbox.claim(&owner, count as u32, lease, &topics).await }
                 .in_current_span(),
         );
-        self.claim = Some(ClaimRun { task, asked: count });
+        self.claim = Some(ClaimRun {
+            task,
+            asked: count,
+            turn,
+        });
         self.freed_during_claim = false;
         self.next_claim_at = None;
+        // This claim answers whatever the group found before it started.
+        if let Some(found) = &mut self.found {
+            found.mark_unchanged();
+        }
     }
 
     /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
@@ -309,18 +338,12 @@ impl Subscription {
         let got = claimed.messages.len();
         let short = got < run.asked;
         self.short_while_holding = short && self.held.len() > 0;
-        if got > 0 || freed {
-            self.poller.busy();
-        }
+        self.idle.record(run.turn, run.asked, got);
         // A full batch means there is probably more: claim again as soon as there is room.
         // A short one after answers freed rows of this stream during the claim: those may
         // have unblocked keys after the claim looked, so look again now too. Otherwise
-        // poll.
-        self.next_claim_at = Some(if !short || freed {
-            Instant::now()
-        } else {
-            Instant::now() + self.poller.idle()
-        });
+        // wait for the group's poll, an insert signal, or this stream's own answers.
+        self.next_claim_at = (!short || freed).then(Instant::now);
         if got == 0 {
             return Ok(());
         }
@@ -417,12 +440,11 @@ impl Subscription {
         if self.held.len() < held_before {
             // A claim that came back short while this stream held rows may have been held
             // back by this stream's own keys: answering them can unblock work, so look
-            // again now rather than after the idle backoff.
+            // again now rather than at the next idle poll.
             if self.claim.is_some() {
                 self.freed_during_claim = true;
             } else if self.short_while_holding {
                 self.short_while_holding = false;
-                self.poller.busy();
                 self.next_claim_at = Some(Instant::now());
             }
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio::time::sleep;
+use tokio::time::{sleep, Instant};
 
 use super::*;
 use crate::config::{OutboxConfig, PollConfig};
@@ -321,6 +321,34 @@ async fn a_drain_lets_the_claim_in_flight_finish_before_draining() {
     assert_eq!(h.storage.started(Op::Claim), 2);
 }
 
+/// Claims made by `streams` idle streams of one outbox over 30 s, after their first.
+async fn idle_claims(streams: usize) -> usize {
+    let h = Harness::new(false, BACKOFF);
+    let mut open = Vec::new();
+    for _ in 0..streams {
+        open.push(h.open(10).await);
+    }
+    h.storage
+        .until("every stream's first claim", |s| {
+            s.finished(Op::Claim) >= streams
+        })
+        .await;
+    let before = h.storage.started(Op::Claim);
+    sleep(Duration::from_secs(30)).await;
+    h.storage.started(Op::Claim) - before
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_streams_of_an_outbox_poll_as_often_as_one() {
+    let one = idle_claims(1).await;
+    let fifty = idle_claims(50).await;
+    assert!(one > 10, "a lone stream polls ({one} claims)");
+    assert!(
+        fifty <= one + 1,
+        "50 idle streams made {fifty} claims where one made {one}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lone_idle_stream_backs_off_as_configured() {
     let h = Harness::new(false, BACKOFF);
@@ -331,4 +359,32 @@ async fn a_lone_idle_stream_backs_off_as_configured() {
     let at = h.storage.claims_at();
     let waits: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
     assert_eq!(waits[..7], [50, 100, 200, 400, 800, 1000, 1000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_that_finds_a_full_batch_wakes_the_other_idle_streams() {
+    let poll = PollConfig {
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+        factor: 1.0,
+    };
+    let h = Harness::new(false, poll);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(h.open(2).await);
+    }
+    h.storage
+        .until("every stream's first claim", |s| s.finished(Op::Claim) == 3)
+        .await;
+    let start = Instant::now();
+    for _ in 0..6 {
+        h.storage.add(None);
+    }
+    // One poll turn finds a full batch; the other two streams claim at once rather than
+    // at the next turns, 10 and 20 s later.
+    for stream in &mut streams {
+        assert_eq!(stream.batch().await.len(), 2);
+    }
+    assert!(Instant::now() - start < Duration::from_secs(15));
+    assert_eq!(h.storage.started(Op::Claim), 6);
 }
