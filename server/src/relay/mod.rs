@@ -6,6 +6,9 @@
 
 pub mod backoff;
 pub mod drain;
+#[cfg(test)]
+mod fake;
+pub mod idle;
 pub mod poller;
 pub mod subscription;
 
@@ -21,6 +24,7 @@ use crate::storage::{
     ClaimRequest, Claimed, Extended, MessageId, NackResult, Stats, Storage, StorageError,
 };
 use backoff::Backoff;
+use idle::{IdlePolls, PollGroup};
 
 /// Longest error text stored with a row; longer texts are cut (on a char boundary).
 const MAX_ERROR_BYTES: usize = 8 * 1024;
@@ -83,6 +87,8 @@ pub struct Outbox {
     backoff: Backoff,
     /// Bumped by the storage's insert listener; subscriptions claim when it changes.
     insert_signal: Option<watch::Receiver<u64>>,
+    /// One idle-polling schedule per topic filter, shared by the outbox's streams.
+    idle_polls: IdlePolls,
     max_message_bytes: usize,
     /// Answers about rows the caller no longer held: ignored, counted here.
     fenced: AtomicU64,
@@ -97,12 +103,14 @@ impl Outbox {
     ) -> Self {
         let backoff = Backoff::new(config.backoff, config.max_attempts);
         let insert_signal = storage.insert_signal();
+        let idle_polls = IdlePolls::new(config.poll);
         Self {
             name,
             config,
             storage,
             backoff,
             insert_signal,
+            idle_polls,
             max_message_bytes,
             fenced: AtomicU64::new(0),
         }
@@ -114,6 +122,11 @@ impl Outbox {
 
     pub fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
         self.insert_signal.clone()
+    }
+
+    /// The idle-polling group of the streams filtering on `topics` (see [`idle`]).
+    pub fn idle_poll(&self, topics: &[String]) -> Arc<PollGroup> {
+        self.idle_polls.join(topics)
     }
 
     /// Stale answers ignored so far.

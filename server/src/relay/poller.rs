@@ -1,6 +1,6 @@
 //! Adaptive idle polling: the fallback when no insert notification arrives. The wait
-//! after an empty claim grows from `min` by `factor` up to `max`; any work found, or a
-//! wake-up, brings it back to `min`.
+//! after an empty claim grows from `min` by `factor` up to `max`; any work found brings it
+//! back to `min`. One schedule serves all the idle streams of an outbox (see [`super::idle`]).
 
 use std::time::Duration;
 
@@ -23,6 +23,11 @@ impl Poller {
     /// The claim found work: poll eagerly again.
     pub fn busy(&mut self) {
         self.current = self.config.min;
+    }
+
+    /// How long the next empty claim would wait, without backing off.
+    pub fn wait(&self) -> Duration {
+        self.current
     }
 
     /// The claim found nothing: returns how long to wait, and backs off for next time.

@@ -1,0 +1,332 @@
+//! An in-memory [`Storage`] for the relay's unit tests: rows in id order, write-backs
+//! fenced by owner, strict per-key order (a row waits while an earlier row of its key is
+//! leased), every call counted, and gates that hold a kind of call until the test lets it
+//! through, to see which calls of one stream run at the same time. Leases never run out
+//! and retries are due at once: the tests that use it are about the relay's loop, not
+//! about the database's clock.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::Utc;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::storage::{
+    ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, OutboxMessage, RetryPolicy,
+    Stats, Storage, StorageResult,
+};
+
+/// The kinds of storage call a test can count and hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    Claim,
+    Ack,
+    Nack,
+    Release,
+    ReturnLeases,
+}
+
+/// How long a test waits for a condition (virtual time: the tests pause the clock).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+pub struct FakeStorage {
+    state: Mutex<State>,
+    /// The insert signal, when the fake has one.
+    signal: Option<watch::Sender<u64>>,
+    /// Moves on every call's start and end, so tests can wait for a condition.
+    progress: watch::Sender<u64>,
+    /// Per kind of call: true while calls are held.
+    gates: HashMap<Op, watch::Sender<bool>>,
+}
+
+#[derive(Default)]
+struct State {
+    rows: BTreeMap<MessageId, Row>,
+    next_id: MessageId,
+    started: HashMap<Op, usize>,
+    finished: HashMap<Op, usize>,
+    /// When each claim started.
+    claims_at: Vec<Instant>,
+    /// Ids given back by `return_leases`.
+    returned: Vec<MessageId>,
+}
+
+struct Row {
+    key: Option<String>,
+    leased_by: Option<String>,
+    attempts: u32,
+    done: bool,
+}
+
+impl FakeStorage {
+    pub fn new(with_signal: bool) -> Arc<Self> {
+        let gates = [Op::Claim, Op::Ack, Op::Nack, Op::Release, Op::ReturnLeases]
+            .into_iter()
+            .map(|op| (op, watch::Sender::new(false)))
+            .collect();
+        Arc::new(Self {
+            state: Mutex::new(State::default()),
+            signal: with_signal.then(|| watch::Sender::new(0)),
+            progress: watch::Sender::new(0),
+            gates,
+        })
+    }
+
+    /// Adds a pending row (no signal: see [`FakeStorage::wake`]).
+    pub fn add(&self, key: Option<&str>) -> MessageId {
+        let mut state = self.lock();
+        state.next_id += 1;
+        let id = state.next_id;
+        let row = Row {
+            key: key.map(str::to_owned),
+            leased_by: None,
+            attempts: 0,
+            done: false,
+        };
+        state.rows.insert(id, row);
+        id
+    }
+
+    /// Bumps the insert signal, as the listener does on NOTIFY.
+    pub fn wake(&self) {
+        let signal = self.signal.as_ref().expect("a fake with an insert signal");
+        signal.send_modify(|n| *n += 1);
+    }
+
+    /// Holds calls of this kind (started and counted, not run) until [`Self::let_through`].
+    pub fn hold(&self, op: Op) {
+        self.gates[&op].send_replace(true);
+    }
+
+    pub fn let_through(&self, op: Op) {
+        self.gates[&op].send_replace(false);
+    }
+
+    pub fn started(&self, op: Op) -> usize {
+        self.lock().started.get(&op).copied().unwrap_or(0)
+    }
+
+    pub fn finished(&self, op: Op) -> usize {
+        self.lock().finished.get(&op).copied().unwrap_or(0)
+    }
+
+    pub fn claims_at(&self) -> Vec<Instant> {
+        self.lock().claims_at.clone()
+    }
+
+    pub fn returned(&self) -> Vec<MessageId> {
+        self.lock().returned.clone()
+    }
+
+    /// Waits until `condition` holds; panics after [`WAIT`] naming `what`.
+    pub async fn until(&self, what: &str, condition: impl Fn(&Self) -> bool) {
+        let mut progress = self.progress.subscribe();
+        let wait = async {
+            while !condition(self) {
+                progress.changed().await.expect("the fake lives");
+            }
+        };
+        if tokio::time::timeout(WAIT, wait).await.is_err() {
+            panic!("timed out waiting for {what}");
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("fake storage lock")
+    }
+
+    /// Counts the call, then waits while its kind is held.
+    async fn enter(&self, op: Op) {
+        {
+            let mut state = self.lock();
+            *state.started.entry(op).or_default() += 1;
+            if op == Op::Claim {
+                state.claims_at.push(Instant::now());
+            }
+        }
+        self.progress.send_modify(|n| *n += 1);
+        let mut gate = self.gates[&op].subscribe();
+        gate.wait_for(|held| !held).await.expect("the fake lives");
+    }
+
+    fn leave(&self, op: Op) {
+        *self.lock().finished.entry(op).or_default() += 1;
+        self.progress.send_modify(|n| *n += 1);
+    }
+
+    /// Applies `change` to each of `ids` that `owner` holds; returns those ids.
+    fn held_by(&self, ids: &[MessageId], owner: &str, change: impl Fn(&mut Row)) -> Vec<MessageId> {
+        let mut state = self.lock();
+        let mut applied = Vec::new();
+        for id in ids {
+            if let Some(row) = state.rows.get_mut(id) {
+                if !row.done && row.leased_by.as_deref() == Some(owner) {
+                    change(row);
+                    applied.push(*id);
+                }
+            }
+        }
+        applied.sort_unstable();
+        applied.dedup();
+        applied
+    }
+}
+
+#[async_trait]
+impl Storage for FakeStorage {
+    fn backend(&self) -> &'static str {
+        "fake"
+    }
+
+    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        self.enter(Op::Claim).await;
+        let mut messages = Vec::new();
+        {
+            let mut state = self.lock();
+            let mut blocked_keys: Vec<String> = Vec::new();
+            for (id, row) in state.rows.iter_mut() {
+                if messages.len() >= request.batch_size as usize {
+                    break;
+                }
+                if row.done {
+                    continue;
+                }
+                let blocked = row.key.as_ref().is_some_and(|k| blocked_keys.contains(k));
+                if row.leased_by.is_some() || blocked {
+                    blocked_keys.extend(row.key.clone());
+                    continue;
+                }
+                row.leased_by = Some(request.owner.to_owned());
+                row.attempts += 1;
+                messages.push(OutboxMessage {
+                    id: *id,
+                    topic: "t".to_owned(),
+                    key: row.key.clone(),
+                    payload: Vec::new(),
+                    headers: BTreeMap::new(),
+                    attempts: row.attempts,
+                    created_at: Utc::now(),
+                });
+            }
+        }
+        self.leave(Op::Claim);
+        Ok(Claimed {
+            messages,
+            lease_expires_at: Utc::now(),
+        })
+    }
+
+    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+        self.enter(Op::Ack).await;
+        let applied = self.held_by(ids, owner, |row| row.done = true);
+        self.leave(Op::Ack);
+        Ok(applied)
+    }
+
+    /// Retries at once, releasing the later rows of the key the owner holds.
+    async fn nack(
+        &self,
+        id: MessageId,
+        owner: &str,
+        _error: &str,
+        _requested_delay: Option<Duration>,
+        _policy: &dyn RetryPolicy,
+    ) -> StorageResult<NackResult> {
+        self.enter(Op::Nack).await;
+        let result = if self
+            .held_by(&[id], owner, |row| row.leased_by = None)
+            .is_empty()
+        {
+            NackResult::Fenced
+        } else {
+            let key = self.lock().rows[&id].key.clone();
+            let successors: Vec<MessageId> = self
+                .lock()
+                .rows
+                .range(id + 1..)
+                .filter(|(_, row)| key.is_some() && row.key == key)
+                .map(|(id, _)| *id)
+                .collect();
+            let released = self.held_by(&successors, owner, |row| {
+                row.leased_by = None;
+                row.attempts -= 1;
+            });
+            NackResult::Retried {
+                retry_at: Utc::now(),
+                released,
+            }
+        };
+        self.leave(Op::Nack);
+        Ok(result)
+    }
+
+    async fn release(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        _delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        self.enter(Op::Release).await;
+        let applied = self.held_by(ids, owner, |row| {
+            row.leased_by = None;
+            row.attempts -= 1;
+        });
+        self.leave(Op::Release);
+        Ok(applied)
+    }
+
+    async fn dead_letter(&self, id: MessageId, owner: &str, _error: &str) -> StorageResult<bool> {
+        Ok(!self.held_by(&[id], owner, |row| row.done = true).is_empty())
+    }
+
+    async fn extend_lease(
+        &self,
+        ids: &[MessageId],
+        owner: &str,
+        _lease: Duration,
+    ) -> StorageResult<Extended> {
+        Ok(Extended {
+            ids: self.held_by(ids, owner, |_| {}),
+            lease_expires_at: Utc::now(),
+        })
+    }
+
+    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+        self.enter(Op::ReturnLeases).await;
+        let returned = self.held_by(ids, owner, |row| row.leased_by = None);
+        self.lock().returned.extend(&returned);
+        self.leave(Op::ReturnLeases);
+        Ok(returned.len() as u64)
+    }
+
+    async fn stats(&self) -> StorageResult<Stats> {
+        Ok(Stats::default())
+    }
+
+    async fn purge(&self, _older_than: Duration) -> StorageResult<u64> {
+        Ok(0)
+    }
+
+    fn schema_sql(&self) -> String {
+        String::new()
+    }
+
+    async fn create_schema(&self) -> StorageResult<()> {
+        Ok(())
+    }
+
+    async fn ping(&self) -> StorageResult<()> {
+        Ok(())
+    }
+
+    async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
+        Ok(self.add(message.key.as_deref()))
+    }
+
+    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+        self.signal.as_ref().map(watch::Sender::subscribe)
+    }
+}

@@ -1,0 +1,189 @@
+//! A subscriber's answers and how they are applied: the storage calls, run on a task of
+//! their own, and what each did to the rows the stream holds. The subscription loop
+//! (`mod.rs`) decides when an answer runs and applies the outcome to its state.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::super::{Outbox, RelayError, RelayResult};
+use crate::config::MAX_WINDOW;
+use crate::storage::{MessageId, NackResult};
+
+/// An answer of the subscriber.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Answer {
+    Ack(Vec<MessageId>),
+    Nack {
+        id: MessageId,
+        error: String,
+        delay: Option<Duration>,
+    },
+    Release {
+        ids: Vec<MessageId>,
+        delay: Duration,
+    },
+    DeadLetter {
+        id: MessageId,
+        error: String,
+    },
+    ExtendLease {
+        ids: Vec<MessageId>,
+        lease: Duration,
+    },
+    /// A new window; 0 stops new batches until a later non-zero window.
+    SetWindow(u32),
+}
+
+impl Answer {
+    /// Whether this answer must not overlap a claim of its stream (see the module docs of
+    /// `subscription`). A nack (with the later rows of its key it gives back) and a release
+    /// make rows this stream holds claimable again, possibly at once: a claim running
+    /// alongside could take them back for this stream before the loop knew they were
+    /// given back, and its batch could reach the subscriber before the `settled` that gave
+    /// them back. A new window must not be confirmed while a claim sized by the old one is
+    /// running: after a settled `set_window(0)` no batch may follow. Acks, dead-letters
+    /// and lease extensions never make a held row claimable (an ack or a dead-letter moves
+    /// the key's head to a later row, which this stream either also holds, so leased, or
+    /// never had), so they run alongside claims.
+    pub fn waits_for_claims(&self) -> bool {
+        matches!(
+            self,
+            Answer::Nack { .. } | Answer::Release { .. } | Answer::SetWindow(_)
+        )
+    }
+}
+
+/// The outcome of one answer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Settlement {
+    pub acked: Vec<MessageId>,
+    pub retried: Vec<MessageId>,
+    pub dead_lettered: Vec<MessageId>,
+    pub released: Vec<MessageId>,
+    pub extended: Vec<MessageId>,
+    pub fenced: Vec<MessageId>,
+    pub retry_at: Option<DateTime<Utc>>,
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+/// What applying answers did, for the loop: one settlement per answer, in answer order,
+/// and the changes to the held rows.
+#[derive(Debug, Default)]
+pub(super) struct Applied {
+    pub settlements: Vec<Settlement>,
+    /// Rows the stream no longer holds: answered, given back, or found fenced.
+    pub finished: Vec<MessageId>,
+    /// Rows whose lease now runs this long from when the loop takes the outcome.
+    pub extended: Option<(Vec<MessageId>, Duration)>,
+}
+
+/// Applies acks that arrived back to back in one storage call, and still confirms each
+/// answer on its own. Each applied id is credited to the first answer that named it; a
+/// repeat is stale (fenced).
+pub(super) async fn apply_acks(
+    outbox: Arc<Outbox>,
+    owner: Arc<str>,
+    acks: Vec<Vec<MessageId>>,
+) -> RelayResult<Applied> {
+    let all: Vec<MessageId> = acks.iter().flatten().copied().collect();
+    let (acked, _) = outbox.ack(&owner, &all).await?;
+    let mut acked: HashSet<MessageId> = acked.into_iter().collect();
+    let settlements = acks
+        .into_iter()
+        .map(|ids| {
+            let (acked, fenced) = ids.into_iter().partition(|id| acked.remove(id));
+            Settlement {
+                acked,
+                fenced,
+                ..Settlement::default()
+            }
+        })
+        .collect();
+    Ok(Applied {
+        settlements,
+        finished: all,
+        extended: None,
+    })
+}
+
+/// Applies one answer other than an ack or a new window (the loop handles those).
+/// `default_lease` is the stream's lease, for extensions that ask for none.
+pub(super) async fn apply(
+    outbox: Arc<Outbox>,
+    owner: Arc<str>,
+    default_lease: Duration,
+    answer: Answer,
+) -> RelayResult<Applied> {
+    let owner = &*owner;
+    let mut settlement = Settlement::default();
+    let mut finished = Vec::new();
+    let mut extended = None;
+    match answer {
+        Answer::Ack(ids) => return apply_acks(outbox, owner.into(), vec![ids]).await,
+        Answer::Nack { id, error, delay } => {
+            let result = outbox.nack(owner, id, &error, delay).await?;
+            finished.push(id);
+            match result {
+                NackResult::Retried { retry_at, released } => {
+                    finished.extend(&released);
+                    settlement.retried = vec![id];
+                    settlement.released = released;
+                    settlement.retry_at = Some(retry_at);
+                }
+                NackResult::DeadLettered { released } => {
+                    finished.extend(&released);
+                    settlement.dead_lettered = vec![id];
+                    settlement.released = released;
+                }
+                NackResult::Fenced => settlement.fenced = vec![id],
+            }
+        }
+        Answer::Release { ids, delay } => {
+            let (released, fenced) = outbox.release(owner, &ids, delay).await?;
+            finished = ids;
+            settlement.released = released;
+            settlement.fenced = fenced;
+        }
+        Answer::DeadLetter { id, error } => {
+            let applied = outbox.dead_letter(owner, id, &error).await?;
+            finished.push(id);
+            if applied {
+                settlement.dead_lettered = vec![id];
+            } else {
+                settlement.fenced = vec![id];
+            }
+        }
+        Answer::ExtendLease { ids, lease } => {
+            let lease = if lease.is_zero() {
+                default_lease
+            } else {
+                outbox.lease(lease)?
+            };
+            let (done, fenced) = outbox.extend_lease(owner, &ids, lease).await?;
+            finished.clone_from(&fenced);
+            extended = Some((done.ids.clone(), lease));
+            settlement.extended = done.ids;
+            settlement.lease_expires_at = Some(done.lease_expires_at);
+            settlement.fenced = fenced;
+        }
+        // Applied by the loop, which owns the window; nothing to store.
+        Answer::SetWindow(window) => check_window(window)?,
+    }
+    Ok(Applied {
+        settlements: vec![settlement],
+        finished,
+        extended,
+    })
+}
+
+pub(super) fn check_window(window: u32) -> RelayResult<()> {
+    if window > MAX_WINDOW {
+        return Err(RelayError::InvalidArgument(format!(
+            "set_window max_in_flight = {window}: must be within 0..={MAX_WINDOW}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,552 @@
+//! One streaming subscriber: claims on its behalf while its window has room, applies its
+//! answers, tells it when leases run out, and gives back whatever it still holds when
+//! the stream ends for any reason.
+//!
+//! The loop owns all state of the stream (the held rows and their deadlines, the window),
+//! so there is no locking: answers, claims, wake-ups and the drain are events of one
+//! `select!`. The storage calls run on tasks of their own, so a claim and an answer of one
+//! stream run at the same time: a claim woken by an insert does not wait behind an ack
+//! transaction, and acks arriving during a claim do not wait for it. At most one claim and
+//! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
+//! the loop, which alone changes the held rows and sends events. What keeps that sound:
+//!
+//! - **Window**: a claim asks for at most `window - held` rows, and a row stays held until
+//!   its answer is *settled* (applied, and its `settled` sent), so a stream never holds
+//!   more than its window, even with acks in flight. The price is that rows being acked
+//!   do not make room for the claim running beside them; the next claim sees the room.
+//! - **Answers in order**: answers are applied one at a time, in arrival order (acks
+//!   waiting back to back go in one storage call) and each gets its own `settled`, in
+//!   order.
+//! - **Answers that give rows back do not overlap claims**: a nack (with the later rows of
+//!   its key it releases) or a release waits for the claim in flight, and no claim starts
+//!   until it is settled; so a row given back is never claimed again for this stream
+//!   before the loop and the subscriber know it was given back. `set_window` waits the
+//!   same way, so once its `settled` is sent no batch claimed under the old window
+//!   follows (the client's graceful stop relies on that). See [`Answer::waits_for_claims`].
+//!   Per-key order itself is the database's: a strict claim never returns a row while an
+//!   earlier row of its key is leased or waiting for its retry.
+//! - **Drain**: no claim starts once the drain has begun; one already running finishes
+//!   and its batch goes out before `draining`.
+//! - **End**: however the stream ends, the claim and the answer in flight are awaited, so
+//!   whatever they leased is known and given back.
+//!
+//! Idle polling is shared by the outbox's streams (see [`super::idle`]): a stream whose
+//! last claim came back short waits for its group's poll turn, an insert signal, or its
+//! own answers, instead of a timer of its own.
+
+mod answers;
+mod held;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinError, JoinHandle};
+use tokio::time::{sleep_until, Instant};
+use tracing::Instrument;
+
+use self::answers::{apply, apply_acks, check_window, Applied};
+pub use self::answers::{Answer, Settlement};
+use self::held::Held;
+use super::drain::Drain;
+use super::idle::PollGroup;
+use super::{Outbox, RelayError, RelayResult, MAX_IDS};
+use crate::storage::{Claimed, MessageId, StorageError};
+
+/// Acks are merged until they name this many ids (and never more than one storage call
+/// takes).
+const MAX_COALESCED_ACKS: usize = 1000;
+/// Pause after a failed claim before trying again.
+const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
+
+/// What the subscriber asked for when it opened the stream, already validated.
+#[derive(Debug, Clone)]
+pub struct SubscriptionSpec {
+    pub subscriber: String,
+    pub topics: Vec<String>,
+    pub max_in_flight: u32,
+    pub lease: Duration,
+}
+
+/// What the subscription tells its subscriber.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Subscribed {
+        owner: String,
+        lease: Duration,
+        max_in_flight: u32,
+        max_attempts: u32,
+    },
+    Batch(Claimed),
+    Settled(Settlement),
+    LeasesExpired(Vec<MessageId>),
+    Draining {
+        deadline: DateTime<Utc>,
+    },
+}
+
+/// Runs one subscription until the subscriber goes away, the drain completes, or an
+/// error ends it; the error (if any) is sent as the last event.
+pub async fn run(
+    outbox: Arc<Outbox>,
+    spec: SubscriptionSpec,
+    mut answers: mpsc::Receiver<RelayResult<Answer>>,
+    events: mpsc::Sender<RelayResult<Event>>,
+    drain: Drain,
+) {
+    let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
+    let idle = outbox.idle_poll(&spec.topics);
+    let mut state = Subscription {
+        found: Some(idle.found()),
+        idle,
+        topics: spec.topics.clone().into(),
+        outbox,
+        spec,
+        owner,
+        held: Held::default(),
+        events,
+        claim: None,
+        answer: None,
+        next_answer: None,
+        next_claim_at: Some(Instant::now()),
+        short_while_holding: false,
+        freed_during_claim: false,
+    };
+    let result = state.serve(&mut answers, &drain).await;
+    state.finish_in_flight().await;
+    state.give_back().await;
+    if let Err(error) = result {
+        tracing::warn!(outbox = %state.outbox.name, owner = %state.owner, %error, "subscription ended with an error");
+        let _ = state.events.send(Err(error)).await;
+    } else {
+        tracing::info!(outbox = %state.outbox.name, owner = %state.owner, "subscription ended");
+    }
+}
+
+struct Subscription {
+    outbox: Arc<Outbox>,
+    spec: SubscriptionSpec,
+    owner: Arc<str>,
+    /// `spec.topics`, shared with the claim tasks.
+    topics: Arc<[String]>,
+    held: Held,
+    events: mpsc::Sender<RelayResult<Event>>,
+    /// The outbox's idle-polling group for this stream's topic filter.
+    idle: Arc<PollGroup>,
+    /// The group's "a poll found more than a batch" counter.
+    found: Option<watch::Receiver<u64>>,
+    /// The claim running on its own task, if any.
+    claim: Option<ClaimRun>,
+    /// The answer (or the coalesced acks) being applied on its own task, if any.
+    answer: Option<AnswerRun>,
+    /// An answer taken from the channel that has not started: it waits for the answer in
+    /// flight, or for the claim in flight (see [`Answer::waits_for_claims`]).
+    next_answer: Option<RelayResult<Answer>>,
+    /// When this stream claims next on its own account; `None` while it waits for its
+    /// group's poll turn, an insert signal, or its own answers.
+    next_claim_at: Option<Instant>,
+    /// The last claim returned fewer rows than asked while the stream held some.
+    short_while_holding: bool,
+    /// Answers settled while the claim in flight ran made rows free: its keys may have
+    /// been unblocked after the claim looked.
+    freed_during_claim: bool,
+}
+
+struct ClaimRun {
+    task: JoinHandle<RelayResult<Claimed>>,
+    asked: usize,
+    /// Claiming in its group's poll turn.
+    turn: bool,
+}
+
+struct AnswerRun {
+    task: JoinHandle<RelayResult<Applied>>,
+    /// A nack or release: no claim starts until it is settled.
+    gives_back: bool,
+}
+
+/// Why the loop stopped without an error.
+enum Stop {
+    SubscriberGone,
+    Drained,
+}
+
+impl Subscription {
+    async fn serve(
+        &mut self,
+        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+        drain: &Drain,
+    ) -> RelayResult<()> {
+        tracing::info!(
+            outbox = %self.outbox.name,
+            owner = %self.owner,
+            window = self.spec.max_in_flight,
+            topics = ?self.spec.topics,
+            "subscription opened"
+        );
+        self.send(Event::Subscribed {
+            owner: self.owner.to_string(),
+            lease: self.spec.lease,
+            max_in_flight: self.spec.max_in_flight,
+            max_attempts: self.outbox.config.max_attempts,
+        })
+        .await?;
+        if drain.is_started() {
+            return Err(RelayError::ShuttingDown);
+        }
+        match self.event_loop(answers, drain).await? {
+            Stop::SubscriberGone | Stop::Drained => Ok(()),
+        }
+    }
+
+    async fn event_loop(
+        &mut self,
+        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+        drain: &Drain,
+    ) -> RelayResult<Stop> {
+        let mut insert_signal: Option<watch::Receiver<u64>> = self.outbox.insert_signal();
+        let mut drain_deadline: Option<Instant> = None;
+        loop {
+            self.start_next_answer(answers).await?;
+            let quiet = self.claim.is_none() && self.answer.is_none() && self.next_answer.is_none();
+            if drain_deadline.is_some() && self.held.len() == 0 && quiet {
+                return Ok(Stop::Drained);
+            }
+            let claim_size = self.claim_size(drain);
+            let can_claim = claim_size.is_some();
+            let count = claim_size.unwrap_or(0);
+            let waiting = can_claim && self.next_claim_at.is_none();
+            let take_answer = self.answer.is_none() && self.next_answer.is_none();
+            let expiry = self.held.next_deadline();
+            tokio::select! {
+                biased;
+                result = joined(self.claim.as_mut().map(|run| &mut run.task)) => {
+                    let run = self.claim.take().expect("a claim was in flight");
+                    self.claimed(run, result).await?;
+                }
+                result = joined(self.answer.as_mut().map(|run| &mut run.task)) => {
+                    self.answer = None;
+                    self.answered(result.map_err(task_failed)?).await?;
+                }
+                answer = answers.recv(), if take_answer => {
+                    let Some(answer) = answer else { return Ok(Stop::SubscriberGone) };
+                    // Started at the top of the loop, which also merges the acks behind it.
+                    self.next_answer = Some(answer);
+                }
+                _ = self.events.closed() => return Ok(Stop::SubscriberGone),
+                _ = drain.started(), if drain_deadline.is_none() && self.claim.is_none() => {
+                    let deadline = Instant::now() + drain.timeout();
+                    drain_deadline = Some(deadline);
+                    let wall = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
+                    tracing::info!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "draining");
+                    self.send(Event::Draining { deadline: wall }).await?;
+                }
+                _ = sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
+                    tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "drain timeout; giving back unanswered messages");
+                    return Ok(Stop::Drained);
+                }
+                _ = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
+                    let expired = self.held.take_expired(Instant::now());
+                    if !expired.is_empty() {
+                        tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, count = expired.len(), "leases expired before the subscriber answered");
+                        self.send(Event::LeasesExpired(expired)).await?;
+                    }
+                }
+                changed = wait_changed(&mut insert_signal), if can_claim && insert_signal.is_some() => {
+                    if changed {
+                        self.start_claim(count, false);
+                    } else {
+                        insert_signal = None;
+                    }
+                }
+                _ = sleep_until(self.next_claim_at.unwrap_or_else(Instant::now)), if can_claim && !waiting => {
+                    self.start_claim(count, false);
+                }
+                () = self.idle.turn(), if waiting => self.start_claim(count, true),
+                changed = wait_changed(&mut self.found), if waiting => {
+                    if changed {
+                        self.start_claim(count, false);
+                    } else {
+                        self.found = None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// How many rows a claim may ask for now, or `None` when no claim may start: one is
+    /// running, an answer that gives rows back is waiting or running, the drain has begun,
+    /// or the window has too little room.
+    fn claim_size(&self, drain: &Drain) -> Option<usize> {
+        let gives_back = self.answer.as_ref().is_some_and(|run| run.gives_back)
+            || matches!(&self.next_answer, Some(Ok(answer)) if answer.waits_for_claims());
+        if self.claim.is_some() || gives_back || drain.is_started() {
+            return None;
+        }
+        let window = self.spec.max_in_flight as usize;
+        let batch_cap = (self.outbox.config.max_batch_size as usize).min(window);
+        // Claim in chunks: wait until half a batch of room is free (or nothing is held),
+        // so a subscriber acking one at a time still gets full-ish batches.
+        let low_water = batch_cap.div_ceil(2).max(1);
+        let room = window.saturating_sub(self.held.len());
+        let enough = room > 0 && (room >= low_water || self.held.len() == 0);
+        enough.then_some(room.min(batch_cap))
+    }
+
+    /// Starts a claim of up to `count` rows on its own task.
+    fn start_claim(&mut self, count: usize, turn: bool) {
+        let outbox = Arc::clone(&self.outbox);
+        let owner = Arc::clone(&self.owner);
+        let topics = Arc::clone(&self.topics);
+        let lease = self.spec.lease;
+        let task = tokio::spawn(
+            async move { outbox.claim(&owner, count as u32, lease, &topics).await }
+                .in_current_span(),
+        );
+        self.claim = Some(ClaimRun {
+            task,
+            asked: count,
+            turn,
+        });
+        self.freed_during_claim = false;
+        self.next_claim_at = None;
+        // This claim answers whatever the group found before it started.
+        if let Some(found) = &mut self.found {
+            found.mark_unchanged();
+        }
+    }
+
+    /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
+    async fn claimed(
+        &mut self,
+        run: ClaimRun,
+        result: Result<RelayResult<Claimed>, JoinError>,
+    ) -> RelayResult<()> {
+        let freed = std::mem::take(&mut self.freed_during_claim);
+        let claimed = match result.map_err(task_failed)? {
+            Ok(claimed) => claimed,
+            Err(RelayError::Storage(error)) => {
+                log_claim_error(&self.outbox.name, &error);
+                self.next_claim_at = Some(Instant::now() + STORAGE_ERROR_DELAY);
+                return Ok(());
+            }
+            Err(error) => return Err(error),
+        };
+        let got = claimed.messages.len();
+        let short = got < run.asked;
+        self.short_while_holding = short && self.held.len() > 0;
+        self.idle.record(run.turn, run.asked, got);
+        // A full batch means there is probably more: claim again as soon as there is room.
+        // A short one after answers freed rows of this stream during the claim: those may
+        // have unblocked keys after the claim looked, so look again now too. Otherwise
+        // wait for the group's poll, an insert signal, or this stream's own answers.
+        self.next_claim_at = (!short || freed).then(Instant::now);
+        if got == 0 {
+            return Ok(());
+        }
+        // The local deadline is measured after the claim returned, so it never runs out
+        // before the database's lease does.
+        let deadline = Instant::now() + self.spec.lease;
+        for message in &claimed.messages {
+            self.held.insert(message.id, deadline);
+        }
+        self.send(Event::Batch(claimed)).await
+    }
+
+    /// Starts the answer taken from the channel, if nothing keeps it waiting.
+    async fn start_next_answer(
+        &mut self,
+        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+    ) -> RelayResult<()> {
+        if self.answer.is_some() {
+            return Ok(());
+        }
+        let Some(next) = self.next_answer.take() else {
+            return Ok(());
+        };
+        let answer = next?;
+        if answer.waits_for_claims() && self.claim.is_some() {
+            self.next_answer = Some(Ok(answer));
+            return Ok(());
+        }
+        let outbox = Arc::clone(&self.outbox);
+        let owner = Arc::clone(&self.owner);
+        let gives_back = answer.waits_for_claims();
+        let task = match answer {
+            Answer::SetWindow(window) => return self.set_window(window).await,
+            Answer::Ack(ids) => {
+                let acks = self.acks_behind(ids, answers);
+                tokio::spawn(apply_acks(outbox, owner, acks).in_current_span())
+            }
+            answer => {
+                let lease = self.spec.lease;
+                tokio::spawn(apply(outbox, owner, lease, answer).in_current_span())
+            }
+        };
+        self.answer = Some(AnswerRun { task, gives_back });
+        Ok(())
+    }
+
+    /// `first` and the acks waiting right behind it, to apply in one storage call (a
+    /// subscriber acking message by message would otherwise cost a transaction each). The
+    /// first other answer is kept for after them.
+    fn acks_behind(
+        &mut self,
+        first: Vec<MessageId>,
+        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+    ) -> Vec<Vec<MessageId>> {
+        let mut total = first.len();
+        let mut acks = vec![first];
+        while total < MAX_COALESCED_ACKS {
+            match answers.try_recv() {
+                Ok(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
+                    total += ids.len();
+                    acks.push(ids);
+                }
+                Ok(other) => {
+                    self.next_answer = Some(other);
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        acks
+    }
+
+    /// Applies a new window (never while a claim runs) and confirms it.
+    async fn set_window(&mut self, window: u32) -> RelayResult<()> {
+        check_window(window)?;
+        tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
+        if window > self.spec.max_in_flight {
+            // More room: look at once rather than at the next poll.
+            self.next_claim_at = Some(Instant::now());
+        }
+        self.spec.max_in_flight = window;
+        self.send(Event::Settled(Settlement::default())).await
+    }
+
+    /// Takes applied answers: their rows stop (or keep) being held, then each answer is
+    /// confirmed, in order.
+    async fn answered(&mut self, applied: RelayResult<Applied>) -> RelayResult<()> {
+        let applied = applied?;
+        let held_before = self.held.len();
+        self.account(&applied);
+        for settlement in applied.settlements {
+            self.send(Event::Settled(settlement)).await?;
+        }
+        if self.held.len() < held_before {
+            // A claim that came back short while this stream held rows may have been held
+            // back by this stream's own keys: answering them can unblock work, so look
+            // again now rather than at the next idle poll.
+            if self.claim.is_some() {
+                self.freed_during_claim = true;
+            } else if self.short_while_holding {
+                self.short_while_holding = false;
+                self.next_claim_at = Some(Instant::now());
+            }
+        }
+        Ok(())
+    }
+
+    fn account(&mut self, applied: &Applied) {
+        self.held.remove_all(&applied.finished);
+        if let Some((ids, lease)) = &applied.extended {
+            let deadline = Instant::now() + *lease;
+            for id in ids {
+                self.held.insert(*id, deadline);
+            }
+        }
+    }
+
+    /// Waits for the claim and the answer in flight when the stream ends, so that what
+    /// they leased is held (and given back) and what they answered is not. Their events
+    /// are not sent, except the answer's `settled` when there is room for it at once.
+    async fn finish_in_flight(&mut self) {
+        if let Some(run) = self.claim.take() {
+            if let Ok(Ok(claimed)) = run.task.await {
+                let deadline = Instant::now() + self.spec.lease;
+                for message in &claimed.messages {
+                    self.held.insert(message.id, deadline);
+                }
+            }
+        }
+        if let Some(run) = self.answer.take() {
+            if let Ok(Ok(applied)) = run.task.await {
+                self.account(&applied);
+                for settlement in applied.settlements {
+                    let _ = self.events.try_send(Ok(Event::Settled(settlement)));
+                }
+            }
+        }
+    }
+
+    /// Gives back every row still held: claimable by others at once, attempt kept.
+    async fn give_back(&mut self) {
+        let ids = self.held.ids();
+        if ids.is_empty() {
+            return;
+        }
+        match self.outbox.return_leases(&self.owner, &ids).await {
+            Ok(returned) => tracing::info!(
+                outbox = %self.outbox.name,
+                owner = %self.owner,
+                returned,
+                "gave back the leases of the ended subscription"
+            ),
+            // The leases still run out on their own: nothing is lost, only delayed.
+            Err(error) => tracing::warn!(
+                outbox = %self.outbox.name,
+                owner = %self.owner,
+                %error,
+                held = ids.len(),
+                "could not give back leases; they become claimable when they expire"
+            ),
+        }
+        self.held = Held::default();
+    }
+
+    async fn send(&self, event: Event) -> RelayResult<()> {
+        // A closed channel means the subscriber is gone; the loop notices via `closed()`.
+        let _ = self.events.send(Ok(event)).await;
+        Ok(())
+    }
+}
+
+/// Waits for the task in `running`, if any; never completes without one.
+async fn joined<T>(running: Option<&mut JoinHandle<T>>) -> Result<T, JoinError> {
+    match running {
+        Some(task) => task.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A storage call's task panicked (or was cancelled): end the stream, as its error would.
+fn task_failed(error: JoinError) -> RelayError {
+    RelayError::Storage(StorageError::Other(anyhow::anyhow!(
+        "a storage call of the subscription failed: {error}"
+    )))
+}
+
+/// Waits for the next change of a counter; false when its sender is gone.
+async fn wait_changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
+    match signal {
+        Some(receiver) => receiver.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+fn log_claim_error(outbox: &str, error: &StorageError) {
+    match error {
+        StorageError::Unavailable(_)
+        | StorageError::MissingTable { .. }
+        | StorageError::MismatchedTable { .. } => {
+            tracing::warn!(outbox, %error, "claim failed; retrying")
+        }
+        StorageError::Other(_) | StorageError::InvalidMessage(_) => {
+            tracing::error!(outbox, error = ?error, "claim failed; retrying")
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The subscription loop against an in-memory storage, on a paused clock: which storage
+//! calls of one stream overlap, the order of what the subscriber is told, what is given
+//! back, and how often idle streams poll.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, Instant};
+
+use super::*;
+use crate::config::{OutboxConfig, PollConfig};
+use crate::relay::fake::{FakeStorage, Op, WAIT};
+
+/// Polling too slow to matter within a test: only insert signals and answers wake streams.
+const NO_POLLING: PollConfig = PollConfig {
+    min: Duration::from_secs(3600),
+    max: Duration::from_secs(3600),
+    factor: 1.0,
+};
+const BACKOFF: PollConfig = PollConfig {
+    min: Duration::from_millis(50),
+    max: Duration::from_secs(1),
+    factor: 2.0,
+};
+/// Long enough that no lease runs out during a test.
+const LEASE: Duration = Duration::from_secs(3600);
+
+struct Harness {
+    storage: Arc<FakeStorage>,
+    outbox: Arc<Outbox>,
+    drain: Drain,
+}
+
+impl Harness {
+    fn new(with_signal: bool, poll: PollConfig) -> Self {
+        let storage = FakeStorage::new(with_signal);
+        let config = OutboxConfig {
+            poll,
+            ..OutboxConfig::default()
+        };
+        let outbox = Outbox::new("orders".into(), config, storage.clone(), 1 << 20);
+        Self {
+            storage,
+            outbox: Arc::new(outbox),
+            drain: Drain::new(Duration::from_secs(30)),
+        }
+    }
+
+    /// Opens a stream and takes its `subscribed`.
+    async fn open(&self, window: u32) -> Stream {
+        let (answers, answers_rx) = mpsc::channel(64);
+        let (events_tx, events) = mpsc::channel(64);
+        let spec = SubscriptionSpec {
+            subscriber: "test".into(),
+            topics: Vec::new(),
+            max_in_flight: window,
+            lease: LEASE,
+        };
+        let task = tokio::spawn(run(
+            Arc::clone(&self.outbox),
+            spec,
+            answers_rx,
+            events_tx,
+            self.drain.clone(),
+        ));
+        let mut stream = Stream {
+            answers,
+            events,
+            _task: task,
+        };
+        assert!(matches!(stream.event().await, Event::Subscribed { .. }));
+        stream
+    }
+}
+
+struct Stream {
+    answers: mpsc::Sender<RelayResult<Answer>>,
+    events: mpsc::Receiver<RelayResult<Event>>,
+    _task: JoinHandle<()>,
+}
+
+impl Stream {
+    async fn event(&mut self) -> Event {
+        match tokio::time::timeout(WAIT, self.events.recv()).await {
+            Ok(Some(Ok(event))) => event,
+            Ok(Some(Err(error))) => panic!("the stream ended with {error}"),
+            Ok(None) => panic!("the stream ended"),
+            Err(_) => panic!("no event in time"),
+        }
+    }
+
+    /// The next event, which must be a batch; its ids.
+    async fn batch(&mut self) -> Vec<MessageId> {
+        match self.event().await {
+            Event::Batch(claimed) => claimed.messages.iter().map(|m| m.id).collect(),
+            other => panic!("expected a batch, got {other:?}"),
+        }
+    }
+
+    async fn settled(&mut self) -> Settlement {
+        match self.event().await {
+            Event::Settled(settlement) => settlement,
+            other => panic!("expected `settled`, got {other:?}"),
+        }
+    }
+
+    async fn answer(&self, answer: Answer) {
+        self.answers.send(Ok(answer)).await.expect("stream open");
+    }
+
+    /// True when no event is waiting.
+    fn quiet(&mut self) -> bool {
+        self.events.try_recv().is_err()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_woken_by_an_insert_runs_while_an_ack_is_applied() {
+    let h = Harness::new(true, NO_POLLING);
+    let a = h.storage.add(None);
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, [a]);
+
+    h.storage.hold(Op::Ack);
+    stream.answer(Answer::Ack(vec![a])).await;
+    h.storage
+        .until("the ack to start", |s| s.started(Op::Ack) == 1)
+        .await;
+    let b = h.storage.add(None);
+    h.storage.wake();
+    assert_eq!(stream.batch().await, [b], "claimed while the ack was held");
+    assert_eq!(h.storage.finished(Op::Ack), 0);
+
+    h.storage.let_through(Op::Ack);
+    assert_eq!(stream.settled().await.acked, [a]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn acks_are_applied_while_a_claim_runs() {
+    let h = Harness::new(true, NO_POLLING);
+    let a = h.storage.add(None);
+    let c = h.storage.add(None);
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, [a, c]);
+
+    h.storage.hold(Op::Claim);
+    let b = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    // Two answers back to back: applied in one call, still confirmed one by one.
+    stream.answer(Answer::Ack(vec![a])).await;
+    stream.answer(Answer::Ack(vec![c])).await;
+    assert_eq!(
+        stream.settled().await.acked,
+        [a],
+        "acked while the claim was held"
+    );
+    assert_eq!(stream.settled().await.acked, [c]);
+    assert_eq!(h.storage.finished(Op::Ack), 1, "one storage call for both");
+
+    h.storage.let_through(Op::Claim);
+    assert_eq!(stream.batch().await, [b]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_nack_waits_for_the_claim_in_flight_and_the_key_comes_back_after_its_settlement() {
+    let h = Harness::new(true, NO_POLLING);
+    let first = h.storage.add(Some("k"));
+    let second = h.storage.add(Some("k"));
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, [first, second]);
+
+    h.storage.hold(Op::Claim);
+    let other = h.storage.add(Some("other"));
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    stream
+        .answer(Answer::Nack {
+            id: first,
+            error: "boom".into(),
+            delay: None,
+        })
+        .await;
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        h.storage.started(Op::Nack),
+        0,
+        "the nack overlapped a claim"
+    );
+
+    h.storage.let_through(Op::Claim);
+    assert_eq!(stream.batch().await, [other]);
+    let settled = stream.settled().await;
+    assert_eq!(
+        (settled.retried, settled.released),
+        (vec![first], vec![second])
+    );
+    // The key is claimable again (the fake retries at once). Nothing but the stream's own
+    // answer can trigger this claim: polling is off and no insert was signalled.
+    assert_eq!(stream.batch().await, [first, second]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_claim_starts_while_a_release_is_applied() {
+    let h = Harness::new(true, NO_POLLING);
+    let a = h.storage.add(None);
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, [a]);
+
+    h.storage.hold(Op::Release);
+    stream
+        .answer(Answer::Release {
+            ids: vec![a],
+            delay: Duration::ZERO,
+        })
+        .await;
+    h.storage
+        .until("the release to start", |s| s.started(Op::Release) == 1)
+        .await;
+    let b = h.storage.add(None);
+    h.storage.wake();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        h.storage.started(Op::Claim),
+        1,
+        "a claim overlapped the release"
+    );
+
+    h.storage.let_through(Op::Release);
+    assert_eq!(stream.settled().await.released, [a]);
+    assert_eq!(
+        stream.batch().await,
+        [a, b],
+        "given back, then claimed again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn set_window_zero_is_confirmed_after_the_batch_in_flight_and_stops_claims() {
+    let h = Harness::new(true, NO_POLLING);
+    let mut stream = h.open(10).await;
+    h.storage
+        .until("the first claim", |s| s.finished(Op::Claim) == 1)
+        .await;
+
+    h.storage.hold(Op::Claim);
+    let a = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    stream.answer(Answer::SetWindow(0)).await;
+    sleep(Duration::from_secs(5)).await;
+    assert!(stream.quiet(), "confirmed while a claim was running");
+
+    h.storage.let_through(Op::Claim);
+    assert_eq!(stream.batch().await, [a]);
+    assert_eq!(stream.settled().await, Settlement::default());
+    h.storage.add(None);
+    h.storage.wake();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(h.storage.started(Op::Claim), 2, "claimed with window 0");
+    assert!(stream.quiet());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_that_ends_during_a_claim_gives_back_what_the_claim_leased() {
+    let h = Harness::new(true, NO_POLLING);
+    let stream = h.open(10).await;
+    h.storage
+        .until("the first claim", |s| s.finished(Op::Claim) == 1)
+        .await;
+
+    h.storage.hold(Op::Claim);
+    let a = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    drop(stream);
+    h.storage.let_through(Op::Claim);
+    h.storage
+        .until("the leases to be given back", |s| s.returned() == [a])
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_lets_the_claim_in_flight_finish_before_draining() {
+    let h = Harness::new(true, NO_POLLING);
+    let mut stream = h.open(10).await;
+    h.storage
+        .until("the first claim", |s| s.finished(Op::Claim) == 1)
+        .await;
+
+    h.storage.hold(Op::Claim);
+    let a = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    h.drain.start();
+    sleep(Duration::from_secs(1)).await;
+    assert!(
+        stream.quiet(),
+        "draining before the claim in flight was sent"
+    );
+
+    h.storage.let_through(Op::Claim);
+    assert_eq!(stream.batch().await, [a]);
+    assert!(matches!(stream.event().await, Event::Draining { .. }));
+    stream.answer(Answer::Ack(vec![a])).await;
+    assert_eq!(stream.settled().await.acked, [a]);
+    let end = tokio::time::timeout(WAIT, stream.events.recv()).await;
+    assert!(matches!(end, Ok(None)), "drained once nothing was held");
+    assert_eq!(h.storage.started(Op::Claim), 2);
+}
+
+/// Claims made by `streams` idle streams of one outbox over 30 s, after their first.
+async fn idle_claims(streams: usize) -> usize {
+    let h = Harness::new(false, BACKOFF);
+    let mut open = Vec::new();
+    for _ in 0..streams {
+        open.push(h.open(10).await);
+    }
+    h.storage
+        .until("every stream's first claim", |s| {
+            s.finished(Op::Claim) >= streams
+        })
+        .await;
+    let before = h.storage.started(Op::Claim);
+    sleep(Duration::from_secs(30)).await;
+    h.storage.started(Op::Claim) - before
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_streams_of_an_outbox_poll_as_often_as_one() {
+    let one = idle_claims(1).await;
+    let fifty = idle_claims(50).await;
+    assert!(one > 10, "a lone stream polls ({one} claims)");
+    assert!(
+        fifty <= one + 1,
+        "50 idle streams made {fifty} claims where one made {one}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_idle_stream_backs_off_as_configured() {
+    let h = Harness::new(false, BACKOFF);
+    let _stream = h.open(10).await;
+    h.storage
+        .until("eight claims", |s| s.started(Op::Claim) >= 8)
+        .await;
+    let at = h.storage.claims_at();
+    let waits: Vec<u128> = at.windows(2).map(|w| (w[1] - w[0]).as_millis()).collect();
+    assert_eq!(waits[..7], [50, 100, 200, 400, 800, 1000, 1000]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_poll_that_finds_a_full_batch_wakes_the_other_idle_streams() {
+    let poll = PollConfig {
+        min: Duration::from_secs(10),
+        max: Duration::from_secs(10),
+        factor: 1.0,
+    };
+    let h = Harness::new(false, poll);
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(h.open(2).await);
+    }
+    h.storage
+        .until("every stream's first claim", |s| s.finished(Op::Claim) == 3)
+        .await;
+    let start = Instant::now();
+    for _ in 0..6 {
+        h.storage.add(None);
+    }
+    // One poll turn finds a full batch; the other two streams claim at once rather than
+    // at the next turns, 10 and 20 s later.
+    for stream in &mut streams {
+        assert_eq!(stream.batch().await.len(), 2);
+    }
+    assert!(Instant::now() - start < Duration::from_secs(15));
+    assert_eq!(h.storage.started(Op::Claim), 6);
+}
