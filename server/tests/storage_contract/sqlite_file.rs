@@ -373,51 +373,7 @@ async fn a_fixed_topic_json_table_without_headers_round_trips() {
         .unwrap();
     producer.close().await;
 
-    let other = ["billing".to_owned()];
-    assert!(claim_topics(&storage, "w1", 10, LEASE, &other)
-        .await
-        .is_empty());
-    let stats = storage.stats().await.unwrap();
-    assert_eq!(stats.topics.len(), 1);
-    assert_eq!(
-        (stats.topics[0].topic.as_str(), stats.topics[0].pending),
-        ("invoices", 2)
-    );
-
-    let wanted = ["billing".to_owned(), "invoices".to_owned()];
-    let got = claim_topics(&storage, "w1", 10, LEASE, &wanted).await;
-    assert_eq!(ids(&got)[0], first);
-    assert_eq!(payloads(&got), [r#"{"total": 12}"#, r#"["x"]"#]);
-    assert!(got
-        .iter()
-        .all(|m| m.topic == "invoices" && m.headers.is_empty()));
-    assert_eq!(got[1].key.as_deref(), Some("inv-2"));
-    assert_eq!(storage.ack(&ids(&got), "w1").await.unwrap(), ids(&got));
-    assert_eq!(storage.stats().await.unwrap(), Default::default());
-
-    for (message, complaint) in [
-        (
-            NewMessage::new("billing", "{}"),
-            "every row has topic \"invoices\"",
-        ),
-        (NewMessage::new("invoices", "{oops"), "not JSON"),
-        (NewMessage::new("invoices", vec![0xc3, 0x28]), "not UTF-8"),
-        (
-            NewMessage {
-                headers: [("trace".to_owned(), "1".to_owned())].into(),
-                ..NewMessage::new("invoices", "{}")
-            },
-            "no headers column",
-        ),
-    ] {
-        let err = storage.insert(message).await.unwrap_err();
-        assert!(matches!(err, StorageError::InvalidMessage(_)), "{err:?}");
-        assert!(err.to_string().contains(complaint), "{complaint}: {err}");
-    }
-    assert!(
-        claim(&storage, "w1", 10, LEASE).await.is_empty(),
-        "nothing inserted"
-    );
+    fixed_topic_json_table_holds_two_invoices(&storage, first).await;
 }
 
 #[tokio::test]
