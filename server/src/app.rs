@@ -137,7 +137,7 @@ pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
 /// left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
 async fn check_tables(relay: &Relay) -> anyhow::Result<()> {
     let checks = relay.outboxes().map(|outbox| async move {
-        match health::check_table(outbox).await {
+        match health::check_table(outbox, true).await {
             Err(error @ StorageError::MismatchedTable { .. }) => {
                 Some(format!("outboxes.{}: {error}", outbox.name))
             }

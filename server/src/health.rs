@@ -4,7 +4,7 @@
 //! the columns it lacks), so a server started before its database still comes up on its
 //! own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +23,16 @@ pub async fn watch(
     stop: CancellationToken,
 ) {
     let mut last: HashMap<String, bool> = HashMap::new();
+    // Outboxes whose mismatched table already had the DDL run: running it again every
+    // interval would not fix a wrong type, only repeat the trigger and backfill work.
+    let mut altered: HashSet<String> = HashSet::new();
     loop {
         for outbox in relay.outboxes() {
-            let result = check_table(outbox).await;
+            let may_alter = !altered.contains(&outbox.name);
+            let result = check_table(outbox, may_alter).await;
+            if matches!(result, Err(StorageError::MismatchedTable { .. })) && may_alter {
+                altered.insert(outbox.name.clone());
+            }
             let healthy = result.is_ok();
             if last.get(&outbox.name) != Some(&healthy) {
                 match &result {
@@ -51,13 +58,14 @@ pub async fn watch(
 }
 
 /// Pings the outbox's table; with `create_schema`, first creates it when it is missing,
-/// or adds what its column mapping still lacks, and pings again.
-pub async fn check_table(outbox: &Outbox) -> Result<(), StorageError> {
+/// or (when `may_alter`) adds what its column mapping still lacks, and pings again.
+pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), StorageError> {
     let result = outbox.storage().ping().await;
-    let fixable = matches!(
-        result,
-        Err(StorageError::MissingTable { .. } | StorageError::MismatchedTable { .. })
-    );
+    let fixable = match result {
+        Err(StorageError::MissingTable { .. }) => true,
+        Err(StorageError::MismatchedTable { .. }) => may_alter,
+        _ => false,
+    };
     if !(fixable && outbox.config.create_schema) {
         return result;
     }
