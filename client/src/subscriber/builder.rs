@@ -29,6 +29,9 @@ pub(crate) struct Config {
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
     pub stop_timeout: Duration,
+    /// Start a key's next message once the previous one was published, before its ack
+    /// is confirmed.
+    pub pipeline_keys: bool,
 }
 
 /// Configures a [`Subscriber`]; start with [`Subscriber::builder`].
@@ -73,8 +76,20 @@ impl SubscriberBuilder {
                 reconnect_min: Duration::from_millis(100),
                 reconnect_max: Duration::from_secs(10),
                 stop_timeout: Duration::from_secs(30),
+                pipeline_keys: true,
             },
         }
+    }
+
+    /// Whether a key's next message starts once the previous one was published (`true`,
+    /// the default) or only once the server confirmed its ack (`false`). Pipelining is what
+    /// makes a hot key fast (one round trip per batch instead of per message); without it,
+    /// after a crash or a lost connection at most the last message of each key repeats,
+    /// where with it a key resumes from its first unconfirmed message and several may
+    /// repeat, in order.
+    pub fn pipeline_keys(mut self, pipeline: bool) -> Self {
+        self.config.pipeline_keys = pipeline;
+        self
     }
 
     /// A name for this subscriber in the server's logs and stats (default `txoutbox-rust`).

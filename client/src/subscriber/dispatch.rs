@@ -143,9 +143,9 @@ impl Dispatch {
     }
 
     /// The next message that may start, marked as publishing. A message behind an
-    /// unsettled ack starts only while that message's lease runs beyond `now + margin`;
-    /// otherwise its key waits for the ack to settle.
-    pub fn next_ready(&mut self, now: Instant, margin: Duration) -> Option<Message> {
+    /// unsettled ack starts only while that message's lease runs beyond `now + margin`
+    /// (never with `margin` `None`); otherwise its key waits for the ack to settle.
+    pub fn next_ready(&mut self, now: Instant, margin: Option<Duration>) -> Option<Message> {
         while let Some(key) = self.ready.pop_front() {
             let Some(group) = self.groups.get_mut(&key) else {
                 continue;
@@ -158,10 +158,11 @@ impl Dispatch {
                 continue;
             }
             if let Some(previous) = group.acking.back() {
-                let near_its_end = self
-                    .held
-                    .get(previous)
-                    .is_none_or(|held| held.deadline <= now + margin);
+                let near_its_end = margin.is_none_or(|margin| {
+                    self.held
+                        .get(previous)
+                        .is_none_or(|held| held.deadline <= now + margin)
+                });
                 // Rescheduled when that ack settles (`acked`).
                 if near_its_end {
                     continue;
@@ -371,7 +372,7 @@ mod tests {
 
     fn drain_ready(dispatch: &mut Dispatch) -> Vec<i64> {
         let now = Instant::now();
-        std::iter::from_fn(|| dispatch.next_ready(now, MARGIN).map(|m| m.id)).collect()
+        std::iter::from_fn(|| dispatch.next_ready(now, Some(MARGIN)).map(|m| m.id)).collect()
     }
 
     #[test]
@@ -421,11 +422,32 @@ mod tests {
         for id in [1, 2] {
             d.add(msg(id, Some("a")), deadline, deadline);
         }
-        assert_eq!(d.next_ready(now, MARGIN).unwrap().id, 1);
+        assert_eq!(d.next_ready(now, Some(MARGIN)).unwrap().id, 1);
         d.published(1);
-        assert!(d.next_ready(now, MARGIN).is_none(), "10s left, 30s margin");
+        assert!(
+            d.next_ready(now, Some(MARGIN)).is_none(),
+            "10s left, 30s margin"
+        );
         d.acked(1);
-        assert_eq!(d.next_ready(now, MARGIN).unwrap().id, 2);
+        assert_eq!(d.next_ready(now, Some(MARGIN)).unwrap().id, 2);
+    }
+
+    #[test]
+    fn without_pipelining_a_key_waits_for_each_ack() {
+        let mut d = Dispatch::default();
+        let now = Instant::now();
+        let deadline = now + LEASE;
+        for id in [1, 2] {
+            d.add(msg(id, Some("a")), deadline, deadline);
+        }
+        assert_eq!(d.next_ready(now, None).unwrap().id, 1);
+        d.published(1);
+        assert!(
+            d.next_ready(now, None).is_none(),
+            "1's ack is not confirmed yet"
+        );
+        d.acked(1);
+        assert_eq!(d.next_ready(now, None).unwrap().id, 2);
     }
 
     #[test]

@@ -396,7 +396,10 @@ impl Session {
             return;
         }
         while self.tasks.len() < self.shared.config.concurrency {
-            let Some(message) = self.dispatch.next_ready(Instant::now(), self.margin()) else {
+            let Some(message) = self
+                .dispatch
+                .next_ready(Instant::now(), self.start_margin())
+            else {
                 return;
             };
             let id = message.id;
@@ -589,6 +592,12 @@ impl Session {
     /// unsettled ack must have left for the key's next message to start behind it.
     fn margin(&self) -> Duration {
         self.lease / 2
+    }
+
+    /// How much lease a message must have left for its key's next message to start
+    /// before its ack is confirmed; `None` (pipelining off): never.
+    fn start_margin(&self) -> Option<Duration> {
+        self.shared.config.pipeline_keys.then(|| self.margin())
     }
 
     fn extend_leases(&mut self) {
