@@ -146,7 +146,9 @@ pub struct OutboxConfig {
     pub max_batch_size: u32,
     pub backoff: BackoffConfig,
     pub poll: PollConfig,
-    /// Create the table (and trigger) at start if missing.
+    /// Create the table (and trigger) at start if missing; on an existing table mapped in
+    /// `columns`, add the bookkeeping columns it lacks, which makes the rows it already
+    /// holds pending (they will be delivered).
     pub create_schema: bool,
     /// Column names of an existing table ("bring your own table"); each defaults to the
     /// relay's own name. See [`ColumnMapping`].

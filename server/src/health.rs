@@ -70,7 +70,15 @@ pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), Storage
         return result;
     }
     outbox.storage().create_schema().await?;
-    tracing::info!(outbox = %outbox.name, "created the outbox table, or added the columns it lacked");
+    if matches!(result, Err(StorageError::MismatchedTable { .. })) {
+        tracing::warn!(
+            outbox = %outbox.name,
+            "added the relay's columns to an existing table (create_schema): the rows it \
+             already held are pending now and will be delivered"
+        );
+    } else {
+        tracing::info!(outbox = %outbox.name, "created the outbox table");
+    }
     outbox.storage().ping().await
 }
 

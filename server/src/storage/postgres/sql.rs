@@ -129,7 +129,8 @@ impl Names {
             PayloadFormat::Json => format!("convert_to({payload}::text, 'UTF8')"),
         };
         let headers = match &self.headers {
-            Some(headers) => format!("{alias}.{headers}::jsonb"),
+            // A team's own table may leave its headers NULL: no headers, as elsewhere.
+            Some(headers) => format!("coalesce({alias}.{headers}::jsonb, '{{}}'::jsonb)"),
             None => "'{}'::jsonb".to_owned(),
         };
         format!(
