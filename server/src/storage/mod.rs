@@ -173,6 +173,20 @@ pub enum StorageError {
 
 pub type StorageResult<T> = Result<T, StorageError>;
 
+impl StorageError {
+    /// Ok when a table check found no `problems`, [`StorageError::MismatchedTable`] else.
+    pub fn unless_problems(table: &str, problems: Vec<String>) -> StorageResult<()> {
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Self::MismatchedTable {
+                table: table.to_owned(),
+                problems,
+            })
+        }
+    }
+}
+
 /// An outbox table in some database. Implementations are cheap to share (`Arc`).
 #[async_trait]
 pub trait Storage: Send + Sync + 'static {

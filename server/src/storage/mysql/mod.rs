@@ -439,13 +439,7 @@ impl Storage for MySqlStorage {
                  `txoutboxd schema` prints the statement that adds it"
             ));
         }
-        if problems.is_empty() {
-            return Ok(());
-        }
-        Err(StorageError::MismatchedTable {
-            table: self.sql.display_table.clone(),
-            problems,
-        })
+        StorageError::unless_problems(&self.sql.display_table, problems)
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

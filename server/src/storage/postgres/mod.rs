@@ -522,14 +522,7 @@ impl Storage for PostgresStorage {
             .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("ping"))?;
         let problems = check_live_columns(&self.options.columns, &live, false, accepts);
-        if problems.is_empty() {
-            Ok(())
-        } else {
-            Err(StorageError::MismatchedTable {
-                table: self.sql.display_table.clone(),
-                problems,
-            })
-        }
+        StorageError::unless_problems(&self.sql.display_table, problems)
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

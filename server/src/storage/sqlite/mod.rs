@@ -590,13 +590,7 @@ impl Storage for SqliteStorage {
             .map_err(self.error("ping"))?;
         let live = self.live_columns(&self.pools.reader, "ping").await?;
         let problems = check_live_columns(&self.options.columns, &live, true, table::accepts);
-        if problems.is_empty() {
-            return Ok(());
-        }
-        Err(StorageError::MismatchedTable {
-            table: self.sql.display_table.clone(),
-            problems,
-        })
+        StorageError::unless_problems(&self.sql.display_table, problems)
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
