@@ -109,6 +109,14 @@ pub enum NackResult {
     Fenced,
 }
 
+/// One nack of a batch handed to [`Storage::nack_many`].
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NackRequest<'a> {
+    pub id: MessageId,
+    pub error: &'a str,
+    pub requested_delay: Option<Duration>,
+}
+
 /// Rows whose lease was extended, and until when.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Extended {
@@ -209,6 +217,25 @@ pub trait Storage: Send + Sync + 'static {
         requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
     ) -> StorageResult<NackResult>;
+
+    /// [`Storage::nack`] for each of `nacks`, in order; one outcome per nack, in the same
+    /// order. A nack that an earlier one of the batch released (a later row of its key)
+    /// finds the row no longer held: [`NackResult::Fenced`], as if sent one by one.
+    async fn nack_many(
+        &self,
+        nacks: &[NackRequest<'_>],
+        owner: &str,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<Vec<NackResult>> {
+        let mut results = Vec::with_capacity(nacks.len());
+        for nack in nacks {
+            results.push(
+                self.nack(nack.id, owner, nack.error, nack.requested_delay, policy)
+                    .await?,
+            );
+        }
+        Ok(results)
+    }
 
     /// Gives rows back untried: attempt refunded, no error, claimable after `delay`.
     async fn release(
