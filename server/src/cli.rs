@@ -26,7 +26,7 @@ Any setting can be overridden by an environment variable: TXOUTBOX_ followed by 
 key path with __ between levels, for example TXOUTBOX_DATABASES__MAIN__URL.";
 
 #[derive(Debug, Parser)]
-#[command(name = "txoutboxd", version, about = "Transactional-outbox relay served over gRPC", after_help = EXAMPLES)]
+#[command(name = "txoutboxd", version = env!("TXOUTBOX_VERSION"), about = "Transactional-outbox relay served over gRPC", after_help = EXAMPLES)]
 struct Cli {
     /// Configuration file (TOML). Default: ./txoutboxd.toml if it exists.
     #[arg(long, short, env = "TXOUTBOX_CONFIG", global = true)]
