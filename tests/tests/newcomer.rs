@@ -1,15 +1,16 @@
 //! A newcomer's first five minutes, kept true: the commands the server prints at start-up,
 //! run as printed against a real `txoutboxd` on its embedded default, in a temporary
-//! directory.
+//! directory; and `scripts/test`, which sets a machine up, is quick when it is set up.
 //!
 //! Commands run through `sh -c` exactly as printed or written, in a process group of their
 //! own so that stopping one reaches everything it started. The subscriber is the Python
 //! example's wrapper, which makes its venv on first use (from PyPI): hence the long
-//! deadline.
+//! deadline, though `scripts/test` makes the venv before the suite starts.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Lines};
@@ -61,6 +62,58 @@ async fn the_commands_printed_at_start_work_as_printed() {
     .await;
     subscriber.interrupt(DEADLINE).await;
     db.drop().await;
+}
+
+/// `scripts/test --setup-only` on a machine that has everything: it checks, and neither
+/// installs nor starts anything. Every command that would change the machine is replaced
+/// by one that fails saying what it was asked, so this test changes nothing either; a
+/// check that never passes (a misspelt package, a service probed on the wrong port) fails
+/// it. The suite runs through `scripts/test`, so here everything is in place.
+#[test]
+fn scripts_test_on_a_ready_machine_only_checks() {
+    let stubs = tempfile::tempdir().unwrap();
+    let changers = [
+        "apt-get",
+        "sudo",
+        "cargo",
+        "pg_ctlcluster",
+        "start-stop-daemon",
+        "install",
+        "redis-server",
+        "rabbitmq-server",
+        "mosquitto",
+    ];
+    for name in changers {
+        let path = stubs.path().join(name);
+        std::fs::write(
+            &path,
+            format!("#!/bin/sh\necho \"would run: {name} $*\" >&2\nexit 97\n"),
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!(
+        "{}:{}",
+        stubs.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    let started = Instant::now();
+    let output = std::process::Command::new(repository().join("scripts/test"))
+        .arg("--setup-only")
+        .env("PATH", path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stderr.is_empty(),
+        "scripts/test wanted to change this machine ({}):\n{stderr}",
+        output.status
+    );
+    // "Seconds of overhead": about one on an idle machine.
+    eprintln!("scripts/test --setup-only took {took:?}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
 /// A command run through `sh -c` in `dir`, in a process group of its own, its stdout
