@@ -1,6 +1,7 @@
-//! A newcomer's first five minutes, kept true: the commands the server prints at start-up,
-//! run as printed against a real `txoutboxd` on its embedded default, in a temporary
-//! directory; and `scripts/test`, which sets a machine up, is quick when it is set up.
+//! A newcomer's first five minutes, kept true: the commands the server prints at start-up
+//! and the README's opening (its two commands, then "Try it"), run as written against a
+//! real `txoutboxd` on its embedded default, in a temporary directory; and `scripts/test`,
+//! which sets a machine up, is quick when it is set up.
 //!
 //! Commands run through `sh -c` exactly as printed or written, in a process group of their
 //! own so that stopping one reaches everything it started. The subscriber is the Python
@@ -19,6 +20,9 @@ use txoutbox_tests::{eventually, Server, SqliteDb, DEADLINE};
 
 /// A first run of the Python example makes its venv and its stubs; machines are busy.
 const SUBSCRIBER_DEADLINE: Duration = Duration::from_secs(300);
+
+/// The address the README's commands use: the server's default `server.listen`.
+const README_ADDRESS: &str = "127.0.0.1:7411";
 
 #[tokio::test]
 async fn the_commands_printed_at_start_work_as_printed() {
@@ -62,6 +66,142 @@ async fn the_commands_printed_at_start_work_as_printed() {
     .await;
     subscriber.interrupt(DEADLINE).await;
     db.drop().await;
+}
+
+#[tokio::test]
+async fn the_readme_two_commands_are_the_server_and_the_test_script() {
+    let commands = blocks(&readme_section("## Two commands"), "sh");
+    assert_eq!(
+        commands,
+        [
+            "cargo run --release -p txoutbox-server --bin txoutboxd",
+            "scripts/test"
+        ],
+        "the README's two commands changed: update this test and what it checks"
+    );
+
+    // `-p txoutbox-server --bin txoutboxd` names this workspace's server binary, and no
+    // argument follows: the embedded default, which `Server::start_embedded` runs.
+    let metadata = std::process::Command::new(env!("CARGO"))
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .current_dir(repository())
+        .output()
+        .unwrap();
+    assert!(metadata.status.success(), "{metadata:?}");
+    let metadata: Value = serde_json::from_slice(&metadata.stdout).unwrap();
+    let server = metadata["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|package| package["name"] == "txoutbox-server")
+        .expect("a package txoutbox-server");
+    let binaries: Vec<&Value> = server["targets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|target| target["kind"] == json!(["bin"]))
+        .map(|target| &target["name"])
+        .collect();
+    assert_eq!(binaries, [&json!("txoutboxd")]);
+
+    // The test command is the script, and CI runs that same script.
+    let script = repository().join("scripts/test");
+    let mode = std::fs::metadata(&script).unwrap().permissions().mode();
+    assert!(mode & 0o111 != 0, "scripts/test is not executable");
+    let ci = std::fs::read_to_string(repository().join(".ci/run")).unwrap();
+    assert!(
+        ci.lines().any(|line| line == "scripts/test"),
+        ".ci/run does not run scripts/test:\n{ci}"
+    );
+}
+
+#[tokio::test]
+async fn the_readme_try_it_works_as_written() {
+    let section = readme_section("## Try it");
+    let commands = blocks(&section, "sh");
+    let [insert, subscribe] = commands.as_slice() else {
+        panic!("`Try it` should hold two sh blocks, the insert and the subscriber: {commands:#?}");
+    };
+    let expected = blocks(&section, "json");
+    let expected: Value = serde_json::from_str(&expected[0]).expect("the printed JSON line");
+    assert!(
+        subscribe.contains(&format!("--server {README_ADDRESS}")),
+        "{subscribe}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_embedded(dir.path()).await;
+    server.wait_serving("default").await;
+
+    // The README's reader is in the clone, where `cargo run` made ./txoutbox.db. Here the
+    // file is in the server's directory: the insert runs there, the subscriber (whose
+    // path is relative to the clone) from the repository root, against this server's port.
+    let output = run(insert, dir.path(), DEADLINE).await;
+    assert!(output.status.success(), "the README's insert failed");
+    let subscribe = subscribe.replace(README_ADDRESS, &server.address);
+    let output = run(&subscribe, &repository(), SUBSCRIBER_DEADLINE).await;
+    assert!(output.status.success(), "`{subscribe}` failed");
+
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let lines: Vec<Value> = stdout
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let line = &lines[0];
+    let keys =
+        |value: &Value| -> Vec<String> { value.as_object().unwrap().keys().cloned().collect() };
+    assert_eq!(keys(line), keys(&expected), "{line}");
+    for field in [
+        "id", "topic", "key", "payload", "headers", "attempts", "answer",
+    ] {
+        assert_eq!(line[field], expected[field], "{field} of {line}");
+    }
+    // "exits once the server confirmed the ack": no waiting needed.
+    let db = SqliteDb::at(&dir.path().join("txoutbox.db"));
+    assert_eq!(db.count("done").await, 1);
+    db.drop().await;
+}
+
+/// Every `(#anchor)` in the README names a heading, and every relative link a file.
+#[test]
+fn the_readme_links_lead_somewhere() {
+    let text = std::fs::read_to_string(repository().join("README.md")).unwrap();
+    let mut anchors = Vec::new();
+    let mut links = Vec::new();
+    let mut in_code = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        if let Some(heading) = line.strip_prefix('#') {
+            anchors.push(slug(heading.trim_start_matches('#')));
+        }
+        let mut rest = line;
+        while let Some((_, after)) = rest.split_once("](") {
+            let (target, tail) = after.split_once(')').expect("a closed link");
+            links.push(target.to_owned());
+            rest = tail;
+        }
+    }
+    for link in links {
+        if let Some(anchor) = link.strip_prefix('#') {
+            assert!(
+                anchors.iter().any(|a| a == anchor),
+                "README.md links to #{anchor}, which no heading makes"
+            );
+        } else if !link.starts_with("http") {
+            let path = link.split('#').next().unwrap();
+            assert!(
+                repository().join(path).exists(),
+                "README.md links to {path}, which does not exist"
+            );
+        }
+    }
 }
 
 /// `scripts/test --setup-only` on a machine that has everything: it checks, and neither
@@ -222,4 +362,39 @@ fn repository() -> PathBuf {
         .parent()
         .expect("workspace root")
         .to_path_buf()
+}
+
+/// The README's text from `heading` to the next heading of the same level.
+fn readme_section(heading: &str) -> String {
+    let text = std::fs::read_to_string(repository().join("README.md")).unwrap();
+    let section = text
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("README.md has no `{heading}`"))
+        .1;
+    section.split("\n## ").next().unwrap().to_owned()
+}
+
+/// The contents of the ```` ```lang ```` blocks of `text`, in order, without their last
+/// newline.
+fn blocks(text: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    let mut found = Vec::new();
+    let mut rest = text;
+    while let Some((_, after)) = rest.split_once(&fence) {
+        let (block, tail) = after.split_once("```").expect("a closed block");
+        found.push(block.trim_end_matches('\n').to_owned());
+        rest = tail;
+    }
+    found
+}
+
+/// GitHub's anchor for a heading: lowercase, punctuation dropped, spaces as hyphens.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
 }
