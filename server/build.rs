@@ -8,11 +8,15 @@
 //! 2. `git log -1` in the crate's directory.
 //! 3. Otherwise `commit unknown`: no git, no repository, or a repository without commits.
 //!
-//! The script reruns when this worktree's HEAD moves: it watches `HEAD` (a checkout), HEAD's
-//! reflog (every commit, amend or reset here appends to it) and the current branch's own
-//! ref file, never the directory of refs that every worktree of the repository shares, so
-//! another worktree's commit does not rebuild this one. A dirty tree is not marked: that
-//! would need a rerun on every edit.
+//! The script reruns when this worktree's HEAD moves, and as rarely as that allows, since a
+//! rerun rebuilds the crate and everything above it: it watches `HEAD` (a checkout, or a
+//! commit on a detached HEAD) and the current branch's own ref file, which git rewrites
+//! only when the branch moves. Not HEAD's reflog, which `git stash` and `git reset` append
+//! to without moving anything, and not the refs that every worktree of the repository
+//! shares, so another worktree's commit does not rebuild this one. Only when the branch has
+//! no file of its own (its ref is packed; the next commit writes one) does it watch the
+//! reflog and `packed-refs` instead. A dirty tree is not marked: that would need a rerun
+//! on every edit.
 //!
 //! `client/build.rs` is a symlink to this file: each crate must build alone from its
 //! tarball, and one file keeps the two `--version`s the same. It runs standalone too
@@ -66,18 +70,27 @@ fn from_git(dir: &Path) -> Option<String> {
             "--format=%h %cs",
         ],
     )?;
-    let mut watched = vec!["HEAD".to_owned(), "logs/HEAD".to_owned()];
-    watched.extend(git(dir, &["symbolic-ref", "-q", "HEAD"])); // none when detached
-    for name in watched {
-        let Some(path) = git(dir, &["rev-parse", "--git-path", &name]) else {
-            continue;
-        };
-        // Relative paths are relative to `dir`. Only existing files: cargo reruns a script
-        // on every build while a path it watches is missing.
-        let path = dir.join(path);
-        if path.is_file() {
-            println!("cargo:rerun-if-changed={}", path.display());
+    // Relative paths are relative to `dir`. Only existing files: cargo reruns a script on
+    // every build while a path it watches is missing.
+    let git_file = |name: &str| {
+        git(dir, &["rev-parse", "--git-path", name])
+            .map(|path| dir.join(path))
+            .filter(|path| path.is_file())
+    };
+    let mut watched: Vec<_> = git_file("HEAD").into_iter().collect();
+    // None when HEAD is detached: then HEAD itself holds the commit.
+    if let Some(branch) = git(dir, &["symbolic-ref", "-q", "HEAD"]) {
+        match git_file(&branch) {
+            Some(ref_file) => watched.push(ref_file),
+            None => watched.extend(
+                ["logs/HEAD", "packed-refs"]
+                    .into_iter()
+                    .filter_map(git_file),
+            ),
         }
+    }
+    for path in watched {
+        println!("cargo:rerun-if-changed={}", path.display());
     }
     Some(commit)
 }
