@@ -212,6 +212,92 @@ fn the_readme_links_lead_somewhere() {
 #[test]
 fn scripts_test_on_a_ready_machine_only_checks() {
     let stubs = tempfile::tempdir().unwrap();
+    refuse_changes(stubs.path());
+    let started = Instant::now();
+    let output = setup_only(stubs.path());
+    let took = started.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stderr.is_empty(),
+        "scripts/test wanted to change this machine ({}):\n{stderr}",
+        output.status
+    );
+    // "Seconds of overhead": about one on an idle machine.
+    eprintln!("scripts/test --setup-only took {took:?}");
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+/// Where something is missing, `scripts/test` installs or starts exactly that. Simulated
+/// on this machine, which has it all, with stubs: dpkg reports cmake removed with its
+/// configuration left behind (which `dpkg -s` would call present), PostgreSQL and Redis
+/// answer only once their start command ran, and apt-get and the start commands only
+/// record that they were called.
+#[test]
+fn scripts_test_installs_and_starts_only_what_is_missing() {
+    let stubs = tempfile::tempdir().unwrap();
+    let dir = stubs.path();
+    refuse_changes(dir);
+    let log = dir.join("calls");
+    let (log, real_path) = (log.display(), std::env::var("PATH").unwrap());
+    let records = |name: &str, then: &str| {
+        stub(dir, name, &format!("echo \"{name} $*\" >> {log}\n{then}"));
+    };
+    stub(
+        dir,
+        "dpkg-query",
+        &format!(
+            "for arg; do package=$arg; done\n\
+             if [ \"$package\" = cmake ]; then printf config-files; exit 0; fi\n\
+             PATH='{real_path}' exec dpkg-query \"$@\""
+        ),
+    );
+    records("apt-get", "");
+    let up = |name: &str| dir.join(format!("{name}-up")).display().to_string();
+    stub(dir, "pg_isready", &format!("[ -e {} ]", up("postgres")));
+    records("pg_ctlcluster", &format!("touch {}", up("postgres")));
+    stub(
+        dir,
+        "redis-cli",
+        &format!("[ -e {} ] && echo PONG", up("redis")),
+    );
+    records("redis-server", &format!("touch {}", up("redis")));
+
+    let output = setup_only(dir);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}: {stderr}", output.status);
+    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
+    let calls: Vec<Vec<&str>> = calls
+        .lines()
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    let named = |call: &Vec<&str>, words: &[&str]| words.iter().all(|w| call.contains(w));
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert!(named(&calls[0], &["apt-get", "update"]), "{calls:?}");
+    assert!(
+        named(&calls[1], &["apt-get", "install", "cmake"]) && calls[1].last() == Some(&"cmake"),
+        "only cmake is installed: {calls:?}"
+    );
+    assert!(
+        named(&calls[2], &["pg_ctlcluster", "main", "start"]),
+        "{calls:?}"
+    );
+    assert!(
+        named(&calls[3], &["redis-server", "--port", "6379"]),
+        "{calls:?}"
+    );
+    assert_eq!(
+        stderr.lines().collect::<Vec<_>>(),
+        [
+            "scripts/test: installing cmake",
+            "scripts/test: starting PostgreSQL",
+            "scripts/test: starting Redis"
+        ]
+    );
+}
+
+/// Puts, in `dir`, a command for each one `scripts/test` would change the machine with,
+/// which fails saying what it was asked instead.
+fn refuse_changes(dir: &Path) {
     let changers = [
         "apt-get",
         "sudo",
@@ -224,36 +310,30 @@ fn scripts_test_on_a_ready_machine_only_checks() {
         "mosquitto",
     ];
     for name in changers {
-        let path = stubs.path().join(name);
-        std::fs::write(
-            &path,
-            format!("#!/bin/sh\necho \"would run: {name} $*\" >&2\nexit 97\n"),
-        )
-        .unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        stub(
+            dir,
+            name,
+            &format!("echo \"would run: {name} $*\" >&2\nexit 97"),
+        );
     }
-    let path = format!(
-        "{}:{}",
-        stubs.path().display(),
-        std::env::var("PATH").unwrap()
-    );
-    let started = Instant::now();
-    let output = std::process::Command::new(repository().join("scripts/test"))
+}
+
+/// An executable `dir/name` running `body` in sh (replacing one made before).
+fn stub(dir: &Path, name: &str, body: &str) {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// `scripts/test --setup-only` with the commands in `stubs` first on the PATH.
+fn setup_only(stubs: &Path) -> std::process::Output {
+    let path = format!("{}:{}", stubs.display(), std::env::var("PATH").unwrap());
+    std::process::Command::new(repository().join("scripts/test"))
         .arg("--setup-only")
         .env("PATH", path)
         .stdin(Stdio::null())
         .output()
-        .unwrap();
-    let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stderr.is_empty(),
-        "scripts/test wanted to change this machine ({}):\n{stderr}",
-        output.status
-    );
-    // "Seconds of overhead": about one on an idle machine.
-    eprintln!("scripts/test --setup-only took {took:?}");
-    assert!(took < Duration::from_secs(30), "took {took:?}");
+        .unwrap()
 }
 
 /// A command run through `sh -c` in `dir`, in a process group of its own, its stdout
