@@ -12,11 +12,13 @@ The stubs are generated at run time from the .proto files with grpcio-tools, int
 cache directory (``generated/`` beside this file, or ``$TXOUTBOX_STUBS_DIR``), so there
 is no generated code to keep in sync.
 
-Run it (from the repository root, with txoutboxd running on its default address):
+Run it (from the repository root, with txoutboxd running on its default address) with
+the wrapper that makes its venv on first use:
 
-    python3 -m venv .venv && .venv/bin/pip install -r client/python/requirements.txt
-    .venv/bin/python client/python/txoutbox_subscriber.py \\
-        --server 127.0.0.1:7411 --outbox orders --subscriber python-example
+    client/python/subscribe --server 127.0.0.1:7411 --outbox orders --subscriber python-example
+
+or, in a venv of your own with ``pip install -r client/python/requirements.txt``, as
+``python client/python/txoutbox_subscriber.py`` with the same options.
 
 Options worth knowing: ``--count N`` stops after N messages are acked (and confirmed by
 the server); ``--nack-first-attempt`` fails every first attempt to show retries.
@@ -50,7 +52,8 @@ PROTO_FILES = ["txoutbox/v1/message.proto", "txoutbox/v1/relay.proto", "txoutbox
 try:
     import grpc
 except ImportError:
-    sys.exit("txoutbox_subscriber: grpcio is not installed; run: pip install -r requirements.txt")
+    sys.exit("txoutbox_subscriber: grpcio is not installed: run client/python/subscribe instead, "
+             "which makes a venv with it, or pip install -r client/python/requirements.txt")
 
 
 def load_stubs(proto_dir):

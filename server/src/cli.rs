@@ -26,7 +26,7 @@ Any setting can be overridden by an environment variable: TXOUTBOX_ followed by 
 key path with __ between levels, for example TXOUTBOX_DATABASES__MAIN__URL.";
 
 #[derive(Debug, Parser)]
-#[command(name = "txoutboxd", version, about = "Transactional-outbox relay served over gRPC", after_help = EXAMPLES)]
+#[command(name = "txoutboxd", version = env!("TXOUTBOX_VERSION"), about = "Transactional-outbox relay served over gRPC", after_help = EXAMPLES)]
 struct Cli {
     /// Configuration file (TOML). Default: ./txoutboxd.toml if it exists.
     #[arg(long, short, env = "TXOUTBOX_CONFIG", global = true)]
@@ -190,13 +190,44 @@ fn announce_embedded_default(config: &Config, listener: &tokio::net::TcpListener
         created = !Path::new(&file).exists(),
         // Display (`%`), not Debug: the commands must be copyable as printed.
         insert = %format!(
-            r#"sqlite3 {file} "INSERT INTO {table} (topic, payload) VALUES ('demo', 'hello')""#
+            r#"sqlite3 {} "INSERT INTO {table} (topic, payload) VALUES ('demo', 'hello')""#,
+            shell_word(&file)
         ),
-        subscribe = %format!(
-            "python3 client/python/txoutbox_subscriber.py --server {address} --outbox {EMBEDDED_NAME} (README: Quick start)"
-        ),
+        subscribe = %match example_subscriber() {
+            Some(script) => format!("{script} --server {address} --outbox {EMBEDDED_NAME}"),
+            None => format!(
+                "client/python/subscribe --server {address} --outbox {EMBEDDED_NAME}, in a clone of the txoutbox repository"
+            ),
+        },
         "no configuration given: serving the embedded default, one outbox in a SQLite file"
     );
+}
+
+/// The Python example subscriber's wrapper, which makes its venv on first use, so the
+/// printed command works on a fresh machine: `client/python/subscribe` of the sources this
+/// binary was built from, relative to the working directory when it is below it (the
+/// README's `cargo run` from the repository root). `None` without those sources.
+fn example_subscriber() -> Option<String> {
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
+    let script = sources.join("client/python/subscribe");
+    if !script.is_file() {
+        return None;
+    }
+    let cwd = std::env::current_dir().ok();
+    let shown = cwd
+        .and_then(|cwd| script.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or(script);
+    Some(shell_word(&shown.display().to_string()))
+}
+
+/// `word` as one shell word: as it is when it holds only characters the shell leaves
+/// alone, else single-quoted.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_-./:=@%+,".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', r"'\''"))
 }
 
 /// Completes on the first SIGINT or SIGTERM; a second one exits at once.
@@ -216,5 +247,23 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_word;
+
+    #[test]
+    fn shell_words_are_quoted_only_when_the_shell_would_change_them() {
+        assert_eq!(shell_word("txoutbox.db"), "txoutbox.db");
+        assert_eq!(
+            shell_word("/work/client/python/subscribe"),
+            "/work/client/python/subscribe"
+        );
+        assert_eq!(shell_word("my demo.db"), "'my demo.db'");
+        assert_eq!(shell_word("it's.db"), r"'it'\''s.db'");
+        assert_eq!(shell_word("$HOME.db"), "'$HOME.db'");
+        assert_eq!(shell_word(""), "''");
     }
 }

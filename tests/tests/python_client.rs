@@ -2,14 +2,11 @@
 //! `txoutboxd`: proves the protocol is comfortable from generated stubs outside Rust, and
 //! keeps the example in step with the protocol.
 //!
-//! Python runs in a venv under the cargo target directory (`target/python-venv`), made
-//! once with `client/python/requirements.txt` and remade only when that file changes.
+//! The script runs through `client/python/subscribe`, as a user runs it: that wrapper makes
+//! the venv the first time (`scripts/test` has it make the venv before the suite starts).
 
-use std::fs::{self, File};
-use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::process::{Command as StdCommand, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -17,8 +14,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 use txoutbox_tests::{Server, TestDb};
 
-/// Generous: the first run generates the stubs, and test machines are busy.
-const SCRIPT_TIMEOUT: Duration = Duration::from_secs(180);
+/// Generous: a first run makes the venv (from PyPI) and generates the stubs, and test
+/// machines are busy.
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Rows of both tests: two keys with two messages each, and a keyless one in between.
 const ROWS: [(Option<&str>, &str); 5] = [
@@ -31,12 +29,11 @@ const ROWS: [(Option<&str>, &str); 5] = [
 
 #[tokio::test]
 async fn python_subscriber_receives_and_acks_in_order() {
-    let python = python_venv().await;
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_rows(&db).await;
 
-    let lines = run_subscriber(&python, &server, &["--count", "5"]).await;
+    let lines = run_subscriber(&server, &["--count", "5"]).await;
 
     assert_eq!(
         field(&lines, "id"),
@@ -57,13 +54,12 @@ async fn python_subscriber_receives_and_acks_in_order() {
 
 #[tokio::test]
 async fn python_subscriber_sees_each_nacked_message_again() {
-    let python = python_venv().await;
     let db = TestDb::new().await;
     let fast_retries = "backoff.base = \"100ms\"\nbackoff.jitter = 0.0";
     let server = Server::start_serving(&db.config(fast_retries)).await;
     let ids = insert_rows(&db).await;
 
-    let lines = run_subscriber(&python, &server, &["--count", "5", "--nack-first-attempt"]).await;
+    let lines = run_subscriber(&server, &["--count", "5", "--nack-first-attempt"]).await;
 
     assert_eq!(lines.len(), 10, "every message twice: {lines:#?}");
     for id in &ids {
@@ -104,19 +100,15 @@ async fn python_subscriber_sees_each_nacked_message_again() {
 
 #[tokio::test]
 async fn python_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
-    let python = python_venv().await;
     let nobody = ["--server", "127.0.0.1:1", "--connect-timeout", "1"];
-    let (code, stderr) = run_failing(&python, &nobody).await;
+    let (code, stderr) = run_failing(&nobody).await;
     assert_eq!(code, 2, "{stderr}");
     assert!(stderr.contains("cannot connect to 127.0.0.1:1"), "{stderr}");
 
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
-    let (code, stderr) = run_failing(
-        &python,
-        &["--server", server.address.as_str(), "--outbox", "nope"],
-    )
-    .await;
+    let (code, stderr) =
+        run_failing(&["--server", server.address.as_str(), "--outbox", "nope"]).await;
     assert_eq!(code, 1, "{stderr}");
     assert!(
         stderr.contains("NOT_FOUND") && stderr.contains("`nope`"),
@@ -139,7 +131,7 @@ fn field(lines: &[Value], name: &str) -> Vec<Value> {
 
 /// Runs the script against `server` until it exits; asserts it succeeded and returns
 /// its stdout, one JSON value per line.
-async fn run_subscriber(python: &Path, server: &Server, args: &[&str]) -> Vec<Value> {
+async fn run_subscriber(server: &Server, args: &[&str]) -> Vec<Value> {
     let mut all_args = vec![
         "--server",
         server.address.as_str(),
@@ -149,7 +141,7 @@ async fn run_subscriber(python: &Path, server: &Server, args: &[&str]) -> Vec<Va
         "python-e2e",
     ];
     all_args.extend_from_slice(args);
-    let output = run_script(python, &all_args).await;
+    let output = run_script(&all_args).await;
     assert!(
         output.status.success(),
         "the Python subscriber exited with {}; its stderr is above",
@@ -165,8 +157,8 @@ async fn run_subscriber(python: &Path, server: &Server, args: &[&str]) -> Vec<Va
 }
 
 /// Runs the script expecting a failure; returns its exit code and stderr.
-async fn run_failing(python: &Path, args: &[&str]) -> (i32, String) {
-    let output = run_script(python, args).await;
+async fn run_failing(args: &[&str]) -> (i32, String) {
+    let output = run_script(args).await;
     let code = output
         .status
         .code()
@@ -174,11 +166,11 @@ async fn run_failing(python: &Path, args: &[&str]) -> (i32, String) {
     (code, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// Runs `txoutbox_subscriber.py` with a deadline, echoing its stderr to the test's output.
-async fn run_script(python: &Path, args: &[&str]) -> Output {
-    let script = repository().join("client/python/txoutbox_subscriber.py");
-    let mut child = Command::new(python)
-        .arg(&script)
+/// Runs `client/python/subscribe ARGS` (the wrapper that runs `txoutbox_subscriber.py` in
+/// its venv) with a deadline, echoing its stderr to the test's output.
+async fn run_script(args: &[&str]) -> Output {
+    let script = repository().join("client/python/subscribe");
+    let mut child = Command::new(&script)
         .args(args)
         .env("TXOUTBOX_STUBS_DIR", target_dir().join("python-stubs"))
         .stdin(Stdio::null())
@@ -186,7 +178,7 @@ async fn run_script(python: &Path, args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {} {}: {e}", python.display(), script.display()));
+        .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()));
     let stdout = tokio::spawn(read_all(child.stdout.take().unwrap()));
     let stderr = tokio::spawn(read_all(child.stderr.take().unwrap()));
     let status = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await;
@@ -229,93 +221,4 @@ fn target_dir() -> PathBuf {
         .nth(3)
         .expect("target directory above target/<profile>/deps")
         .to_path_buf()
-}
-
-/// The venv's interpreter, with the client's requirements installed.
-async fn python_venv() -> PathBuf {
-    static VENV: OnceLock<PathBuf> = OnceLock::new();
-    match tokio::task::spawn_blocking(|| VENV.get_or_init(prepare_venv).clone()).await {
-        Ok(python) => python,
-        Err(error) => std::panic::resume_unwind(error.into_panic()),
-    }
-}
-
-/// Creates or reuses `target/python-venv`. A lock file serializes test processes; a
-/// copy of the requirements inside the venv tells whether it is up to date.
-fn prepare_venv() -> PathBuf {
-    let target = target_dir();
-    let venv = target.join("python-venv");
-    let python = venv.join("bin").join("python");
-    let requirements_path = repository().join("client/python/requirements.txt");
-    let requirements = fs::read(&requirements_path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", requirements_path.display()));
-    let installed_copy = venv.join("txoutbox-requirements.txt");
-
-    let lock_file =
-        File::create(target.join("python-venv.lock")).expect("creating the venv lock file");
-    let mut lock = fd_lock::RwLock::new(lock_file);
-    let _guard = lock.write().expect("locking the venv");
-
-    let up_to_date = fs::read(&installed_copy).is_ok_and(|copy| copy == requirements)
-        && run_quietly(StdCommand::new(&python).args(["-c", "import grpc, grpc_tools"])).is_ok();
-    if up_to_date {
-        return python;
-    }
-    let base = base_python();
-    eprintln!(
-        "creating {} with {}",
-        venv.display(),
-        requirements_path.display()
-    );
-    if venv.exists() {
-        fs::remove_dir_all(&venv).expect("removing the outdated venv");
-    }
-    run_quietly(StdCommand::new(&base).args(["-m", "venv"]).arg(&venv)).unwrap_or_else(|output| {
-        panic!("`{base} -m venv` failed (on Debian or Ubuntu: apt-get install python3-venv):\n{output}")
-    });
-    let mut pip = StdCommand::new(&python);
-    pip.args([
-        "-m",
-        "pip",
-        "install",
-        "--disable-pip-version-check",
-        "--quiet",
-        "-r",
-    ])
-    .arg(&requirements_path);
-    run_quietly(&mut pip).unwrap_or_else(|output| panic!("pip install failed:\n{output}"));
-    fs::write(&installed_copy, &requirements).expect("recording the installed requirements");
-    python
-}
-
-/// The interpreter that creates the venv: `TXOUTBOX_TEST_PYTHON`, or `python3`.
-fn base_python() -> String {
-    let python = std::env::var("TXOUTBOX_TEST_PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    match StdCommand::new(&python).arg("--version").output() {
-        Ok(output) if output.status.success() => python,
-        Ok(output) => panic!(
-            "`{python} --version` failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        ),
-        Err(e) if e.kind() == ErrorKind::NotFound => panic!(
-            "`{python}` not found: the Python client test needs CPython 3.9 or newer with venv \
-             (on Debian or Ubuntu: apt-get install python3 python3-venv), or TXOUTBOX_TEST_PYTHON \
-             set to an interpreter"
-        ),
-        Err(e) => panic!("running `{python}`: {e}"),
-    }
-}
-
-/// Runs a command to completion; on failure returns its combined output.
-fn run_quietly(command: &mut StdCommand) -> Result<(), String> {
-    match command.stdin(Stdio::null()).output() {
-        Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => Err(format!(
-            "{}\n{}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        )),
-        Err(e) => Err(e.to_string()),
-    }
 }

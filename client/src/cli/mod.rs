@@ -51,7 +51,8 @@ Exit codes:
 #[derive(Debug, Parser)]
 #[command(
     name = "txoutbox",
-    version,
+    // The version and the git commit (`build.rs`).
+    version = env!("TXOUTBOX_VERSION"),
     about = "Command line of txoutboxd: look at outboxes, keep them small, relay them to Kafka",
     after_help = EXAMPLES
 )]
