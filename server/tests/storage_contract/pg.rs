@@ -176,6 +176,68 @@ impl Backend for PgBackend {
         let options = self.options(&Setup::default());
         Arc::new(PostgresStorage::from_pool(pool, None, options).unwrap())
     }
+
+    async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite> {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        conn.execute("BEGIN").await.unwrap();
+        let c = &self.columns;
+        let sql = format!(
+            "UPDATE {} SET {} = now() + interval '1 hour', {} = NULL, {} = 'late nack' \
+             WHERE {} = $1",
+            self.qualified(),
+            c.available_at.quoted(),
+            c.leased_by.quoted(),
+            c.last_error.quoted(),
+            c.id.quoted()
+        );
+        let updated = sqlx::query(&sql).bind(id).execute(&mut conn).await.unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+        Box::new(PgOpenWrite { conn, pid })
+    }
+
+    async fn last_error(&self, id: MessageId) -> Option<String> {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {} = $1",
+            c.last_error.quoted(),
+            self.qualified(),
+            c.id.quoted()
+        );
+        sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    }
+}
+
+/// See [`Backend::open_late_nack`].
+struct PgOpenWrite {
+    conn: PgConnection,
+    pid: i32,
+}
+
+#[async_trait::async_trait]
+impl OpenWrite for PgOpenWrite {
+    async fn blocks_someone(&self) -> bool {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))",
+        )
+        .bind(self.pid)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    }
+
+    async fn commit(mut self: Box<Self>) {
+        self.conn.execute("COMMIT").await.unwrap();
+    }
 }
 
 /// Drops the schema when the test ends, pass or fail, on a thread of its own since
