@@ -165,6 +165,7 @@ macro_rules! storage_contract {
                 a_claim_racing_a_late_nack_hands_out_no_later_row_of_the_key,
                 answers_that_delay_a_row_need_a_live_lease,
                 a_row_claimed_max_attempts_times_is_dead_lettered_by_the_next_claim,
+                a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -1,6 +1,6 @@
 //! The contract, case by case. Each takes a fresh backend; see `storage_contract!`.
 
-use txoutbox_server::storage::{NackResult, Stats, StorageError, TopicStats};
+use txoutbox_server::storage::{NackRequest, NackResult, Stats, StorageError, TopicStats};
 
 use super::*;
 
@@ -757,4 +757,69 @@ pub async fn a_row_claimed_max_attempts_times_is_dead_lettered_by_the_next_claim
     assert_eq!(storage.stats().await.unwrap().total.dead, 1);
     let error = backend.last_error(poison).await.unwrap_or_default();
     assert!(error.contains("max_attempts"), "{error}");
+}
+
+/// A batch of nacks in one call has the outcomes of the same nacks sent one by one: a
+/// later row of a key already nacked in the batch was given back by that nack (fenced
+/// here), an earlier one still applies, a row named twice is nacked once, a row not held
+/// is fenced, and the last attempt dead-letters.
+pub async fn a_batch_of_nacks_does_what_the_nacks_would_one_by_one(backend: &impl Backend) {
+    let storage = backend
+        .open(Setup {
+            strict_ordering: false,
+            ..Setup::default()
+        })
+        .await;
+    // `spent` is claimed (and given back) until its next claim is its last attempt.
+    let spent = insert(&*storage, "t", "spent", Some("j")).await;
+    for _ in 1..POLICY.max_attempts {
+        assert_eq!(ids(&claim(&*storage, "w0", 1, LEASE).await), [spent]);
+        assert_eq!(storage.return_leases(&[spent], "w0").await.unwrap(), 1);
+    }
+    let mut k = Vec::new();
+    for i in 0..3 {
+        k.push(insert(&*storage, "t", &format!("k{i}"), Some("k")).await);
+    }
+    let lone = insert(&*storage, "t", "lone", None).await;
+    assert_eq!(claim(&*storage, "w1", 10, LEASE).await.len(), 5);
+
+    let nack = |id, delay_ms| NackRequest {
+        id,
+        error: "boom",
+        requested_delay: Some(Duration::from_millis(delay_ms)),
+    };
+    let batch = [
+        nack(k[1], 60_000),
+        nack(k[2], 60_000),
+        nack(k[0], 30_000),
+        nack(lone, 60_000),
+        nack(lone, 60_000),
+        nack(spent, 60_000),
+        nack(123_456_789, 60_000),
+    ];
+    let results = storage.nack_many(&batch, "w1", &POLICY).await.unwrap();
+    assert_eq!(results.len(), batch.len());
+    let NackResult::Retried { released, .. } = &results[0] else {
+        panic!("k1: {:?}", results[0]);
+    };
+    assert_eq!(released, &[k[2]], "k1 gives back k2");
+    assert_eq!(
+        results[1],
+        NackResult::Fenced,
+        "k2 was given back by k1's nack"
+    );
+    let NackResult::Retried { released, .. } = &results[2] else {
+        panic!("k0: {:?}", results[2]);
+    };
+    assert!(released.is_empty(), "k1 and k2 are no longer held");
+    assert!(matches!(results[3], NackResult::Retried { .. }), "lone");
+    assert_eq!(results[4], NackResult::Fenced, "lone, twice");
+    assert_eq!(
+        results[5],
+        NackResult::DeadLettered { released: vec![] },
+        "spent, on its last attempt"
+    );
+    assert_eq!(results[6], NackResult::Fenced, "never held");
+    let stats = storage.stats().await.unwrap().total;
+    assert_eq!((stats.pending, stats.leased, stats.dead), (4, 0, 1));
 }

@@ -425,10 +425,10 @@ impl Storage for PostgresStorage {
 
         let results = nacks
             .iter()
-            .map(|nack| {
-                let Some((_, _, _, dead, at)) =
-                    rows.iter().find(|row| row.0 == nack.id && row.2 == nack.id)
-                else {
+            .zip(&plan)
+            .map(|(nack, decision)| {
+                let applied = rows.iter().find(|row| row.0 == nack.id && row.2 == nack.id);
+                let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
                     return NackResult::Fenced;
                 };
                 let released = sorted(
