@@ -374,6 +374,49 @@ async fn a_row_inserted_while_its_key_drains_is_still_claimed() {
     }
 }
 
+/// An ack skips the head of a key whose producer transaction is open (neither waits for
+/// the other), leaving the head behind on a finished row. The next claim looks past it to
+/// the key's first pending row, and moves it on, so claims do not keep walking finished
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = format!("\"{}\".outbox", backend.schema);
+    let heads = format!("\"{}\".outbox_heads", backend.schema);
+    let head = || async {
+        let mut conn = PgConnection::connect(&url()).await.unwrap();
+        sqlx::query_scalar::<_, Option<i64>>(&format!(
+            "SELECT head_id FROM {heads} WHERE key = 'k'"
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let first = insert(&*storage, "t", "first", Some("k")).await;
+    assert_eq!(ids(&claim(&*storage, "w", 10, LEASE).await), [first]);
+
+    let mut producer = PgConnection::connect(&url()).await.unwrap();
+    producer.execute("BEGIN").await.unwrap();
+    let second: MessageId = sqlx::query_scalar(&format!(
+        "INSERT INTO {table} (topic, key, payload) VALUES ('t', 'k', 'second') RETURNING id"
+    ))
+    .fetch_one(&mut producer)
+    .await
+    .unwrap();
+    // Does not wait for the producer: the head stays on the acked row.
+    assert_eq!(storage.ack(&[first], "w").await.unwrap(), [first]);
+    assert_eq!(
+        head().await,
+        Some(first),
+        "the ack skipped the producer's head"
+    );
+    producer.execute("COMMIT").await.unwrap();
+
+    assert_eq!(ids(&claim(&*storage, "w", 10, LEASE).await), [second]);
+    assert_eq!(head().await, Some(second), "the claim moved the head on");
+}
+
 /// With a hot key's head leased, a claim still finds every other key's head (through the
 /// key-heads table) and nothing of the hot key. What it costs is the benchmark's business.
 #[tokio::test]

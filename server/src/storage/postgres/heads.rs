@@ -217,34 +217,43 @@ DECLARE
     txo_take bigint[];
     txo_spend bigint[];
     txo_spent_keys text[];
+    txo_behind text[];
 BEGIN
     PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
     -- After the lock: the claim before this one may have waited as long.
     txo_now := clock_timestamp();
-    SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') INTO txo_chosen FROM (
-        WITH heads AS (
-            SELECT h.key, h.head_id FROM {heads} h
-            CROSS JOIN LATERAL (
-                SELECT {head_ok} AS ok FROM {t} r
-                WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
-                ORDER BY r.{id} LIMIT 1) f
-            WHERE h.head_id IS NOT NULL AND f.ok
-            ORDER BY h.head_id LIMIT txo_batch),
-        bound AS (
-            SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
-        keyed AS (
-            SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
-            FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
-                SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
-                WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id
-                  AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
-                ORDER BY s.{id} LIMIT txo_batch) s),
-        keyless AS (
-            SELECT o.{id} AS id FROM {t} o
-            WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok}
-            ORDER BY o.{id} LIMIT txo_batch)
+    WITH heads AS (
+        SELECT h.key, h.head_id, f.id AS first_id FROM {heads} h
+        CROSS JOIN LATERAL (
+            SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
+            WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
+            ORDER BY r.{id} LIMIT 1) f
+        WHERE h.head_id IS NOT NULL AND f.ok
+        ORDER BY h.head_id LIMIT txo_batch),
+    bound AS (
+        SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
+    keyed AS (
+        SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
+        FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
+            SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
+            WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id
+              AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
+            ORDER BY s.{id} LIMIT txo_batch) s),
+    keyless AS (
+        SELECT o.{id} AS id FROM {t} o
+        WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok}
+        ORDER BY o.{id} LIMIT txo_batch),
+    chosen AS (
         (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
-        ORDER BY 1 LIMIT txo_batch) c;
+        ORDER BY 1 LIMIT txo_batch)
+    SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
+           (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h WHERE h.first_id > h.head_id)
+    INTO txo_chosen, txo_behind;
+    IF cardinality(txo_behind) > 0 THEN
+        -- Heads left behind (an answer skipped them while a producer held them): this
+        -- claim walked past finished rows to reach their first pending row. Move them on.
+        PERFORM {advance_function}(txo_behind);
+    END IF;
 
     IF cardinality(txo_chosen) = 0 THEN
         -- Idle: move on a few heads left behind by answers that skipped them.
