@@ -299,9 +299,13 @@ impl Statements {
             functions,
             insert: n.insert(&t),
             // One simple query: the statements run in one implicit transaction, sent at
-            // once, so no lock of the DDL waits on this server between them.
+            // once, so no lock of the DDL waits on this server between them. An index
+            // build may take long; a table lock that does not come within a second is
+            // given up (the health check tries again), since producers' inserts queue
+            // behind a DDL statement waiting for it.
             schema_run: format!(
                 "SET LOCAL statement_timeout = 0;\n\
+                 SET LOCAL lock_timeout = '1s';\n\
                  SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0);\n{schema}"
             ),
             schema,
