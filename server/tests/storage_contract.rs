@@ -78,6 +78,20 @@ trait Backend {
     async fn unreachable(&self) -> Arc<dyn Storage>;
     /// Waits until the insert listener of a storage opened with `notify` listens.
     async fn until_listening(&self);
+    /// Another session's transaction that did to row `id` what a late nack does (a retry
+    /// an hour away, no longer leased) and is still open, so a claim can run beside it.
+    async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite>;
+    /// The row's `last_error`, as stored.
+    async fn last_error(&self, id: MessageId) -> Option<String>;
+}
+
+/// Another session's write transaction, still open (see [`Backend::open_late_nack`]).
+#[async_trait::async_trait]
+trait OpenWrite: Send {
+    /// Whether some session waits for this transaction's locks. True where the database
+    /// cannot tell: a SQLite writer waits for the file's lock in its busy handler.
+    async fn blocks_someone(&self) -> bool;
+    async fn commit(self: Box<Self>);
 }
 
 /// Retries after the requested delay (a minute by default) until `max_attempts`.
@@ -148,6 +162,10 @@ macro_rules! storage_contract {
                 headers_round_trip,
                 missing_table_is_reported,
                 unreachable_database_is_reported,
+                a_claim_racing_a_late_nack_hands_out_no_later_row_of_the_key,
+                answers_that_delay_a_row_need_a_live_lease,
+                a_row_claimed_max_attempts_times_is_dead_lettered_by_the_next_claim,
+                a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,
@@ -235,6 +253,7 @@ fn request(owner: &str) -> ClaimRequest<'_> {
         batch_size: 10,
         lease: LEASE,
         topics: &[],
+        max_attempts: POLICY.max_attempts,
     }
 }
 
@@ -250,6 +269,7 @@ async fn claim_topics(
         batch_size,
         lease,
         topics,
+        max_attempts: POLICY.max_attempts,
     };
     storage.claim(request).await.expect("claim").messages
 }

@@ -39,6 +39,12 @@ impl TestDb {
     /// A configuration with one outbox `orders` on this schema; `extra` is appended to
     /// the `[outboxes.orders]` table (for example `max_attempts = 3`).
     pub fn config(&self, extra: &str) -> String {
+        self.config_at(&self.url, extra)
+    }
+
+    /// [`TestDb::config`] reaching the database at `url`, for example through a
+    /// [`crate::pg_link::PgLink`].
+    pub fn config_at(&self, url: &str, extra: &str) -> String {
         format!(
             r#"
 [server]
@@ -59,7 +65,6 @@ create_schema = true
 notify_channel = "{schema}_wake"
 {extra}
 "#,
-            url = self.url,
             schema = self.schema,
         )
     }

@@ -14,6 +14,7 @@ pub mod db;
 pub mod journal;
 pub mod mariadb;
 pub mod outbox_db;
+pub mod pg_link;
 pub mod server;
 pub mod sqlite_db;
 pub mod subscriber;

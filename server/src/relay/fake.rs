@@ -15,8 +15,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, OutboxMessage, RetryPolicy,
-    Stats, Storage, StorageResult,
+    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
+    RetryPolicy, Stats, Storage, StorageResult,
 };
 
 /// The kinds of storage call a test can count and hold.
@@ -173,6 +173,31 @@ impl FakeStorage {
         applied.dedup();
         applied
     }
+    fn nack_one(&self, id: MessageId, owner: &str) -> NackResult {
+        if self
+            .held_by(&[id], owner, |row| row.leased_by = None)
+            .is_empty()
+        {
+            NackResult::Fenced
+        } else {
+            let key = self.lock().rows[&id].key.clone();
+            let successors: Vec<MessageId> = self
+                .lock()
+                .rows
+                .range(id + 1..)
+                .filter(|(_, row)| key.is_some() && row.key == key)
+                .map(|(id, _)| *id)
+                .collect();
+            let released = self.held_by(&successors, owner, |row| {
+                row.leased_by = None;
+                row.attempts -= 1;
+            });
+            NackResult::Retried {
+                retry_at: Utc::now(),
+                released,
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -214,6 +239,7 @@ impl Storage for FakeStorage {
         }
         self.leave(Op::Claim);
         Ok(Claimed {
+            exhausted: Vec::new(),
             messages,
             lease_expires_at: Utc::now(),
         })
@@ -226,41 +252,20 @@ impl Storage for FakeStorage {
         Ok(applied)
     }
 
-    /// Retries at once, releasing the later rows of the key the owner holds.
-    async fn nack(
+    /// Retries each at once, releasing the later rows of the key the owner holds.
+    async fn nack_many(
         &self,
-        id: MessageId,
+        nacks: &[NackRequest<'_>],
         owner: &str,
-        _error: &str,
-        _requested_delay: Option<Duration>,
         _policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
+    ) -> StorageResult<Vec<NackResult>> {
         self.enter(Op::Nack).await;
-        let result = if self
-            .held_by(&[id], owner, |row| row.leased_by = None)
-            .is_empty()
-        {
-            NackResult::Fenced
-        } else {
-            let key = self.lock().rows[&id].key.clone();
-            let successors: Vec<MessageId> = self
-                .lock()
-                .rows
-                .range(id + 1..)
-                .filter(|(_, row)| key.is_some() && row.key == key)
-                .map(|(id, _)| *id)
-                .collect();
-            let released = self.held_by(&successors, owner, |row| {
-                row.leased_by = None;
-                row.attempts -= 1;
-            });
-            NackResult::Retried {
-                retry_at: Utc::now(),
-                released,
-            }
-        };
+        let results = nacks
+            .iter()
+            .map(|nack| self.nack_one(nack.id, owner))
+            .collect();
         self.leave(Op::Nack);
-        Ok(result)
+        Ok(results)
     }
 
     async fn release(

@@ -185,6 +185,7 @@ impl Outbox {
             batch_size,
             lease,
             topics,
+            max_attempts: self.config.max_attempts,
         };
         let mut claimed = self.storage.claim(request).await?;
         if claimed

@@ -13,6 +13,7 @@
 pub mod columns;
 pub mod ident;
 pub mod mysql;
+pub mod nack_plan;
 pub mod postgres;
 pub mod sqlite;
 
@@ -72,6 +73,9 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// Only these topics; empty means every topic.
     pub topics: &'a [String],
+    /// A due row already claimed this many times (never answered: its holders died or
+    /// let the lease run out) is dead-lettered by the claim instead of handed out again.
+    pub max_attempts: u32,
 }
 
 /// Messages claimed, in id order, all leased until `lease_expires_at`.
@@ -79,6 +83,8 @@ pub struct ClaimRequest<'a> {
 pub struct Claimed {
     pub messages: Vec<OutboxMessage>,
     pub lease_expires_at: DateTime<Utc>,
+    /// Rows the claim dead-lettered instead: claimed `max_attempts` times already.
+    pub exhausted: Vec<MessageId>,
 }
 
 /// What the retry policy decided for a failed message, given its attempts so far.
@@ -207,8 +213,19 @@ pub trait Storage: Send + Sync + 'static {
     /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
     async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>>;
 
-    /// Records the error and schedules a retry or dead-letters, per `policy`. The later
-    /// rows of the same key that `owner` holds are released untried with the same time.
+    /// Applies `nacks` in order, one outcome each, in the same order: records the error
+    /// and schedules a retry or dead-letters, per `policy`, and gives back untried the
+    /// later rows of the key that `owner` holds, with the same time. A nack needs a live
+    /// lease (see README, Guarantees); a nack of a row an earlier nack of the batch gave
+    /// back finds it no longer held: [`NackResult::Fenced`], as if sent one by one.
+    async fn nack_many(
+        &self,
+        nacks: &[NackRequest<'_>],
+        owner: &str,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<Vec<NackResult>>;
+
+    /// [`Storage::nack_many`] of one nack.
     async fn nack(
         &self,
         id: MessageId,
@@ -216,25 +233,14 @@ pub trait Storage: Send + Sync + 'static {
         error: &str,
         requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult>;
-
-    /// [`Storage::nack`] for each of `nacks`, in order; one outcome per nack, in the same
-    /// order. A nack that an earlier one of the batch released (a later row of its key)
-    /// finds the row no longer held: [`NackResult::Fenced`], as if sent one by one.
-    async fn nack_many(
-        &self,
-        nacks: &[NackRequest<'_>],
-        owner: &str,
-        policy: &dyn RetryPolicy,
-    ) -> StorageResult<Vec<NackResult>> {
-        let mut results = Vec::with_capacity(nacks.len());
-        for nack in nacks {
-            results.push(
-                self.nack(nack.id, owner, nack.error, nack.requested_delay, policy)
-                    .await?,
-            );
-        }
-        Ok(results)
+    ) -> StorageResult<NackResult> {
+        let nack = NackRequest {
+            id,
+            error,
+            requested_delay,
+        };
+        let mut results = self.nack_many(&[nack], owner, policy).await?;
+        Ok(results.pop().unwrap_or(NackResult::Fenced))
     }
 
     /// Gives rows back untried: attempt refunded, no error, claimable after `delay`.

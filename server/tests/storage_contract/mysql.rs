@@ -149,6 +149,71 @@ impl Backend for MySqlBackend {
     async fn until_listening(&self) {
         // No insert signal on MySQL/MariaDB: the cases that would wait for it skip.
     }
+
+    async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite> {
+        let mut conn = connection().await;
+        let thread: u64 = sqlx::query_scalar("SELECT CONNECTION_ID()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        conn.execute("BEGIN").await.unwrap();
+        let c = &self.columns;
+        let sql = format!(
+            "UPDATE `{}`.`{}` SET `{}` = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, `{}` = NULL, \
+             `{}` = 'late nack' WHERE `{}` = ?",
+            self.database,
+            self.table,
+            c.available_at.as_str(),
+            c.leased_by.as_str(),
+            c.last_error.as_str(),
+            c.id.as_str()
+        );
+        let updated = sqlx::query(&sql).bind(id).execute(&mut conn).await.unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+        Box::new(MySqlOpenWrite { conn, thread })
+    }
+
+    async fn last_error(&self, id: MessageId) -> Option<String> {
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT `{}` FROM `{}`.`{}` WHERE `{}` = ?",
+            c.last_error.as_str(),
+            self.database,
+            self.table,
+            c.id.as_str()
+        );
+        sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(&mut connection().await)
+            .await
+            .unwrap()
+    }
+}
+
+/// See [`Backend::open_late_nack`].
+struct MySqlOpenWrite {
+    conn: MySqlConnection,
+    thread: u64,
+}
+
+#[async_trait::async_trait]
+impl OpenWrite for MySqlOpenWrite {
+    async fn blocks_someone(&self) -> bool {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.INNODB_LOCK_WAITS w \
+             JOIN information_schema.INNODB_TRX t ON t.trx_id = w.blocking_trx_id \
+             WHERE t.trx_mysql_thread_id = ?",
+        )
+        .bind(self.thread)
+        .fetch_one(&mut connection().await)
+        .await
+        .unwrap();
+        waiting > 0
+    }
+
+    async fn commit(mut self: Box<Self>) {
+        self.conn.execute("COMMIT").await.unwrap();
+    }
 }
 
 /// Drops the database when the test ends, pass or fail, on a thread of its own since

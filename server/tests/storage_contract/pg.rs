@@ -176,6 +176,68 @@ impl Backend for PgBackend {
         let options = self.options(&Setup::default());
         Arc::new(PostgresStorage::from_pool(pool, None, options).unwrap())
     }
+
+    async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite> {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        conn.execute("BEGIN").await.unwrap();
+        let c = &self.columns;
+        let sql = format!(
+            "UPDATE {} SET {} = now() + interval '1 hour', {} = NULL, {} = 'late nack' \
+             WHERE {} = $1",
+            self.qualified(),
+            c.available_at.quoted(),
+            c.leased_by.quoted(),
+            c.last_error.quoted(),
+            c.id.quoted()
+        );
+        let updated = sqlx::query(&sql).bind(id).execute(&mut conn).await.unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+        Box::new(PgOpenWrite { conn, pid })
+    }
+
+    async fn last_error(&self, id: MessageId) -> Option<String> {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {} = $1",
+            c.last_error.quoted(),
+            self.qualified(),
+            c.id.quoted()
+        );
+        sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    }
+}
+
+/// See [`Backend::open_late_nack`].
+struct PgOpenWrite {
+    conn: PgConnection,
+    pid: i32,
+}
+
+#[async_trait::async_trait]
+impl OpenWrite for PgOpenWrite {
+    async fn blocks_someone(&self) -> bool {
+        let mut conn = PgConnection::connect(&url()).await.expect("connect");
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid)))",
+        )
+        .bind(self.pid)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    }
+
+    async fn commit(mut self: Box<Self>) {
+        self.conn.execute("COMMIT").await.unwrap();
+    }
 }
 
 /// Drops the schema when the test ends, pass or fail, on a thread of its own since
@@ -310,6 +372,49 @@ async fn a_row_inserted_while_its_key_drains_is_still_claimed() {
         );
         storage.ack(&[second], "w").await.unwrap();
     }
+}
+
+/// An ack skips the head of a key whose producer transaction is open (neither waits for
+/// the other), leaving the head behind on a finished row. The next claim looks past it to
+/// the key's first pending row, and moves it on, so claims do not keep walking finished
+/// rows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = format!("\"{}\".outbox", backend.schema);
+    let heads = format!("\"{}\".outbox_heads", backend.schema);
+    let head = || async {
+        let mut conn = PgConnection::connect(&url()).await.unwrap();
+        sqlx::query_scalar::<_, Option<i64>>(&format!(
+            "SELECT head_id FROM {heads} WHERE key = 'k'"
+        ))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+    };
+    let first = insert(&*storage, "t", "first", Some("k")).await;
+    assert_eq!(ids(&claim(&*storage, "w", 10, LEASE).await), [first]);
+
+    let mut producer = PgConnection::connect(&url()).await.unwrap();
+    producer.execute("BEGIN").await.unwrap();
+    let second: MessageId = sqlx::query_scalar(&format!(
+        "INSERT INTO {table} (topic, key, payload) VALUES ('t', 'k', 'second') RETURNING id"
+    ))
+    .fetch_one(&mut producer)
+    .await
+    .unwrap();
+    // Does not wait for the producer: the head stays on the acked row.
+    assert_eq!(storage.ack(&[first], "w").await.unwrap(), [first]);
+    assert_eq!(
+        head().await,
+        Some(first),
+        "the ack skipped the producer's head"
+    );
+    producer.execute("COMMIT").await.unwrap();
+
+    assert_eq!(ids(&claim(&*storage, "w", 10, LEASE).await), [second]);
+    assert_eq!(head().await, Some(second), "the claim moved the head on");
 }
 
 /// With a hot key's head leased, a claim still finds every other key's head (through the

@@ -147,6 +147,60 @@ impl Backend for SqliteBackend {
     async fn until_listening(&self) {
         unreachable!("SQLite has no insert signal; its signal cases are skipped")
     }
+
+    async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite> {
+        let producer = self.producer().await;
+        let mut conn = producer.acquire().await.unwrap().detach();
+        conn.execute("BEGIN IMMEDIATE").await.unwrap();
+        let c = &self.columns;
+        let sql = format!(
+            "UPDATE \"{}\" SET \"{}\" = {NOW_MS} + 3600000, \"{}\" = NULL, \"{}\" = 'late nack' \
+             WHERE \"{}\" = ?1",
+            self.table,
+            c.available_at.as_str(),
+            c.leased_by.as_str(),
+            c.last_error.as_str(),
+            c.id.as_str()
+        );
+        let updated = sqlx::query(&sql).bind(id).execute(&mut conn).await.unwrap();
+        assert_eq!(updated.rows_affected(), 1);
+        Box::new(SqliteOpenWrite { conn })
+    }
+
+    async fn last_error(&self, id: MessageId) -> Option<String> {
+        let producer = self.producer().await;
+        let c = &self.columns;
+        let sql = format!(
+            "SELECT \"{}\" FROM \"{}\" WHERE \"{}\" = ?1",
+            c.last_error.as_str(),
+            self.table,
+            c.id.as_str()
+        );
+        let error = sqlx::query_scalar(&sql)
+            .bind(id)
+            .fetch_one(&producer)
+            .await
+            .unwrap();
+        producer.close().await;
+        error
+    }
+}
+
+/// See [`Backend::open_late_nack`]: the write transaction holds the file's write lock, so
+/// a claim waits for it in its busy handler, which SQLite does not show.
+struct SqliteOpenWrite {
+    conn: sqlx::SqliteConnection,
+}
+
+#[async_trait::async_trait]
+impl OpenWrite for SqliteOpenWrite {
+    async fn blocks_someone(&self) -> bool {
+        true
+    }
+
+    async fn commit(mut self: Box<Self>) {
+        self.conn.execute("COMMIT").await.unwrap();
+    }
 }
 
 // Cases only SQLite has.

@@ -76,6 +76,7 @@ async fn worker(
                 batch_size,
                 lease: LEASE,
                 topics: &[],
+                max_attempts: u32::MAX,
             })
             .await?;
         if claimed.messages.is_empty() {

@@ -60,8 +60,8 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, Columns, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    ClaimRequest, Claimed, Extended, MessageId, NackResult, NewMessage, RetryPolicy, Stats,
-    Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy,
+    Stats, Storage, StorageError, StorageResult,
 };
 
 /// How long an operation waits for a pooled connection before the database counts as
@@ -283,20 +283,26 @@ impl Storage for MySqlStorage {
     #[tracing::instrument(
         name = "storage.nack",
         skip_all,
-        fields(table = %self.sql.display_table, id, owner),
+        fields(table = %self.sql.display_table, owner, nacks = nacks.len()),
     )]
-    async fn nack(
+    async fn nack_many(
         &self,
-        id: MessageId,
+        nacks: &[NackRequest<'_>],
         owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
-        self.retrying("nack", || {
-            self.nack_once(id, owner, error, requested_delay, policy)
-        })
-        .await
+    ) -> StorageResult<Vec<NackResult>> {
+        // A transaction per nack: each holds its row and its key's later rows locked,
+        // and a batch in one would hold them all until the last.
+        let mut results = Vec::with_capacity(nacks.len());
+        for nack in nacks {
+            let result = self
+                .retrying("nack", || {
+                    self.nack_once(nack.id, owner, nack.error, nack.requested_delay, policy)
+                })
+                .await?;
+            results.push(result);
+        }
+        Ok(results)
     }
 
     async fn release(

@@ -21,14 +21,16 @@ impl MySqlStorage {
         sqlx::query_scalar(&self.sql.now).fetch_one(conn).await
     }
 
-    /// Which of `ids` `owner` holds, locked until `conn`'s transaction ends.
+    /// Which of `ids` `owner` holds (with `live`, with a lease that has not run out),
+    /// locked until `conn`'s transaction ends.
     async fn held(
         &self,
         conn: &mut MySqlConnection,
         ids: &[MessageId],
         owner: &str,
+        live: bool,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
-        let statement = self.sql.held(ids.len());
+        let statement = self.sql.held(ids.len(), live);
         let mut query = sqlx::query_scalar(&statement);
         for id in ids {
             query = query.bind(id);
@@ -54,6 +56,7 @@ impl MySqlStorage {
                 if !request.topics.contains(fixed) {
                     tx.commit().await?;
                     return Ok(Claimed {
+                        exhausted: Vec::new(),
                         messages: Vec::new(),
                         lease_expires_at: after(now, request.lease),
                     });
@@ -92,6 +95,23 @@ impl MySqlStorage {
             .map(decode_candidate)
             .collect::<Result<Vec<_>, _>>()?;
 
+        // Claimed `max_attempts` times already, never answered: dead, not handed out.
+        let (exhausted, fresh): (Vec<_>, Vec<_>) = messages
+            .into_iter()
+            .partition(|m| m.attempts > request.max_attempts);
+        messages = fresh;
+        let exhausted: Vec<MessageId> = exhausted.iter().map(|m| m.id).collect();
+        if !exhausted.is_empty() {
+            let statement = self.sql.exhaust(exhausted.len());
+            let mut query = sqlx::query(&statement)
+                .bind(now)
+                .bind(i64::from(request.max_attempts));
+            for id in &exhausted {
+                query = query.bind(id);
+            }
+            query.execute(&mut *tx).await?;
+        }
+
         if strict && messages.iter().any(|m| m.key.is_some()) {
             let statement = self.sql.claim_successors(messages.len());
             let mut query = sqlx::query_scalar(&statement);
@@ -123,6 +143,7 @@ impl MySqlStorage {
         }
         tx.commit().await?;
         Ok(Claimed {
+            exhausted,
             messages,
             lease_expires_at,
         })
@@ -134,7 +155,7 @@ impl MySqlStorage {
         owner: &str,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let held = self.held(&mut tx, ids, owner).await?;
+        let held = self.held(&mut tx, ids, owner, false).await?;
         if !held.is_empty() {
             let statement = if self.options.delete_on_ack {
                 self.sql.ack_delete(held.len())
@@ -231,7 +252,7 @@ impl MySqlStorage {
         delay: Duration,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
-        let held = self.held(&mut tx, ids, owner).await?;
+        let held = self.held(&mut tx, ids, owner, !delay.is_zero()).await?;
         if !held.is_empty() {
             let statement = self.sql.release_after(held.len());
             let mut query = sqlx::query(&statement).bind(sql::micros(delay));
@@ -254,7 +275,7 @@ impl MySqlStorage {
         let held = if ids.is_empty() {
             Vec::new()
         } else {
-            self.held(&mut tx, ids, owner).await?
+            self.held(&mut tx, ids, owner, true).await?
         };
         let lease_expires_at = after(self.now(&mut tx).await?, lease);
         if !held.is_empty() {

@@ -168,7 +168,8 @@ impl Statements {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
                 "SELECT CAST({attempts} AS SIGNED) AS attempts, {key} AS `key` FROM {t} \
-                 WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending' FOR UPDATE"
+                 WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending' \
+                 AND {available_at} > UTC_TIMESTAMP(6) FOR UPDATE"
             ),
             // The row is locked and known to be held by the owner (nack_select).
             nack_retry: format!(
@@ -374,18 +375,49 @@ impl Statements {
     /// Fence of every multi-row write-back: which of the `n` ids (then `?` owner) the
     /// owner holds, locked until the transaction ends. MariaDB has no
     /// `UPDATE ... RETURNING`, so the applied ids come from here and the update follows in
-    /// the same transaction.
-    pub fn held(&self, n: usize) -> String {
+    /// the same transaction. With `live`, only rows whose lease has not run out: an answer
+    /// that keeps a row from being claimed needs one (README, Guarantees).
+    pub fn held(&self, n: usize, live: bool) -> String {
         let Names {
             id,
             leased_by,
             status,
+            available_at,
+            ..
+        } = &self.names;
+        let live = if live {
+            format!(" AND {available_at} > UTC_TIMESTAMP(6)")
+        } else {
+            String::new()
+        };
+        format!(
+            "SELECT CAST({id} AS SIGNED) FROM {} \
+             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending'{live} \
+             ORDER BY {id} FOR UPDATE",
+            self.table,
+            placeholders(n)
+        )
+    }
+
+    /// Dead-letters `n` locked candidates of a claim that were claimed `max_attempts`
+    /// times already (`?` now, `?` max attempts, then the ids); the reason goes into
+    /// `last_error`, before the error the row had.
+    pub fn exhaust(&self, n: usize) -> String {
+        let Names {
+            id,
+            status,
+            attempts,
+            leased_by,
+            last_error,
+            processed_at,
             ..
         } = &self.names;
         format!(
-            "SELECT CAST({id} AS SIGNED) FROM {} \
-             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending' \
-             ORDER BY {id} FOR UPDATE",
+            "UPDATE {} SET {status} = 'dead', {processed_at} = ?, {leased_by} = NULL, \
+             {last_error} = CONCAT('claimed ', {attempts}, \
+               ' times without an answer (max_attempts = ', ?, ')', \
+               COALESCE(CONCAT('; last error: ', {last_error}), '')) \
+             WHERE {id} IN ({})",
             self.table,
             placeholders(n)
         )
@@ -581,7 +613,7 @@ mod tests {
         );
         assert!(claim.contains("WHERE o.`state` = 'pending'"));
         assert!(sql
-            .held(1)
+            .held(1, false)
             .starts_with("SELECT CAST(`event_id` AS SIGNED) FROM `events`"));
         assert_eq!(
             sql.insert,

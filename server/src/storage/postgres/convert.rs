@@ -10,7 +10,7 @@ use sqlx::types::Json;
 use sqlx::Row;
 
 use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat};
-use crate::storage::{Claimed, MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// Longest interval sent to the database; longer delays mean "practically never" and
 /// would otherwise overflow a timestamp.
@@ -72,30 +72,49 @@ pub(super) fn headers_from_json(value: serde_json::Value) -> BTreeMap<String, St
         .collect()
 }
 
-/// Rows of the claim statement: messages, plus the deadline every row (even the row of
-/// NULLs returned when nothing was claimed) carries.
-pub(super) fn decode_claim(rows: Vec<PgRow>) -> Result<Claimed, sqlx::Error> {
-    let mut lease_expires_at = None;
-    let mut messages = Vec::with_capacity(rows.len());
+/// What a claim statement returned: the ids it leased, the ids it dead-lettered for having
+/// used their attempts, and the lease deadline (every claim returns a row carrying it).
+pub(super) struct ClaimOutcome {
+    pub leased: Vec<MessageId>,
+    pub exhausted: Vec<MessageId>,
+    pub lease_expires_at: DateTime<Utc>,
+}
+
+/// Rows `(id, spent, lease_expires_at)` of a claim statement or function.
+pub(super) fn decode_claim(rows: &[PgRow]) -> Result<ClaimOutcome, sqlx::Error> {
+    let mut outcome = ClaimOutcome {
+        leased: Vec::new(),
+        exhausted: Vec::new(),
+        lease_expires_at: DateTime::<Utc>::MIN_UTC,
+    };
+    let mut deadline = None;
     for row in rows {
-        lease_expires_at = Some(row.try_get::<DateTime<Utc>, _>("lease_expires_at")?);
+        deadline = Some(row.try_get::<DateTime<Utc>, _>("lease_expires_at")?);
         let Some(id) = row.try_get::<Option<i64>, _>("id")? else {
             continue;
         };
-        messages.push(OutboxMessage {
-            id,
-            topic: row.try_get("topic")?,
-            key: row.try_get("key")?,
-            payload: row.try_get("payload")?,
-            headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
-            attempts: attempts(row.try_get("attempts")?),
-            created_at: row.try_get("created_at")?,
-        });
+        if row.try_get::<Option<bool>, _>("spent")?.unwrap_or(false) {
+            outcome.exhausted.push(id);
+        } else {
+            outcome.leased.push(id);
+        }
     }
-    let lease_expires_at = lease_expires_at.ok_or(sqlx::Error::RowNotFound)?;
-    Ok(Claimed {
-        messages,
-        lease_expires_at,
+    outcome.lease_expires_at = deadline.ok_or(sqlx::Error::RowNotFound)?;
+    outcome.leased.sort_unstable();
+    outcome.exhausted.sort_unstable();
+    Ok(outcome)
+}
+
+/// A row of the statements that read messages (`Names::message`).
+pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
+    Ok(OutboxMessage {
+        id: row.try_get("id")?,
+        topic: row.try_get("topic")?,
+        key: row.try_get("key")?,
+        payload: row.try_get("payload")?,
+        headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
+        attempts: attempts(row.try_get("attempts")?),
+        created_at: row.try_get("created_at")?,
     })
 }
 

@@ -1,51 +1,86 @@
-//! Strict per-key ordering without scanning blocked backlogs: the key-heads table.
+//! Strict per-key ordering without scanning blocked backlogs, and without a lock held
+//! across a round trip: the key-heads table and the two functions of a strict table.
 //!
 //! The seed held a row back with `NOT EXISTS (earlier pending row of the key that is not
 //! claimable)`. A claim walking the pending rows in id order then visits every row queued
 //! behind a blocked key before it finds anything claimable: with one hot key whose head is
 //! leased, a claim costs seconds at a million pending rows (SEED-PITFALLS.md #1).
 //!
-//! Here every key with pending rows has one row in `<table>_heads` pointing at its oldest
-//! pending row. A strict claim walks the heads in id order (only heads, never the rows
-//! behind them), keeps the heads whose row is claimable, and extends each with the
-//! consecutive claimable rows of its key. Keyless rows come from their own partial index.
-//! The cost follows the batch size and the number of blocked keys, not the backlog.
+//! Here every key with pending rows has one row in `<table>_heads` whose `head_id` is at
+//! or before its oldest pending row. A strict claim walks the heads in `head_id` order
+//! (never the rows behind them), finds each key's first pending row from there, keeps the
+//! keys whose first row is claimable, and extends each with the consecutive claimable rows
+//! of its key. Keyless rows come from their own partial index. The cost follows the batch
+//! size and the number of blocked keys, not the backlog.
 //!
-//! Who maintains the heads:
+//! Who moves the heads:
 //! - producers, through a statement-level `AFTER INSERT` trigger: a key without a head
-//!   gets the inserted row as its head;
-//! - the relay, whenever a head row stops being pending (ack, dead-letter, delete): the
-//!   key's head moves to its oldest remaining pending row, or to NULL when none is left.
+//!   gets its oldest new row as its head, and so does a key whose head is past that row;
+//! - the relay, after rows stopped being pending (ack, dead-letter, delete): the heads
+//!   of their keys move to the oldest remaining pending row, or to NULL when none is left
+//!   ([`advance`]).
 //!
-//! The one race that matters is a producer inserting a row of a key while the relay finds
-//! the key empty: the relay would set the head to NULL without seeing the new row, which
-//! would then never be claimed. Row locks on the heads row close it: the trigger holds a
-//! `FOR KEY SHARE` lock on a key's head row until the producer commits (or takes a
-//! stronger lock when it creates or fills the head), and the relay takes `FOR UPDATE`
-//! before it looks for the key's oldest pending row in a *new* statement. So the relay
-//! either waits for the producer's commit and then sees its row, or commits first, in
-//! which case the trigger sees the NULL head and fills it. Producers never block each
-//! other (`FOR KEY SHARE` is shared); heads rows of drained keys stay, with a NULL head,
-//! until `purge` removes them.
+//! The race that matters is a producer inserting a row of a key while the relay finds the
+//! key empty: the relay would set the head to NULL without seeing the new row, which would
+//! then never be claimed. Row locks on the heads row close it without either side waiting
+//! for the other's round trips: the trigger holds a `FOR KEY SHARE` lock on the head it
+//! found until the producer commits, and the relay takes `FOR UPDATE SKIP LOCKED` before
+//! it looks for the key's oldest pending row in a *new* statement (a fresh snapshot). So
+//! the relay either skips a key a producer is writing (its head stays behind, where claims
+//! look past it, and the next finished row of the key moves it), or moves it in a function
+//! that commits in the same round trip, which is all a producer's trigger may wait for.
+//! A producer whose id was drawn before the relay moved the head past it, but whose
+//! trigger runs after (a commit-order inversion), moves the head back to its row.
 //!
-//! Claims are still serialised by the table's advisory lock (see `sql.rs`), so each claim
-//! sees what the previous one leased.
+//! A strict claim runs as one function call: it takes the table's advisory lock (claims on
+//! one table run one at a time across servers), then chooses rows in a new snapshot that
+//! sees what the claim before it leased. The lock is a transaction lock and the call is
+//! its own transaction, so it ends when the function returns, whatever becomes of the
+//! server that called it: a paused or partitioned replica never holds it (issue 9). The
+//! claim then locks the rows it chose and checks them again: an answer that committed in
+//! between (a late nack making the key's first row wait, a late ack settling it) may have
+//! changed them, and a key's later rows are handed out only behind rows that are still
+//! claimable or settled. The function returns ids only (the messages are read after it
+//! committed), so a slow reader never holds the lock either.
 
-use sqlx::PgConnection;
+use super::sql::{literal, Names, LOCK_CLASS_CLAIM};
 
-use super::sql::Names;
-use crate::storage::MessageId;
+/// Suffix of the claim function's name, versioned: a server of another version on the
+/// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v1";
+/// Suffix of the function that moves heads on (see [`advance`]).
+pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
+/// How many heads an empty claim looks at to move on heads left behind (see the claim).
+const HEADS_REPAIRED_BY_AN_EMPTY_CLAIM: u32 = 16;
 
-/// DDL of the heads table, its trigger, and the backfill that makes an existing table
-/// (created before, or without strict ordering) consistent.
-pub(super) fn schema(
-    t: &str,
-    heads: &str,
-    n: &Names,
-    function: &str,
-    trigger: &str,
-    index: &str,
-) -> String {
+/// What the DDL of a strict table needs to name.
+pub(super) struct Objects<'a> {
+    /// The outbox table, quoted and qualified.
+    pub table: &'a str,
+    /// The heads table, quoted and qualified.
+    pub heads: &'a str,
+    /// The insert trigger's function, quoted and qualified, and the trigger's name.
+    pub trigger_function: &'a str,
+    pub trigger: &'a str,
+    pub heads_index: &'a str,
+    /// The claim and advance functions, quoted and qualified.
+    pub claim_function: &'a str,
+    pub advance_function: &'a str,
+    /// Hashed into the advisory lock key: the same for every server on this table.
+    pub lock_key: &'a str,
+}
+
+/// DDL of the heads table, its trigger, the two functions, and the backfill that makes an
+/// existing table (created before, or without strict ordering) consistent.
+pub(super) fn schema(o: &Objects<'_>, n: &Names) -> String {
+    let Objects {
+        table: t,
+        heads,
+        trigger_function,
+        trigger,
+        heads_index,
+        ..
+    } = o;
     let Names {
         id, key, status, ..
     } = n;
@@ -54,32 +89,31 @@ pub(super) fn schema(
     key     TEXT   PRIMARY KEY,
     head_id BIGINT
 );
-CREATE INDEX IF NOT EXISTS {index} ON {heads} (head_id) WHERE head_id IS NOT NULL;
-CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
-DECLARE
-    locked TEXT[];
+CREATE INDEX IF NOT EXISTS {heads_index} ON {heads} (head_id) WHERE head_id IS NOT NULL;
+CREATE OR REPLACE FUNCTION {trigger_function}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    -- Keys that have a head: a shared lock keeps the relay from emptying them until
-    -- this transaction commits. Ordered, so two producers never deadlock.
-    SELECT coalesce(array_agg(h.key), '{{}}') INTO locked FROM (
-        SELECT h.key FROM {heads} h
-        WHERE h.key IN (SELECT n.{key} FROM new_rows n WHERE n.{key} IS NOT NULL)
-          AND h.head_id IS NOT NULL
-        ORDER BY h.key FOR KEY SHARE) h;
-    -- The other keys: this statement's oldest row becomes the head, unless a concurrent
-    -- transaction set one meanwhile (then the upsert's row lock serialises with the relay).
+    -- The oldest new row of each key becomes its head when the key has none, or when its
+    -- head is past that row (the relay moved it on while this row, whose id was drawn
+    -- earlier, was not committed yet). A head at or before the new rows stays, and this
+    -- transaction holds a share lock on it until it commits: the relay skips a key that
+    -- is locked so, and never empties it behind this row's back. Share locks never block
+    -- another producer; filling a key's head serialises with another producer filling it.
     INSERT INTO {heads} AS h (key, head_id)
-        SELECT n.{key}, min(n.{id}) FROM new_rows n
-        WHERE n.{key} IS NOT NULL AND n.{status} = 'pending' AND n.{key} <> ALL(locked)
-        GROUP BY n.{key} ORDER BY n.{key}
-    ON CONFLICT (key) DO UPDATE SET head_id = coalesce(h.head_id, excluded.head_id);
+        SELECT n.key, n.first_id FROM (
+            SELECT n.{key}::text AS key, min(n.{id}) AS first_id FROM new_rows n
+            WHERE n.{key} IS NOT NULL AND n.{status} = 'pending' GROUP BY 1) n
+        LEFT JOIN LATERAL (
+            SELECT c.head_id FROM {heads} c WHERE c.key = n.key FOR KEY SHARE) c ON true
+        WHERE c.head_id IS NULL OR c.head_id > n.first_id
+        ORDER BY n.key
+    ON CONFLICT (key) DO UPDATE SET head_id = least(h.head_id, excluded.head_id);
     RETURN NULL;
 END;
 $$;
 DROP TRIGGER IF EXISTS {trigger} ON {t};
 CREATE TRIGGER {trigger} AFTER INSERT ON {t}
-    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {function}();
-UPDATE {heads} h SET head_id = (
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION {trigger_function}();
+{advance}{claim}UPDATE {heads} h SET head_id = (
     SELECT min(o.{id}) FROM {t} o WHERE o.{key} = h.key AND o.{status} = 'pending')
 WHERE h.head_id IS NULL OR NOT EXISTS (
     SELECT 1 FROM {t} o WHERE o.{id} = h.head_id AND o.{status} = 'pending');
@@ -87,20 +121,61 @@ INSERT INTO {heads} (key, head_id)
     SELECT {key}, min({id}) FROM {t} WHERE {status} = 'pending' AND {key} IS NOT NULL
     GROUP BY {key}
 ON CONFLICT (key) DO NOTHING;
+",
+        advance = advance(o, n),
+        claim = claim(o, n),
+    )
+}
+
+/// `advance(keys text[])`: moves the heads of `keys` whose head row is no longer pending to
+/// the key's oldest pending row (NULL when none is left). Heads a producer's transaction
+/// holds are skipped: they stay behind, which claims look past, until a later call.
+fn advance(o: &Objects<'_>, n: &Names) -> String {
+    let Objects {
+        table: t,
+        heads,
+        advance_function,
+        ..
+    } = o;
+    let Names {
+        id, key, status, ..
+    } = n;
+    format!(
+        "CREATE OR REPLACE FUNCTION {advance_function}(txo_keys text[]) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    txo_locked text[];
+BEGIN
+    SELECT coalesce(array_agg(l.key), '{{}}') INTO txo_locked FROM (
+        SELECT h.key FROM {heads} h
+        WHERE h.key = ANY(txo_keys) AND h.head_id IS NOT NULL
+          AND NOT EXISTS (SELECT 1 FROM {t} o WHERE o.{id} = h.head_id AND o.{status} = 'pending')
+        ORDER BY h.key FOR UPDATE SKIP LOCKED) l;
+    IF cardinality(txo_locked) > 0 THEN
+        -- A statement of its own: its snapshot holds every row committed before the locks.
+        UPDATE {heads} h SET head_id = (
+            SELECT min(o.{id}) FROM {t} o WHERE o.{key} = h.key AND o.{status} = 'pending')
+        WHERE h.key = ANY(txo_locked);
+    END IF;
+END;
+$$;
 "
     )
 }
 
-/// The strict claim. Parameters: `$1` owner, `$2` lease, `$3` batch size, then the topics
-/// (`topics`) and the visibility delay (when configured) as the next ones, named by
-/// `topics_param` and `delay_param`.
-pub(super) fn claim(
-    t: &str,
-    heads: &str,
-    n: &Names,
-    topics_param: Option<&str>,
-    delay_param: Option<&str>,
-) -> String {
+/// `claim(owner, lease, batch, topics, delay, max_attempts)`: the strict claim (see the
+/// module docs). `topics` NULL means every topic, `delay` NULL no visibility delay. Returns
+/// one row per leased id (`txo_spent` false), one per row dead-lettered for having used
+/// `max_attempts` (true), and always a last row whose id is NULL, for the lease deadline.
+fn claim(o: &Objects<'_>, n: &Names) -> String {
+    let Objects {
+        table: t,
+        heads,
+        claim_function,
+        advance_function,
+        lock_key,
+        ..
+    } = o;
     let Names {
         id,
         key,
@@ -108,75 +183,134 @@ pub(super) fn claim(
         attempts,
         available_at,
         leased_by,
+        last_error,
+        processed_at,
         created_at,
         ..
     } = n;
-    // What makes one row claimable by this claim, given it is pending.
+    // What makes one pending row claimable by this claim.
     let claimable = |alias: &str| {
-        let mut condition = format!("{alias}.{available_at} <= statement_timestamp()");
-        if let Some(p) = delay_param {
-            condition +=
-                &format!(" AND {alias}.{created_at} <= statement_timestamp() - {p}::interval");
-        }
-        if let Some(p) = topics_param {
-            condition += &format!(" AND {} = ANY({p})", n.topic(alias));
-        }
-        condition
+        format!(
+            "{alias}.{available_at} <= txo_now \
+             AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
+             AND (txo_topics IS NULL OR {} = ANY(txo_topics))",
+            n.topic(alias)
+        )
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
+    let exhausted = exhausted_error(n, "o", "txo_max_attempts");
+    let lock_key = literal(lock_key);
+    let repaired = HEADS_REPAIRED_BY_AN_EMPTY_CLAIM;
     // `bound`: with a full set of heads, no row after the last head can be among the
-    // batch's oldest rows, so each key's run is cut there; this keeps the work near the
-    // batch size whatever the keys' backlogs. Written as one comparison (not `IS NULL
-    // OR ...`) so it becomes part of the index condition instead of a filter applied
-    // after walking the key's whole backlog.
+    // batch's oldest rows (every other key's rows come after its head), so each key's run
+    // is cut there; this keeps the work near the batch size whatever the backlogs. One
+    // comparison (not `IS NULL OR ...`), so it is part of the index condition.
     format!(
-        "WITH heads AS (\
-           SELECT h.key, h.head_id FROM {heads} h JOIN {t} r ON r.{id} = h.head_id \
-           WHERE h.head_id IS NOT NULL AND r.{status} = 'pending' AND {head_ok} \
-           ORDER BY h.head_id LIMIT $3), \
-         bound AS (SELECT CASE WHEN count(*) >= $3 THEN max(head_id) END AS max_id FROM heads), \
-         keyed AS (\
-           SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok \
-           FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (\
-             SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s \
-             WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id \
-               AND s.{id} <= coalesce(b.max_id, 9223372036854775807) \
-             ORDER BY s.{id} LIMIT $3) s), \
-         keyless AS (\
-           SELECT o.{id} AS id FROM {t} o \
-           WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok} \
-           ORDER BY o.{id} LIMIT $3), \
-         chosen AS (\
-           (SELECT id FROM keyed WHERE ok UNION ALL SELECT id FROM keyless) ORDER BY id LIMIT $3), \
-         claimed AS (\
-           UPDATE {t} o SET {leased_by} = $1, {attempts} = o.{attempts} + 1, \
-             {available_at} = statement_timestamp() + $2::interval \
-           WHERE o.{id} IN (SELECT id FROM chosen) AND o.{status} = 'pending' \
-             AND o.{available_at} <= statement_timestamp() \
-           RETURNING {message}) \
-         SELECT c.id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at, \
-           statement_timestamp() + $2::interval AS lease_expires_at \
-         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id",
-        message = n.message("o"),
+        "CREATE OR REPLACE FUNCTION {claim_function}(
+    txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
+    txo_delay interval, txo_max_attempts integer)
+RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
+LANGUAGE plpgsql AS $$
+DECLARE
+    txo_now timestamptz;
+    txo_chosen bigint[];
+    txo_take bigint[];
+    txo_spend bigint[];
+    txo_spent_keys text[];
+    txo_behind text[];
+BEGIN
+    PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
+    -- After the lock: the claim before this one may have waited as long.
+    txo_now := clock_timestamp();
+    WITH heads AS (
+        SELECT h.key, h.head_id, f.id AS first_id FROM {heads} h
+        CROSS JOIN LATERAL (
+            SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
+            WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
+            ORDER BY r.{id} LIMIT 1) f
+        WHERE h.head_id IS NOT NULL AND f.ok
+        ORDER BY h.head_id LIMIT txo_batch),
+    bound AS (
+        SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
+    keyed AS (
+        SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
+        FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
+            SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
+            WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id
+              AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
+            ORDER BY s.{id} LIMIT txo_batch) s),
+    keyless AS (
+        SELECT o.{id} AS id FROM {t} o
+        WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok}
+        ORDER BY o.{id} LIMIT txo_batch),
+    chosen AS (
+        (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
+        ORDER BY 1 LIMIT txo_batch)
+    SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
+           (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h WHERE h.first_id > h.head_id)
+    INTO txo_chosen, txo_behind;
+    IF cardinality(txo_behind) > 0 THEN
+        -- Heads left behind (an answer skipped them while a producer held them): this
+        -- claim walked past finished rows to reach their first pending row. Move them on.
+        PERFORM {advance_function}(txo_behind);
+    END IF;
+
+    IF cardinality(txo_chosen) = 0 THEN
+        -- Idle: move on a few heads left behind by answers that skipped them.
+        PERFORM {advance_function}(ARRAY(
+            SELECT h.key FROM {heads} h WHERE h.head_id IS NOT NULL
+            ORDER BY h.head_id LIMIT {repaired}));
+    ELSE
+        -- Lock what was chosen and look again: an answer may have committed meanwhile.
+        -- A key's row is kept only while every chosen row before it is kept or settled.
+        WITH locked AS (
+            SELECT o.{id} AS id, o.{key} AS key, o.{status} = 'pending' AS pending,
+                   o.{available_at} <= txo_now AS due, o.{attempts} >= txo_max_attempts AS spent
+            FROM {t} o WHERE o.{id} = ANY(txo_chosen) ORDER BY o.{id} FOR UPDATE),
+        judged AS (
+            SELECT l.id, l.key, l.pending AND l.due AS ok, l.spent,
+                   bool_and((l.pending AND l.due) OR NOT l.pending)
+                       OVER (PARTITION BY l.key ORDER BY l.id) AS run_ok
+            FROM locked l)
+        SELECT coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE NOT j.spent), '{{}}'),
+               coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.spent), '{{}}')
+        INTO txo_take, txo_spend
+        FROM judged j WHERE j.ok AND (j.key IS NULL OR j.run_ok);
+
+        UPDATE {t} o SET {leased_by} = txo_owner, {attempts} = o.{attempts} + 1,
+            {available_at} = txo_now + txo_lease
+        WHERE o.{id} = ANY(txo_take);
+        IF cardinality(txo_spend) > 0 THEN
+            WITH spent AS (
+                UPDATE {t} o SET {status} = 'dead', {processed_at} = txo_now,
+                    {leased_by} = NULL, {last_error} = {exhausted}
+                WHERE o.{id} = ANY(txo_spend) RETURNING o.{key}::text AS key)
+            SELECT coalesce(array_agg(s.key) FILTER (WHERE s.key IS NOT NULL), '{{}}')
+            INTO txo_spent_keys FROM spent s;
+            PERFORM {advance_function}(txo_spent_keys);
+        END IF;
+    END IF;
+    RETURN QUERY
+        SELECT u.id, false, txo_now + txo_lease FROM unnest(txo_take) AS u(id)
+        UNION ALL SELECT u.id, true, txo_now + txo_lease FROM unnest(txo_spend) AS u(id)
+        UNION ALL SELECT NULL::bigint, NULL::boolean, txo_now + txo_lease;
+END;
+$$;
+"
     )
 }
 
-/// Locks the heads rows of keys whose head is among `$1` (rows that just stopped being
-/// pending), in key order; returns their keys.
-pub(super) fn lock_finished(heads: &str) -> String {
-    format!("SELECT key FROM {heads} WHERE head_id = ANY($1) ORDER BY key FOR UPDATE")
-}
-
-/// Moves the heads of the keys `$1` to their oldest pending row (NULL when none). Must run
-/// as a statement of its own after [`lock_finished`], so it sees every committed insert.
-pub(super) fn advance(t: &str, heads: &str, n: &Names) -> String {
+/// The `last_error` of a row (alias `alias`) dead-lettered by a claim because it was
+/// claimed `max_attempts` (the SQL expression `max_attempts`) times without an answer.
+pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> String {
     let Names {
-        id, key, status, ..
+        attempts,
+        last_error,
+        ..
     } = n;
     format!(
-        "UPDATE {heads} h SET head_id = (\
-           SELECT min(o.{id}) FROM {t} o WHERE o.{key} = h.key AND o.{status} = 'pending') \
-         WHERE h.key = ANY($1)"
+        "format('claimed %s times without an answer (max_attempts = %s)', \
+         {alias}.{attempts}, {max_attempts}) || coalesce('; last error: ' || {alias}.{last_error}, '')"
     )
 }
 
@@ -187,26 +321,4 @@ pub(super) fn purge_drained(heads: &str) -> String {
            SELECT key FROM {heads} WHERE head_id IS NULL LIMIT $1 FOR UPDATE SKIP LOCKED) \
          AND head_id IS NULL"
     )
-}
-
-/// After rows stopped being pending within `conn`'s transaction: moves the heads of
-/// their keys on. `lock` and `advance` are the rendered [`lock_finished`] and [`advance`].
-pub(super) async fn move_on(
-    conn: &mut PgConnection,
-    lock: &str,
-    advance: &str,
-    finished: &[MessageId],
-) -> Result<(), sqlx::Error> {
-    if finished.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<String> = sqlx::query_scalar(lock)
-        .bind(finished)
-        .fetch_all(&mut *conn)
-        .await?;
-    if keys.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(advance).bind(&keys).execute(&mut *conn).await?;
-    Ok(())
 }

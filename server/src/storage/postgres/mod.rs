@@ -1,20 +1,29 @@
 //! The PostgreSQL backend: one outbox table, claimed with `FOR UPDATE SKIP LOCKED`.
 //!
-//! Start with [`PostgresStorage::connect`]. The statements live in [`sql`], the insert
-//! wake-ups (LISTEN/NOTIFY) in [`listen`]. Every write-back is fenced by
-//! `leased_by = owner AND status = 'pending'` and returns the ids it applied to.
+//! Start with [`PostgresStorage::connect`]. The statements live in [`sql`], the strict
+//! ordering (key heads and the claim function) in [`heads`], the insert wake-ups
+//! (LISTEN/NOTIFY) in [`listen`]. Every write-back is fenced by
+//! `leased_by = owner AND status = 'pending'` and returns the ids it applied to; a nack,
+//! an extension and a delayed release also need a lease that has not run out.
 //!
-//! With `strict_ordering` each claim first takes a transaction-scoped advisory lock on
-//! the table, so claims on one table run one at a time across every server sharing the
-//! database, and each sees what the previous one committed. That is what makes the
-//! "no earlier row of this key is leased" predicate sound; publishing, the slow part,
-//! still runs in parallel.
+//! Every operation is one statement (or one function call) in a transaction of its own:
+//! no transaction of the relay waits for a round trip to this server, so a paused or
+//! partitioned server holds no lock another server or a producer needs (issue 9). What
+//! spans several statements (a claim and the read of its messages, an ack and the move of
+//! its keys' heads) is correct after any one of them alone.
+//!
+//! With `strict_ordering` each claim takes a transaction-scoped advisory lock on the
+//! table inside the claim function, so claims on one table run one at a time across every
+//! server sharing the database, and each sees what the previous one committed. That is
+//! what makes the "no earlier row of this key is leased" predicate sound; publishing, the
+//! slow part, still runs in parallel.
 
 mod convert;
 mod heads;
 mod listen;
 mod sql;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -22,21 +31,24 @@ use std::time::Duration;
 use anyhow::{anyhow, bail, Context};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
-use sqlx::{Executor, Row};
+use sqlx::Executor;
 use tokio::sync::watch;
 
 use self::convert::{
-    accepts, attempts, classify, decode_claim, decode_topic_stats, interval, live_column, sorted,
+    accepts, attempts, classify, decode_claim, decode_message, decode_topic_stats, interval,
+    live_column, sorted,
 };
 use self::listen::InsertSignal;
 use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, Columns, InsertPayload};
 use super::ident::Ident;
+use super::nack_plan::{plan_nacks, HeldRow};
 use super::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackRequest, NackResult,
+    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult,
 };
 
 /// How long an operation waits for a pooled connection before the database counts as
@@ -44,6 +56,12 @@ use super::{
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Rows deleted per statement by `purge`, so it never holds a long transaction.
 const PURGE_BATCH: i64 = 10_000;
+/// Longest statement of a relay session (the DDL of `create_schema` is exempt).
+const STATEMENT_TIMEOUT: &str = "30s";
+/// Longest wait of a relay statement for a lock; then the call fails and is retried.
+const LOCK_TIMEOUT: &str = "10s";
+/// The relay opens no transaction that waits on it; this ends one if that ever changes.
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
 
 /// Per-outbox settings of the PostgreSQL backend.
 #[derive(Debug, Clone)]
@@ -176,18 +194,25 @@ impl PostgresStorage {
         &self.options
     }
 
-    /// With strict ordering: `finished` rows stopped being pending in `conn`'s
-    /// transaction; moves their keys' heads on (see `heads.rs`).
-    async fn move_heads_on(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        finished: &[MessageId],
-    ) -> Result<(), sqlx::Error> {
-        match &self.sql.heads {
-            Some(heads) => {
-                heads::move_on(conn, &heads.lock_finished, &heads.advance, finished).await
-            }
-            None => Ok(()),
+    /// With strict ordering, after rows of these keys stopped being pending: moves the
+    /// keys' heads on (see `heads.rs`). A failure only leaves a head behind, which claims
+    /// look past and a later call moves: it is logged, never the answer's error.
+    async fn advance_heads(&self, keys: impl IntoIterator<Item = String>) {
+        let Some(strict) = &self.sql.strict else {
+            return;
+        };
+        let mut keys: Vec<String> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        if let Err(error) = sqlx::query(&strict.advance)
+            .bind(&keys)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(table = %self.sql.display_table, %error, "could not move the heads of finished keys on; claims look past them");
         }
     }
 
@@ -222,7 +247,20 @@ fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
     // claim or answer lost in a database crash only means a redelivery, which
     // at-least-once allows, while waiting for a disk flush per claim and per ack was the
     // largest cost of a drain (BENCHMARKS.md).
-    Ok(options.options([("jit", "off"), ("synchronous_commit", "off")]))
+    //
+    // The timeouts bound what one statement of the relay can hold or wait for, whatever
+    // happens to this server: no relay transaction spans a round trip, so these are a
+    // second line (a statement stuck behind a lock, a migration holding the table).
+    Ok(options.options([
+        ("jit", "off"),
+        ("synchronous_commit", "off"),
+        ("statement_timeout", STATEMENT_TIMEOUT),
+        ("lock_timeout", LOCK_TIMEOUT),
+        (
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT,
+        ),
+    ]))
 }
 
 #[async_trait]
@@ -237,42 +275,66 @@ impl Storage for PostgresStorage {
         fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        let statement = match request.topics {
-            [] => &self.sql.claim_all,
-            _ => &self.sql.claim_topics,
+        let err = || self.error("claim");
+        let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
+        let delay = (!self.options.visibility_delay.is_zero())
+            .then(|| interval(self.options.visibility_delay));
+        let query = match &self.sql.strict {
+            Some(strict) => sqlx::query(&strict.claim)
+                .bind(request.owner)
+                .bind(interval(request.lease))
+                .bind(i32::try_from(request.batch_size).unwrap_or(i32::MAX))
+                .bind((!request.topics.is_empty()).then_some(request.topics))
+                .bind(delay)
+                .bind(max_attempts),
+            None => {
+                let statement = match request.topics {
+                    [] => &self.sql.claim_all,
+                    _ => &self.sql.claim_topics,
+                };
+                let mut query = sqlx::query(statement)
+                    .bind(request.owner)
+                    .bind(interval(request.lease))
+                    .bind(i64::from(request.batch_size))
+                    .bind(max_attempts);
+                if !request.topics.is_empty() {
+                    query = query.bind(request.topics);
+                }
+                if let Some(delay) = delay {
+                    query = query.bind(delay);
+                }
+                query
+            }
         };
-        let mut query = sqlx::query(statement)
-            .bind(request.owner)
-            .bind(interval(request.lease))
-            .bind(i64::from(request.batch_size));
-        if !request.topics.is_empty() {
-            query = query.bind(request.topics);
-        }
-        if !self.options.visibility_delay.is_zero() {
-            query = query.bind(interval(self.options.visibility_delay));
-        }
-        let rows = if self.options.strict_ordering {
-            let mut tx = self.pool.begin().await.map_err(self.error("claim"))?;
-            sqlx::query(&self.sql.claim_lock)
-                .bind(&self.sql.lock_key)
-                .execute(&mut *tx)
-                .await
-                .map_err(self.error("claim"))?;
-            let rows = query
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(self.error("claim"))?;
-            tx.commit().await.map_err(self.error("claim"))?;
-            rows
+        let rows = query.fetch_all(&self.pool).await.map_err(err())?;
+        let outcome = decode_claim(&rows).map_err(err())?;
+        // Read once the claim committed: no lock waits on how fast this server reads.
+        let messages = if outcome.leased.is_empty() {
+            Vec::new()
         } else {
-            query
+            let rows = sqlx::query(&self.sql.fetch)
+                .bind(&outcome.leased)
                 .fetch_all(&self.pool)
                 .await
-                .map_err(self.error("claim"))?
+                .map_err(err())?;
+            rows.iter()
+                .map(decode_message)
+                .collect::<Result<_, _>>()
+                .map_err(err())?
         };
-        let claimed = decode_claim(rows).map_err(self.error("claim"))?;
-        tracing::debug!(claimed = claimed.messages.len(), "claimed");
-        Ok(claimed)
+        if !outcome.exhausted.is_empty() {
+            tracing::warn!(
+                ids = ?outcome.exhausted,
+                max_attempts = request.max_attempts,
+                "dead-lettered rows claimed max_attempts times without an answer"
+            );
+        }
+        tracing::debug!(claimed = outcome.leased.len(), "claimed");
+        Ok(Claimed {
+            messages,
+            lease_expires_at: outcome.lease_expires_at,
+            exhausted: outcome.exhausted,
+        })
     }
 
     async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
@@ -284,86 +346,108 @@ impl Storage for PostgresStorage {
         } else {
             &self.sql.ack
         };
-        let err = || self.error("ack");
-        let mut tx = self.pool.begin().await.map_err(err())?;
-        let applied: Vec<MessageId> = sqlx::query_scalar(statement)
+        let applied: Vec<(MessageId, Option<String>)> = sqlx::query_as(statement)
             .bind(ids)
             .bind(owner)
-            .fetch_all(&mut *tx)
+            .fetch_all(&self.pool)
             .await
-            .map_err(err())?;
-        self.move_heads_on(&mut tx, &applied).await.map_err(err())?;
-        tx.commit().await.map_err(err())?;
-        Ok(sorted(applied))
+            .map_err(self.error("ack"))?;
+        self.advance_heads(applied.iter().filter_map(|(_, key)| key.clone()))
+            .await;
+        Ok(sorted(applied.into_iter().map(|(id, _)| id).collect()))
     }
 
     #[tracing::instrument(
         name = "storage.nack",
         skip_all,
-        fields(table = %self.sql.display_table, id, owner),
+        fields(table = %self.sql.display_table, owner, nacks = nacks.len()),
     )]
-    async fn nack(
+    async fn nack_many(
         &self,
-        id: MessageId,
+        nacks: &[NackRequest<'_>],
         owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
+    ) -> StorageResult<Vec<NackResult>> {
+        if nacks.is_empty() {
+            return Ok(Vec::new());
+        }
         let err = || self.error("nack");
-        let mut tx = self.pool.begin().await.map_err(err())?;
-        let held = sqlx::query(&self.sql.nack_select)
-            .bind(id)
+        let ids: Vec<MessageId> = nacks.iter().map(|nack| nack.id).collect();
+        let held: Vec<(MessageId, i32, Option<String>)> = sqlx::query_as(&self.sql.nack_held)
+            .bind(&ids)
             .bind(owner)
-            .fetch_optional(&mut *tx)
+            .fetch_all(&self.pool)
             .await
             .map_err(err())?;
-        let Some(held) = held else {
-            return Ok(NackResult::Fenced);
-        };
-        let stored_attempts: i32 = held.try_get("attempts").map_err(err())?;
-        let key: Option<String> = held.try_get("key").map_err(err())?;
+        let held: HashMap<MessageId, HeldRow> = held
+            .into_iter()
+            .map(|(id, stored, key)| {
+                let row = HeldRow {
+                    attempts: attempts(stored),
+                    key,
+                };
+                (id, row)
+            })
+            .collect();
+        let plan = plan_nacks(nacks, &held, policy);
 
-        let decision = policy.on_failure(attempts(stored_attempts), requested_delay);
-        // When the later rows of the key become claimable: the retry time, or now.
-        let successors_at: DateTime<Utc> = match decision {
-            FailureDecision::RetryAfter(delay) => sqlx::query_scalar(&self.sql.nack_retry)
-                .bind(id)
-                .bind(interval(delay))
-                .bind(error)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(err())?,
-            FailureDecision::DeadLetter => sqlx::query_scalar(&self.sql.nack_dead)
-                .bind(id)
-                .bind(error)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(err())?,
-        };
-        if decision == FailureDecision::DeadLetter {
-            self.move_heads_on(&mut tx, &[id]).await.map_err(err())?;
+        let mut apply = NackBatch::default();
+        for (nack, decision) in nacks.iter().zip(&plan) {
+            let Some(decision) = decision else { continue };
+            apply.ids.push(nack.id);
+            apply.attempts.push(held[&nack.id].attempts as i32);
+            apply.delays.push(match decision {
+                FailureDecision::RetryAfter(delay) => Some(interval(*delay)),
+                FailureDecision::DeadLetter => None,
+            });
+            apply.errors.push(nack.error);
         }
-        let released = match key {
-            Some(key) => sqlx::query_scalar(&self.sql.release_successors)
-                .bind(key)
-                .bind(id)
-                .bind(owner)
-                .bind(successors_at)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(err())?,
-            None => Vec::new(),
-        };
-        tx.commit().await.map_err(err())?;
-        let released = sorted(released);
-        Ok(match decision {
-            FailureDecision::RetryAfter(_) => NackResult::Retried {
-                retry_at: successors_at,
-                released,
-            },
-            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
-        })
+        let rows: Vec<(MessageId, Option<String>, MessageId, bool, DateTime<Utc>)> =
+            if apply.ids.is_empty() {
+                Vec::new()
+            } else {
+                sqlx::query_as(&self.sql.nack_apply)
+                    .bind(&apply.ids)
+                    .bind(&apply.attempts)
+                    .bind(&apply.delays)
+                    .bind(&apply.errors)
+                    .bind(owner)
+                    .fetch_all(&self.pool)
+                    .await
+                    .map_err(err())?
+            };
+        self.advance_heads(
+            rows.iter()
+                .filter(|(id, _, cause, dead, _)| id == cause && *dead)
+                .filter_map(|(_, key, ..)| key.clone()),
+        )
+        .await;
+
+        let results = nacks
+            .iter()
+            .zip(&plan)
+            .map(|(nack, decision)| {
+                let applied = rows.iter().find(|row| row.0 == nack.id && row.2 == nack.id);
+                let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
+                    return NackResult::Fenced;
+                };
+                let released = sorted(
+                    rows.iter()
+                        .filter(|row| row.2 == nack.id && row.0 != nack.id)
+                        .map(|row| row.0)
+                        .collect(),
+                );
+                if *dead {
+                    NackResult::DeadLettered { released }
+                } else {
+                    NackResult::Retried {
+                        retry_at: *at,
+                        released,
+                    }
+                }
+            })
+            .collect();
+        Ok(results)
     }
 
     async fn release(
@@ -386,21 +470,18 @@ impl Storage for PostgresStorage {
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
-        let err = || self.error("dead-letter");
-        let mut tx = self.pool.begin().await.map_err(err())?;
-        let applied: Option<MessageId> = sqlx::query_scalar(&self.sql.dead_letter)
+        let applied: Option<(MessageId, Option<String>)> = sqlx::query_as(&self.sql.dead_letter)
             .bind(id)
             .bind(owner)
             .bind(error)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&self.pool)
             .await
-            .map_err(err())?;
-        let finished: Vec<MessageId> = applied.into_iter().collect();
-        self.move_heads_on(&mut tx, &finished)
-            .await
-            .map_err(err())?;
-        tx.commit().await.map_err(err())?;
-        Ok(!finished.is_empty())
+            .map_err(self.error("dead-letter"))?;
+        let Some((_, key)) = applied else {
+            return Ok(false);
+        };
+        self.advance_heads(key).await;
+        Ok(true)
     }
 
     async fn extend_lease(
@@ -471,10 +552,10 @@ impl Storage for PostgresStorage {
             purged += done.rows_affected();
             more = done.rows_affected() == PURGE_BATCH as u64;
         }
-        if let Some(heads) = &self.sql.heads {
+        if let Some(strict) = &self.sql.strict {
             // Drained keys' heads rows; a producer about to fill one keeps it (row lock).
             loop {
-                let done = sqlx::query(&heads.purge_drained)
+                let done = sqlx::query(&strict.purge_drained)
                     .bind(PURGE_BATCH)
                     .execute(&self.pool)
                     .await
@@ -494,17 +575,14 @@ impl Storage for PostgresStorage {
 
     #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
     async fn create_schema(&self) -> StorageResult<()> {
-        let err = || self.error("create schema");
-        // Servers starting together would race on CREATE ... IF NOT EXISTS (tables in one
-        // schema share its CREATE SCHEMA, so the lock is global, not per table).
-        let mut tx = self.pool.begin().await.map_err(err())?;
-        sqlx::query(&self.sql.ddl_lock)
-            .execute(&mut *tx)
+        // One simple query: one transaction, sent at once (see `Statements::schema_run`).
+        // Servers starting together serialise on its advisory lock (tables in one schema
+        // share its CREATE SCHEMA, so the lock is global, not per table).
+        self.pool
+            .execute(self.sql.schema_run.as_str())
             .await
-            .map_err(err())?;
-        // No bind parameters: sent as a simple query, which may hold several statements.
-        tx.execute(self.sql.schema.as_str()).await.map_err(err())?;
-        tx.commit().await.map_err(err())
+            .map_err(self.error("create schema"))?;
+        Ok(())
     }
 
     async fn ping(&self) -> StorageResult<()> {
@@ -521,7 +599,21 @@ impl Storage for PostgresStorage {
             .map(live_column)
             .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("ping"))?;
-        let problems = check_live_columns(&self.options.columns, &live, false, accepts);
+        let mut problems = check_live_columns(&self.options.columns, &live, false, accepts);
+        if !self.sql.functions.is_empty() {
+            let present: i64 = sqlx::query_scalar(&self.sql.functions_present)
+                .bind(&self.sql.functions)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(self.error("ping"))?;
+            if present < self.sql.functions.len() as i64 {
+                problems.push(format!(
+                    "the functions of strict ordering ({}) are missing or of another version: \
+                     run the DDL of `txoutboxd schema <outbox>`, or set create_schema = true",
+                    self.sql.functions.join(", ")
+                ));
+            }
+        }
         StorageError::unless_problems(&self.sql.display_table, problems)
     }
 
@@ -549,6 +641,15 @@ impl Storage for PostgresStorage {
     fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
         self.signal.as_ref().map(InsertSignal::subscribe)
     }
+}
+
+/// The columns of a batch of nacks to apply (see `sql::nack_apply`).
+#[derive(Default)]
+struct NackBatch<'a> {
+    ids: Vec<MessageId>,
+    attempts: Vec<i32>,
+    delays: Vec<Option<PgInterval>>,
+    errors: Vec<&'a str>,
 }
 
 #[cfg(test)]

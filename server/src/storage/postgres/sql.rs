@@ -19,27 +19,30 @@ use crate::storage::ident::{self, Ident};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
-const LOCK_CLASS_CLAIM: i32 = 0x7478_6f62;
+pub(super) const LOCK_CLASS_CLAIM: i32 = 0x7478_6f62;
 /// Serialises every `create_schema` of the database (servers starting together).
 const LOCK_CLASS_DDL: i32 = LOCK_CLASS_CLAIM + 1;
 
-/// Statements for one outbox table.
+/// Statements for one outbox table. Each runs on its own, as a transaction of its own:
+/// no transaction of the relay spans a round trip to the server (issue 9), so a paused or
+/// partitioned replica holds no lock that another replica or a producer needs.
 #[derive(Debug)]
 pub(super) struct Statements {
     /// `schema.table` unquoted, for messages.
     pub display_table: String,
-    /// Text hashed into the advisory lock key: the same for every server on this table.
-    pub lock_key: String,
-    pub claim_lock: String,
-    pub ddl_lock: String,
+    /// Non-strict claims (the strict claim is a function, see [`StrictStatements`]):
+    /// `(id, spent, lease_expires_at)` rows as described there.
     pub claim_all: String,
     pub claim_topics: String,
+    /// The messages of the ids `$1`, in id order, read once a claim committed.
+    pub fetch: String,
+    /// Acks return `(id, key)` of the rows they applied to.
     pub ack: String,
     pub ack_delete: String,
-    pub nack_select: String,
-    pub nack_retry: String,
-    pub nack_dead: String,
-    pub release_successors: String,
+    /// `(id, attempts, key)` of the rows among `$1` that `$2` holds with a live lease.
+    pub nack_held: String,
+    /// Applies a batch of nacks whose outcome was decided (see `nack_many`).
+    pub nack_apply: String,
     pub release: String,
     pub dead_letter: String,
     pub extend_lease: String,
@@ -49,17 +52,27 @@ pub(super) struct Statements {
     pub ping: String,
     /// Describes the live table's columns; `$1` is [`Statements::qualified_table`].
     pub live_columns: String,
+    /// Counts the functions among `$1` (`regprocedure` texts) that exist.
+    pub functions_present: String,
+    /// The functions a strict table needs, as `regprocedure` texts.
+    pub functions: Vec<String>,
     /// The table as the statements name it: quoted, with its schema when configured.
     pub qualified_table: String,
     pub insert: String,
+    /// The DDL, preceded by what makes it run alone and unbounded by the sessions'
+    /// statement timeout: one simple query, one transaction.
+    pub schema_run: String,
     pub schema: String,
-    /// Key-heads maintenance, with strict ordering (see `heads.rs`).
-    pub heads: Option<HeadStatements>,
+    /// With strict ordering: the function calls (see `heads.rs`).
+    pub strict: Option<StrictStatements>,
 }
 
 #[derive(Debug)]
-pub(super) struct HeadStatements {
-    pub lock_finished: String,
+pub(super) struct StrictStatements {
+    /// `$1` owner, `$2` lease, `$3` batch size, `$4` topics or NULL, `$5` visibility delay
+    /// or NULL, `$6` max attempts; rows `(id, spent, lease_expires_at)`.
+    pub claim: String,
+    /// Moves on the heads of the keys `$1` after rows of theirs stopped being pending.
     pub advance: String,
     pub purge_drained: String,
 }
@@ -175,16 +188,13 @@ impl Names {
 }
 
 /// `text` as a SQL string literal (standard_conforming_strings, on since PostgreSQL 9.1).
-fn literal(text: &str) -> String {
+pub(super) fn literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
-        let t = match shape.schema {
-            Some(schema) => format!("{}.{}", schema.quoted(), shape.table.quoted()),
-            None => shape.table.quoted(),
-        };
+        let t = qualified(shape, &shape.table.quoted());
         let display_table = match shape.schema {
             Some(schema) => format!("{schema}.{}", shape.table),
             None => shape.table.to_string(),
@@ -203,52 +213,57 @@ impl Statements {
             ..
         } = &n;
         let held = format!("WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'");
+        // Answers that keep a row from being claimed need a lease that has not run out:
+        // past it, another claim may be taking the row (README, Guarantees).
+        let live = format!("{available_at} > statement_timestamp()");
+        let objects = StrictObjects::new(shape);
+        let functions = if shape.strict_ordering {
+            vec![
+                format!(
+                    "{}(text,interval,integer,text[],interval,integer)",
+                    objects.claim_function
+                ),
+                format!("{}(text[])", objects.advance_function),
+            ]
+        } else {
+            Vec::new()
+        };
+        let schema = schema(&t, shape, &n, &objects);
         Self {
-            lock_key: format!("txoutbox:{display_table}"),
-            claim_lock: format!("SELECT pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext($1))"),
-            ddl_lock: format!("SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0)"),
             claim_all: claim(&t, shape, &n, false),
             claim_topics: claim(&t, shape, &n, true),
+            fetch: format!(
+                "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
+                message = n.message("o")
+            ),
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \
-                 {leased_by} = NULL {held} RETURNING {id}::int8"
+                 {leased_by} = NULL {held} RETURNING {id}::int8 AS id, {key}::text AS key"
             ),
-            ack_delete: format!("DELETE FROM {t} {held} RETURNING {id}::int8"),
-            nack_select: format!(
-                "SELECT {attempts}::int4 AS attempts, {key}::text AS key FROM {t} \
-                 WHERE {id} = $1 AND {leased_by} = $2 AND {status} = 'pending' FOR UPDATE"
+            ack_delete: format!(
+                "DELETE FROM {t} {held} RETURNING {id}::int8 AS id, {key}::text AS key"
             ),
-            // The row is locked and known to be held by the owner (nack_select).
-            nack_retry: format!(
-                "UPDATE {t} SET {available_at} = statement_timestamp() + $2::interval, \
-                 {last_error} = $3, {leased_by} = NULL WHERE {id} = $1 RETURNING {available_at}"
+            nack_held: format!(
+                "SELECT {id}::int8 AS id, {attempts}::int4 AS attempts, {key}::text AS key \
+                 FROM {t} {held} AND {live}"
             ),
-            nack_dead: format!(
-                "UPDATE {t} SET {status} = 'dead', {processed_at} = statement_timestamp(), \
-                 {last_error} = $2, {leased_by} = NULL WHERE {id} = $1 RETURNING {processed_at}"
-            ),
-            release_successors: format!(
-                "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), {available_at} = $4, \
-                 {leased_by} = NULL \
-                 WHERE {key} = $1 AND {id} > $2 AND {leased_by} = $3 AND {status} = 'pending' \
-                 RETURNING {id}::int8"
-            ),
+            nack_apply: nack_apply(&t, &n),
             release: format!(
                 "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), \
                  {available_at} = statement_timestamp() + $3::interval, {leased_by} = NULL \
-                 {held} RETURNING {id}::int8"
+                 {held} AND ({live} OR $3::interval = interval '0') RETURNING {id}::int8"
             ),
             dead_letter: format!(
                 "UPDATE {t} SET {status} = 'dead', {processed_at} = statement_timestamp(), \
                  {last_error} = $3, {leased_by} = NULL \
                  WHERE {id} = $1 AND {leased_by} = $2 AND {status} = 'pending' \
-                 RETURNING {id}::int8"
+                 RETURNING {id}::int8 AS id, {key}::text AS key"
             ),
             // One row even when nothing was extended, so the deadline is always known.
             extend_lease: format!(
                 "WITH extended AS (\
                    UPDATE {t} SET {available_at} = statement_timestamp() + $3::interval \
-                   {held} RETURNING {id}::int8 AS id) \
+                   {held} AND {live} RETURNING {id}::int8 AS id) \
                  SELECT e.id, statement_timestamp() + $3::interval AS lease_expires_at \
                  FROM (SELECT 1) AS clock LEFT JOIN extended e ON true ORDER BY e.id"
             ),
@@ -278,19 +293,86 @@ impl Statements {
             ),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
             live_columns: LIVE_COLUMNS.to_owned(),
+            functions_present: "SELECT count(*) FROM unnest($1::text[]) AS f(name) \
+                                WHERE to_regprocedure(f.name) IS NOT NULL"
+                .to_owned(),
+            functions,
             insert: n.insert(&t),
-            schema: schema(&t, shape, &n),
-            heads: shape.strict_ordering.then(|| {
-                let h = heads_table(shape);
-                HeadStatements {
-                    lock_finished: heads::lock_finished(&h),
-                    advance: heads::advance(&t, &h, &n),
-                    purge_drained: heads::purge_drained(&h),
-                }
+            // One simple query: the statements run in one implicit transaction, sent at
+            // once, so no lock of the DDL waits on this server between them. An index
+            // build may take long; a table lock that does not come within a second is
+            // given up (the health check tries again), since producers' inserts queue
+            // behind a DDL statement waiting for it.
+            schema_run: format!(
+                "SET LOCAL statement_timeout = 0;\n\
+                 SET LOCAL lock_timeout = '1s';\n\
+                 SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0);\n{schema}"
+            ),
+            schema,
+            strict: shape.strict_ordering.then(|| StrictStatements {
+                claim: format!(
+                    "SELECT txo_id AS id, txo_spent AS spent, \
+                     txo_lease_expires_at AS lease_expires_at \
+                     FROM {}($1, $2, $3, $4, $5, $6)",
+                    objects.claim_function
+                ),
+                advance: format!("SELECT {}($1)", objects.advance_function),
+                purge_drained: heads::purge_drained(&objects.heads),
             }),
             qualified_table: t,
             display_table,
         }
+    }
+}
+
+/// The names of a strict table's objects (see `heads.rs`), quoted and qualified.
+struct StrictObjects {
+    heads: String,
+    trigger_function: String,
+    trigger: String,
+    heads_index: String,
+    claim_function: String,
+    advance_function: String,
+    lock_key: String,
+}
+
+impl StrictObjects {
+    fn new(shape: &Shape<'_>) -> Self {
+        let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
+        let display_table = match shape.schema {
+            Some(schema) => format!("{schema}.{}", shape.table),
+            None => shape.table.to_string(),
+        };
+        Self {
+            heads: qualified(shape, &name("_heads")),
+            trigger_function: qualified(shape, &name("_heads_on_insert")),
+            trigger: name("_heads_on_insert"),
+            heads_index: name("_heads_idx"),
+            claim_function: qualified(shape, &name(heads::CLAIM_FUNCTION)),
+            advance_function: qualified(shape, &name(heads::ADVANCE_FUNCTION)),
+            lock_key: format!("txoutbox:{display_table}"),
+        }
+    }
+
+    fn objects<'a>(&'a self, table: &'a str) -> heads::Objects<'a> {
+        heads::Objects {
+            table,
+            heads: &self.heads,
+            trigger_function: &self.trigger_function,
+            trigger: &self.trigger,
+            heads_index: &self.heads_index,
+            claim_function: &self.claim_function,
+            advance_function: &self.advance_function,
+            lock_key: &self.lock_key,
+        }
+    }
+}
+
+/// `name` (quoted) in the table's schema, when one is configured.
+fn qualified(shape: &Shape<'_>, name: &str) -> String {
+    match shape.schema {
+        Some(schema) => format!("{}.{name}", schema.quoted()),
+        None => name.to_owned(),
     }
 }
 
@@ -302,13 +384,13 @@ const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
-/// `$1` owner, `$2` lease, `$3` batch size, then `$4` topics (with `topics`) and the
-/// visibility delay (when configured) as the next parameter.
-///
-/// Always returns at least one row: with nothing claimed, a single row of NULLs except
-/// `lease_expires_at`, so the deadline comes from the database clock either way.
+/// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
+/// `$5` topics (with `topics`) and the visibility delay (when configured) as the next
+/// parameter. Rows `(id, spent, lease_expires_at)`: each leased id (`spent` false), each
+/// row dead-lettered for having used its attempts (true), and always a last row whose id
+/// is NULL, for the deadline from the database clock.
 fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
-    let mut next_param = 4;
+    let mut next_param = 5;
     let mut param = || {
         let p = format!("${next_param}");
         next_param += 1;
@@ -316,16 +398,6 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
     };
     let topics_param = topics.then(&mut param);
     let delay_param = (!shape.visibility_delay.is_zero()).then(&mut param);
-
-    if shape.strict_ordering {
-        return heads::claim(
-            t,
-            &heads_table(shape),
-            n,
-            topics_param.as_deref(),
-            delay_param.as_deref(),
-        );
-    }
     let Names {
         id,
         status,
@@ -333,6 +405,8 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
         available_at,
         leased_by,
         created_at,
+        last_error,
+        processed_at,
         ..
     } = n;
     let mut filters = String::new();
@@ -342,23 +416,82 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
     if let Some(p) = &topics_param {
         filters += &format!(" AND {} = ANY({p})", n.topic("o"));
     }
+    let exhausted = heads::exhausted_error(n, "u", "$4");
     format!(
-        "WITH claimed AS (\
+        "WITH chosen AS (\
+           SELECT o.{id} AS id, o.{attempts} >= $4 AS spent FROM {t} o \
+           WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp(){filters} \
+           ORDER BY o.{id} LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         leased AS (\
            UPDATE {t} u SET {leased_by} = $1, {attempts} = u.{attempts} + 1, \
              {available_at} = statement_timestamp() + $2::interval \
-           WHERE u.{id} IN (\
-             SELECT o.{id} FROM {t} o \
-             WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp(){filters} \
-             ORDER BY o.{id} LIMIT $3 FOR UPDATE SKIP LOCKED) \
-           RETURNING {message}) \
-         SELECT c.id, c.topic, c.key, c.payload, c.headers, c.attempts, c.created_at, \
-           statement_timestamp() + $2::interval AS lease_expires_at \
-         FROM (SELECT 1) AS clock LEFT JOIN claimed c ON true ORDER BY c.id",
-        message = n.message("u"),
+           FROM chosen c WHERE u.{id} = c.id AND NOT c.spent RETURNING u.{id}::int8 AS id), \
+         spent AS (\
+           UPDATE {t} u SET {status} = 'dead', {processed_at} = statement_timestamp(), \
+             {leased_by} = NULL, {last_error} = {exhausted} \
+           FROM chosen c WHERE u.{id} = c.id AND c.spent RETURNING u.{id}::int8 AS id) \
+         SELECT l.id, false AS spent, statement_timestamp() + $2::interval AS lease_expires_at \
+           FROM leased l \
+         UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval FROM spent s \
+         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval"
     )
 }
 
-fn schema(t: &str, shape: &Shape<'_>, n: &Names) -> String {
+/// A batch of nacks whose outcomes were decided from the attempts `nack_held` read:
+/// `$1` ids, `$2` their attempts as read, `$3` retry delays (NULL: dead-letter), `$4`
+/// errors, `$5` owner. Each applies only while the row is still held as read, with a live
+/// lease. The later rows of a nacked row's key that the owner holds are given back
+/// untried, claimable when the nacked row is (now, if it was dead-lettered); a row behind
+/// several nacked rows of its key goes with the first of them in the batch, as if they had
+/// come one by one. The caller leaves out a nack whose row an earlier nack of the batch
+/// gives back. Rows `(id, key, cause, dead, at)`: a nacked row has `cause = id`, a row
+/// given back the id of the nack that gave it back.
+fn nack_apply(t: &str, n: &Names) -> String {
+    let Names {
+        id,
+        key,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        processed_at,
+        ..
+    } = n;
+    format!(
+        "WITH input AS (\
+           SELECT * FROM unnest($1::int8[], $2::int4[], $3::interval[], $4::text[]) \
+             WITH ORDINALITY AS i(id, attempts, delay, error, ord)), \
+         nacked AS (\
+           UPDATE {t} o SET \
+             {status} = CASE WHEN i.delay IS NULL THEN 'dead' ELSE 'pending' END, \
+             {available_at} = CASE WHEN i.delay IS NULL THEN o.{available_at} \
+               ELSE statement_timestamp() + i.delay END, \
+             {processed_at} = CASE WHEN i.delay IS NULL THEN statement_timestamp() \
+               ELSE o.{processed_at} END, \
+             {last_error} = i.error, {leased_by} = NULL \
+           FROM input i \
+           WHERE o.{id} = i.id AND o.{leased_by} = $5 AND o.{status} = 'pending' \
+             AND o.{attempts} = i.attempts AND o.{available_at} > statement_timestamp() \
+           RETURNING o.{id}::int8 AS id, o.{key} AS key, i.delay IS NULL AS dead, i.ord, \
+             CASE WHEN i.delay IS NULL THEN statement_timestamp() \
+               ELSE statement_timestamp() + i.delay END AS at), \
+         successors AS (\
+           SELECT DISTINCT ON (s.{id}) s.{id} AS id, c.id AS cause, c.key, c.at \
+           FROM {t} s JOIN nacked c ON c.key IS NOT NULL AND s.{key} = c.key AND s.{id} > c.id \
+           WHERE s.{leased_by} = $5 AND s.{status} = 'pending' AND s.{id} <> ALL($1::int8[]) \
+           ORDER BY s.{id}, c.ord), \
+         released AS (\
+           UPDATE {t} s SET {attempts} = GREATEST(s.{attempts} - 1, 0), \
+             {available_at} = x.at, {leased_by} = NULL \
+           FROM successors x WHERE s.{id} = x.id \
+           RETURNING s.{id}::int8 AS id, x.key, x.cause, x.at) \
+         SELECT c.id, c.key::text AS key, c.id AS cause, c.dead, c.at FROM nacked c \
+         UNION ALL SELECT r.id, r.key::text, r.cause, false, r.at FROM released r"
+    )
+}
+
+fn schema(t: &str, shape: &Shape<'_>, n: &Names, strict: &StrictObjects) -> String {
     let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
     let Names {
         id,
@@ -460,18 +593,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         dead = name("_dead_idx"),
     );
     if shape.strict_ordering {
-        let qualified = |n: String| match shape.schema {
-            Some(schema) => format!("{}.{}", schema.quoted(), n),
-            None => n,
-        };
-        sql += &heads::schema(
-            t,
-            &heads_table(shape),
-            n,
-            &qualified(name("_heads_on_insert")),
-            &name("_heads_on_insert"),
-            &name("_heads_idx"),
-        );
+        sql += &heads::schema(&strict.objects(t), n);
     }
     if let Some(channel) = shape.notify_channel {
         let function = match shape.schema {
@@ -496,15 +618,6 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t}
         );
     }
     sql
-}
-
-/// The key-heads table of a strict outbox, quoted and qualified like the outbox table.
-fn heads_table(shape: &Shape<'_>) -> String {
-    let heads = ident::quote(&derived_name(shape.table.as_str(), "_heads"));
-    match shape.schema {
-        Some(schema) => format!("{}.{heads}", schema.quoted()),
-        None => heads,
-    }
 }
 
 /// `table` + `suffix`, kept within PostgreSQL's 63 bytes. A long table name is cut and
@@ -560,10 +673,10 @@ mod tests {
         s.visibility_delay = Duration::from_secs(1);
         let n = Names::new(&columns);
         let sql = claim("\"outbox\"", &s, &n, true);
-        assert!(sql.contains("o.\"topic\" = ANY($4)"), "{sql}");
-        assert!(sql.contains("- $5::interval"));
+        assert!(sql.contains("o.\"topic\" = ANY($5)"), "{sql}");
+        assert!(sql.contains("- $6::interval"));
         let sql = claim("\"outbox\"", &s, &n, false);
-        assert!(sql.contains("- $4::interval") && !sql.contains("$5"));
+        assert!(sql.contains("- $5::interval") && !sql.contains("$6"));
     }
 
     #[test]
@@ -572,13 +685,15 @@ mod tests {
         let channel = Ident::new("outbox_inserted").unwrap();
         let columns = Columns::default();
         let n = Names::new(&columns);
-        let sql = schema("\"Outbox\"", &shape(&table, &columns, None), &n);
+        let s = shape(&table, &columns, None);
+        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(!sql.contains("pg_notify"));
         assert!(
             !sql.contains("ALTER TABLE"),
             "the relay's own table needs no additions"
         );
-        let sql = schema("\"Outbox\"", &shape(&table, &columns, Some(&channel)), &n);
+        let s = shape(&table, &columns, Some(&channel));
+        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
         assert!(sql.contains("pg_notify('outbox_inserted', '')"));
         assert!(sql.contains("FOR EACH STATEMENT"));
@@ -598,7 +713,8 @@ mod tests {
         })
         .unwrap();
         let n = Names::new(&columns);
-        let sql = schema("\"order_events\"", &shape(&table, &columns, None), &n);
+        let s = shape(&table, &columns, None);
+        let sql = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("\"body\"       JSONB"), "{sql}");
         assert!(
             sql.contains("ADD COLUMN IF NOT EXISTS \"relay_status\" TEXT"),

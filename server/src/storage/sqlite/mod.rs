@@ -55,8 +55,8 @@ use super::columns::{
 };
 use super::ident::Ident;
 use super::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, NewMessage,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackRequest, NackResult,
+    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -263,6 +263,71 @@ impl SqliteStorage {
             .await
             .map_err(self.error(action))
     }
+
+    /// One nack of a batch, inside the batch's write transaction.
+    async fn nack_in(
+        &self,
+        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
+        nack: &NackRequest<'_>,
+        owner: &str,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<NackResult> {
+        let err = || self.error("nack");
+        let now = now_ms();
+        let held: Option<(i64, Option<String>)> = sqlx::query_as(&self.sql.nack_select)
+            .bind(nack.id)
+            .bind(owner)
+            .bind(now)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(err())?;
+        let Some((stored_attempts, key)) = held else {
+            return Ok(NackResult::Fenced);
+        };
+
+        let decision = policy.on_failure(attempts(stored_attempts), nack.requested_delay);
+        // When the later rows of the key become claimable: the retry time, or now.
+        let successors_at = match decision {
+            FailureDecision::RetryAfter(delay) => {
+                let retry_at = after(now, delay);
+                sqlx::query(&self.sql.nack_retry)
+                    .bind(nack.id)
+                    .bind(retry_at)
+                    .bind(nack.error)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(err())?;
+                retry_at
+            }
+            FailureDecision::DeadLetter => {
+                sqlx::query(&self.sql.nack_dead)
+                    .bind(nack.id)
+                    .bind(now)
+                    .bind(nack.error)
+                    .execute(&mut **tx)
+                    .await
+                    .map_err(err())?;
+                now
+            }
+        };
+        let released = match key {
+            Some(key) => sqlx::query_scalar(&self.sql.release_successors)
+                .bind(key)
+                .bind(nack.id)
+                .bind(owner)
+                .bind(successors_at)
+                .fetch_all(&mut **tx)
+                .await
+                .map_err(err())?,
+            None => Vec::new(),
+        };
+        let retry_at = datetime(successors_at).map_err(err())?;
+        let released = sorted(released);
+        Ok(match decision {
+            FailureDecision::RetryAfter(_) => NackResult::Retried { retry_at, released },
+            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
+        })
+    }
 }
 
 #[async_trait]
@@ -283,6 +348,7 @@ impl Storage for SqliteStorage {
             TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
                 if !request.topics.contains(fixed) {
                     return Ok(Claimed {
+                        exhausted: Vec::new(),
                         messages: Vec::new(),
                         lease_expires_at: datetime(after(now_ms(), request.lease)).map_err(err())?,
                     });
@@ -291,9 +357,17 @@ impl Storage for SqliteStorage {
             }
             _ => request.topics,
         };
-        let (statement, probe) = match topics {
-            [] => (&self.sql.claim_all, &self.sql.probe_all),
-            _ => (&self.sql.claim_topics, &self.sql.probe_topics),
+        let (statement, exhaust, probe) = match topics {
+            [] => (
+                &self.sql.claim_all,
+                &self.sql.exhaust_all,
+                &self.sql.probe_all,
+            ),
+            _ => (
+                &self.sql.claim_topics,
+                &self.sql.exhaust_topics,
+                &self.sql.probe_topics,
+            ),
         };
         let topics = (!topics.is_empty()).then(|| json_list(topics));
         let delay = self.options.visibility_delay;
@@ -310,6 +384,7 @@ impl Storage for SqliteStorage {
         let claimable: bool = query.fetch_one(&self.pools.reader).await.map_err(err())?;
         if !claimable {
             return Ok(Claimed {
+                exhausted: Vec::new(),
                 messages: Vec::new(),
                 lease_expires_at: datetime(after(now, request.lease)).map_err(err())?,
             });
@@ -318,6 +393,20 @@ impl Storage for SqliteStorage {
         let mut tx = self.begin_immediate("claim").await?;
         let now = now_ms();
         let lease_until = after(now, request.lease);
+        let max_attempts = i64::from(request.max_attempts);
+        let mut query = sqlx::query_scalar(exhaust).bind(now);
+        if let Some(topics) = &topics {
+            query = query.bind(topics.as_str());
+        }
+        if !delay.is_zero() {
+            query = query.bind(before(now, delay));
+        }
+        let exhausted: Vec<MessageId> = query
+            .bind(i64::from(request.batch_size))
+            .bind(max_attempts)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(err())?;
         let mut query = sqlx::query(statement).bind(now);
         if let Some(topics) = &topics {
             query = query.bind(topics.as_str());
@@ -329,6 +418,7 @@ impl Storage for SqliteStorage {
             .bind(request.owner)
             .bind(lease_until)
             .bind(i64::from(request.batch_size))
+            .bind(max_attempts)
             .fetch_all(&mut *tx)
             .await
             .map_err(err())?;
@@ -337,8 +427,16 @@ impl Storage for SqliteStorage {
         let messages = decode_messages(rows).map_err(err())?;
         let lease_expires_at = datetime(lease_until).map_err(err())?;
         tx.commit().await.map_err(err())?;
+        if !exhausted.is_empty() {
+            tracing::warn!(
+                ids = ?exhausted,
+                max_attempts = request.max_attempts,
+                "dead-lettered rows claimed max_attempts times without an answer"
+            );
+        }
         tracing::debug!(claimed = messages.len(), "claimed");
         Ok(Claimed {
+            exhausted: sorted(exhausted),
             messages,
             lease_expires_at,
         })
@@ -370,72 +468,25 @@ impl Storage for SqliteStorage {
     #[tracing::instrument(
         name = "storage.nack",
         skip_all,
-        fields(table = %self.sql.display_table, id, owner),
+        fields(table = %self.sql.display_table, owner, nacks = nacks.len()),
     )]
-    async fn nack(
+    async fn nack_many(
         &self,
-        id: MessageId,
+        nacks: &[NackRequest<'_>],
         owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
-        let err = || self.error("nack");
+    ) -> StorageResult<Vec<NackResult>> {
+        if nacks.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One write transaction for the batch; each nack sees what the ones before it did.
         let mut tx = self.begin_immediate("nack").await?;
-        let now = now_ms();
-        let held: Option<(i64, Option<String>)> = sqlx::query_as(&self.sql.nack_select)
-            .bind(id)
-            .bind(owner)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err())?;
-        let Some((stored_attempts, key)) = held else {
-            return Ok(NackResult::Fenced);
-        };
-
-        let decision = policy.on_failure(attempts(stored_attempts), requested_delay);
-        // When the later rows of the key become claimable: the retry time, or now.
-        let successors_at = match decision {
-            FailureDecision::RetryAfter(delay) => {
-                let retry_at = after(now, delay);
-                sqlx::query(&self.sql.nack_retry)
-                    .bind(id)
-                    .bind(retry_at)
-                    .bind(error)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(err())?;
-                retry_at
-            }
-            FailureDecision::DeadLetter => {
-                sqlx::query(&self.sql.nack_dead)
-                    .bind(id)
-                    .bind(now)
-                    .bind(error)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(err())?;
-                now
-            }
-        };
-        let released = match key {
-            Some(key) => sqlx::query_scalar(&self.sql.release_successors)
-                .bind(key)
-                .bind(id)
-                .bind(owner)
-                .bind(successors_at)
-                .fetch_all(&mut *tx)
-                .await
-                .map_err(err())?,
-            None => Vec::new(),
-        };
-        let retry_at = datetime(successors_at).map_err(err())?;
-        tx.commit().await.map_err(err())?;
-        let released = sorted(released);
-        Ok(match decision {
-            FailureDecision::RetryAfter(_) => NackResult::Retried { retry_at, released },
-            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
-        })
+        let mut results = Vec::with_capacity(nacks.len());
+        for nack in nacks {
+            results.push(self.nack_in(&mut tx, nack, owner, policy).await?);
+        }
+        tx.commit().await.map_err(self.error("nack"))?;
+        Ok(results)
     }
 
     async fn release(
@@ -448,10 +499,12 @@ impl Storage for SqliteStorage {
             return Ok(Vec::new());
         }
         let mut conn = self.writer("release").await?;
+        let now = now_ms();
         let applied = sqlx::query_scalar(&self.sql.release)
             .bind(json_list(ids))
             .bind(owner)
-            .bind(after(now_ms(), delay))
+            .bind(after(now, delay))
+            .bind(now)
             .fetch_all(&mut *conn)
             .await
             .map_err(self.error("release"))?;
@@ -486,11 +539,13 @@ impl Storage for SqliteStorage {
             });
         }
         let mut conn = self.writer("extend lease").await?;
-        let until = after(now_ms(), lease);
+        let now = now_ms();
+        let until = after(now, lease);
         let extended = sqlx::query_scalar(&self.sql.extend_lease)
             .bind(json_list(ids))
             .bind(owner)
             .bind(until)
+            .bind(now)
             .fetch_all(&mut *conn)
             .await
             .map_err(err())?;

@@ -34,6 +34,10 @@ pub(super) struct Statements {
     pub display_table: String,
     pub claim_all: String,
     pub claim_topics: String,
+    /// Dead-letter the rows a claim would take that used their attempts (`exhaust_*`),
+    /// before the claim, which then passes them over.
+    pub exhaust_all: String,
+    pub exhaust_topics: String,
     pub probe_all: String,
     pub probe_topics: String,
     pub ack: String,
@@ -193,6 +197,8 @@ impl Statements {
         Self {
             claim_all: claim(&t, &c, shape, false),
             claim_topics: claim(&t, &c, shape, filtered),
+            exhaust_all: exhaust(&t, &c, shape, false),
+            exhaust_topics: exhaust(&t, &c, shape, filtered),
             probe_all: probe(&t, &c, shape, false),
             probe_topics: probe(&t, &c, shape, filtered),
             // `?3` now.
@@ -201,9 +207,11 @@ impl Statements {
                  {held} RETURNING {id}"
             ),
             ack_delete: format!("DELETE FROM {t} {held} RETURNING {id}"),
+            // `?3` now: a nack needs a live lease (README, Guarantees).
             nack_select: format!(
                 "SELECT {attempts}, {key} FROM {t} \
-                 WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending'"
+                 WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' \
+                 AND {available_at} > ?3"
             ),
             // The row is known to be held by the owner (nack_select, same transaction).
             // `?2` retry time.
@@ -223,10 +231,10 @@ impl Statements {
                  WHERE {key} = ?1 AND {id} > ?2 AND {leased_by} = ?3 AND {status} = 'pending' \
                  RETURNING {id}"
             ),
-            // `?3` when they are due.
+            // `?3` when they are due, `?4` now: a delayed release needs a live lease.
             release: format!(
                 "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = ?3, \
-                 {leased_by} = NULL {held} RETURNING {id}"
+                 {leased_by} = NULL {held} AND ({available_at} > ?4 OR ?3 <= ?4) RETURNING {id}"
             ),
             // `?4` now.
             dead_letter: format!(
@@ -234,8 +242,10 @@ impl Statements {
                  {leased_by} = NULL \
                  WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' RETURNING {id}"
             ),
-            // `?3` the new deadline.
-            extend_lease: format!("UPDATE {t} SET {available_at} = ?3 {held} RETURNING {id}"),
+            // `?3` the new deadline, `?4` now: an extension needs a live lease.
+            extend_lease: format!(
+                "UPDATE {t} SET {available_at} = ?3 {held} AND {available_at} > ?4 RETURNING {id}"
+            ),
             // `?3` now.
             return_leases: format!("UPDATE {t} SET {leased_by} = NULL, {available_at} = ?3 {held}"),
             // `?1` now. `status = 'pending' OR status = 'dead'` (not IN) lets the planner
@@ -337,14 +347,16 @@ fn probe(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
     format!("SELECT EXISTS ({select} LIMIT 1)")
 }
 
-/// The parameters of [`candidates`], then owner, lease deadline and batch size.
+/// The parameters of [`candidates`], then owner, lease deadline, batch size and max
+/// attempts.
 ///
 /// One statement, run under `BEGIN IMMEDIATE` (see the module docs of the backend): SQLite
 /// has one writer at a time per file, so the rows it picks cannot be picked by another
-/// claim, and the strict-ordering predicate sees every earlier claim's result.
+/// claim, and the strict-ordering predicate sees every earlier claim's result. Rows that
+/// used their attempts are passed over: [`exhaust`] dead-letters them first.
 fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
     let (select, next) = candidates(t, c, shape, topics);
-    let (owner, lease_until, limit) = (next, next + 1, next + 2);
+    let (owner, lease_until, limit, max_attempts) = (next, next + 1, next + 2, next + 3);
     let Names {
         id,
         attempts,
@@ -355,9 +367,34 @@ fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
     format!(
         "UPDATE {t} SET {leased_by} = ?{owner}, {attempts} = {attempts} + 1, \
            {available_at} = ?{lease_until} \
-         WHERE {id} IN ({select} LIMIT ?{limit}) \
+         WHERE {id} IN ({select} AND o.{attempts} < ?{max_attempts} LIMIT ?{limit}) \
          RETURNING {}",
         message(c)
+    )
+}
+
+/// The parameters of [`candidates`], then batch size and max attempts: dead-letters the
+/// rows among the next batch a claim would take that were claimed `max_attempts` times
+/// already (their holders never answered), returning their ids. The reason goes into
+/// `last_error`, before the error the row had.
+fn exhaust(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+    let (select, next) = candidates(t, c, shape, topics);
+    let (limit, max_attempts) = (next, next + 1);
+    let Names {
+        id,
+        status,
+        attempts,
+        leased_by,
+        last_error,
+        processed_at,
+        ..
+    } = c;
+    format!(
+        "UPDATE {t} SET {status} = 'dead', {processed_at} = ?1, {leased_by} = NULL, \
+           {last_error} = 'claimed ' || {attempts} || ' times without an answer (max_attempts = ' \
+             || ?{max_attempts} || ')' || coalesce('; last error: ' || {last_error}, '') \
+         WHERE {id} IN ({select} LIMIT ?{limit}) AND {attempts} >= ?{max_attempts} \
+         RETURNING {id}"
     )
 }
 
@@ -397,10 +434,12 @@ mod tests {
         assert!(claim.contains("o.topic IN (SELECT value FROM json_each(?2))"));
         assert!(claim.contains("o.created_at <= ?3"));
         assert!(claim.contains("leased_by = ?4") && claim.contains("available_at = ?5"));
-        assert!(claim.contains("LIMIT ?6"));
+        assert!(claim.contains("LIMIT ?6") && claim.contains("o.attempts < ?7"));
         let claim = &sql.claim_all;
         assert!(claim.contains("o.created_at <= ?2") && claim.contains("LIMIT ?5"));
-        assert!(!claim.contains("?6"));
+        assert!(claim.contains("o.attempts < ?6") && !claim.contains("?7"));
+        let exhaust = &sql.exhaust_topics;
+        assert!(exhaust.contains("LIMIT ?4") && exhaust.contains("attempts >= ?5"));
         assert!(sql.probe_all.contains("o.created_at <= ?2") && !sql.probe_all.contains("?3"));
     }
 
