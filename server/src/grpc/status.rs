@@ -11,12 +11,15 @@ pub fn to_status(error: RelayError) -> Status {
         RelayError::InvalidArgument(_) | RelayError::Storage(StorageError::InvalidMessage(_)) => {
             Status::invalid_argument(error.to_string())
         }
+        RelayError::ResourceExhausted(_) => Status::resource_exhausted(error.to_string()),
         RelayError::ShuttingDown => Status::unavailable(error.to_string()),
         RelayError::Storage(StorageError::Unavailable(_)) => Status::unavailable(format!(
             "{error}; the server keeps retrying, try again shortly"
         )),
         RelayError::Storage(
-            StorageError::MissingTable { .. } | StorageError::MismatchedTable { .. },
+            StorageError::MissingTable { .. }
+            | StorageError::MismatchedTable { .. }
+            | StorageError::ReadOnly(_),
         ) => Status::failed_precondition(error.to_string()),
         RelayError::Storage(StorageError::Other(ref cause)) => {
             tracing::error!(error = ?cause, "internal storage error");

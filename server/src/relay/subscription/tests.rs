@@ -50,7 +50,7 @@ impl Harness {
 
     /// Opens a stream and takes its `subscribed`.
     async fn open(&self, window: u32) -> Stream {
-        let (answers, answers_rx) = mpsc::channel(64);
+        let (answers, answers_rx) = answer_queue();
         let (events_tx, events) = mpsc::channel(64);
         let spec = SubscriptionSpec {
             subscriber: "test".into(),
@@ -76,7 +76,7 @@ impl Harness {
 }
 
 struct Stream {
-    answers: mpsc::Sender<RelayResult<Answer>>,
+    answers: AnswerSender,
     events: mpsc::Receiver<RelayResult<Event>>,
     _task: JoinHandle<()>,
 }
@@ -94,7 +94,7 @@ impl Stream {
     /// The next event, which must be a batch; its ids.
     async fn batch(&mut self) -> Vec<MessageId> {
         match self.event().await {
-            Event::Batch(claimed) => claimed.messages.iter().map(|m| m.id).collect(),
+            Event::Batch(batch) => batch.claimed.messages.iter().map(|m| m.id).collect(),
             other => panic!("expected a batch, got {other:?}"),
         }
     }
@@ -107,7 +107,7 @@ impl Stream {
     }
 
     async fn answer(&self, answer: Answer) {
-        self.answers.send(Ok(answer)).await.expect("stream open");
+        self.answers.send(Ok(answer)).expect("stream open");
     }
 
     /// True when no event is waiting.
