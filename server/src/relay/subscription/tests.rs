@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+
+use crate::storage::StorageError;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, Instant};
 
@@ -387,4 +389,147 @@ async fn a_poll_that_finds_a_full_batch_wakes_the_other_idle_streams() {
     }
     assert!(Instant::now() - start < Duration::from_secs(15));
     assert_eq!(h.storage.started(Op::Claim), 6);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_claims_again_only_once_its_batch_was_taken() {
+    let h = Harness::new(true, NO_POLLING);
+    let a = h.storage.add(None);
+    let mut stream = h.open(10).await;
+    h.storage
+        .until("the first claim", |s| s.finished(Op::Claim) == 1)
+        .await;
+    // The batch waits in the channel, untaken: new rows and signals start no claim.
+    h.storage.add(None);
+    h.storage.wake();
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        h.storage.started(Op::Claim),
+        1,
+        "claimed past a batch not taken"
+    );
+    assert_eq!(stream.batch().await, [a]);
+    h.storage
+        .until("the claim after the batch was taken", |s| {
+            s.started(Op::Claim) == 2
+        })
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_insert_signal_costs_one_claim_however_many_streams_idle() {
+    let h = Harness::new(true, NO_POLLING);
+    let mut streams = Vec::new();
+    for _ in 0..50 {
+        streams.push(h.open(10).await);
+    }
+    h.storage
+        .until("every stream's first claim", |s| {
+            s.finished(Op::Claim) == 50
+        })
+        .await;
+    let a = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the insert's claim", |s| s.finished(Op::Claim) == 51)
+        .await;
+    sleep(Duration::from_secs(5)).await;
+    assert_eq!(h.storage.started(Op::Claim), 51, "one claim for one insert");
+    let mut got = Vec::new();
+    for stream in &mut streams {
+        if let Ok(Ok(Event::Batch(batch))) = stream.events.try_recv() {
+            got.extend(batch.claimed.messages.iter().map(|m| m.id));
+        }
+    }
+    assert_eq!(got, [a]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn back_to_back_nacks_go_in_one_storage_call_and_are_settled_one_by_one() {
+    let h = Harness::new(true, NO_POLLING);
+    let ids: Vec<MessageId> = (0..5).map(|_| h.storage.add(None)).collect();
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, ids);
+    // A claim in flight holds the nacks back, so they queue up behind it.
+    h.storage.hold(Op::Claim);
+    let b = h.storage.add(None);
+    h.storage.wake();
+    h.storage
+        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+        .await;
+    for id in &ids {
+        stream
+            .answer(Answer::Nack {
+                id: *id,
+                error: "down".into(),
+                delay: None,
+            })
+            .await;
+    }
+    h.storage.let_through(Op::Claim);
+    assert_eq!(stream.batch().await, [b]);
+    for id in &ids {
+        assert_eq!(stream.settled().await.retried, [*id]);
+    }
+    assert_eq!(
+        h.storage.finished(Op::Nack),
+        1,
+        "one call for five nacks"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bad_answer_is_rejected_alone_and_the_stream_keeps_its_rows() {
+    let h = Harness::new(true, NO_POLLING);
+    let a = h.storage.add(None);
+    let mut stream = h.open(10).await;
+    assert_eq!(stream.batch().await, [a]);
+    let too_far = crate::config::MAX_DURATION + Duration::from_millis(1);
+    stream
+        .answer(Answer::Release {
+            ids: vec![a],
+            delay: too_far,
+        })
+        .await;
+    let rejected = stream.settled().await.rejected.expect("rejected");
+    assert_eq!(rejected.ids, [a]);
+    stream.answer(Answer::SetWindow(20_000)).await;
+    assert!(stream.settled().await.rejected.is_some());
+    stream.answer(Answer::Ack(vec![a])).await;
+    assert_eq!(
+        stream.settled().await.acked,
+        [a],
+        "still held, still the stream's"
+    );
+    assert_eq!(h.storage.started(Op::Release), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_claim_failing_for_the_callers_reason_ends_the_stream_with_it() {
+    let h = Harness::new(true, NO_POLLING);
+    h.storage
+        .fail_claims(|| StorageError::InvalidMessage("the database refused the value".into()));
+    let mut stream = h.open(10).await;
+    match tokio::time::timeout(WAIT, stream.events.recv()).await {
+        Ok(Some(Err(error))) => assert!(error.is_callers_fault(), "{error}"),
+        other => panic!("expected the stream to end with the error, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn claims_failing_for_a_reason_that_heals_are_retried_ever_more_slowly() {
+    let h = Harness::new(true, NO_POLLING);
+    h.storage
+        .fail_claims(|| StorageError::Unavailable("connection refused".into()));
+    let mut stream = h.open(10).await;
+    h.storage
+        .until("six claims", |s| s.started(Op::Claim) >= 6)
+        .await;
+    h.storage
+        .until("seven claims", |s| s.started(Op::Claim) >= 7)
+        .await;
+    let at = h.storage.claims_at();
+    let waits: Vec<u64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
+    assert_eq!(waits[..6], [1, 2, 4, 8, 16, 30]);
+    assert!(stream.quiet(), "the stream goes on");
 }
