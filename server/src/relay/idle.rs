@@ -226,7 +226,7 @@ async fn keep_time(
 
 /// Waits for the next change of a counter; false when its sender is gone. Never completes
 /// without one.
-async fn changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
+pub(super) async fn changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
     match signal {
         Some(receiver) => receiver.changed().await.is_ok(),
         None => std::future::pending().await,

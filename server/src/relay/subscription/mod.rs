@@ -65,7 +65,7 @@ pub use self::answers::{Answer, Rejection, Settlement};
 use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::drain::Drain;
-use super::idle::{PollGroup, Turn};
+use super::idle::{changed, PollGroup, Turn};
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
 
@@ -296,7 +296,7 @@ impl Subscription {
                     self.start_claim(count, None);
                 }
                 turn = self.idle.turn(), if waiting => self.start_claim(count, Some(turn)),
-                changed = wait_changed(&mut self.found), if waiting => {
+                changed = changed(&mut self.found), if waiting => {
                     if changed {
                         self.start_claim(count, None);
                     } else {
@@ -609,14 +609,6 @@ async fn taken(in_transit: &mut Option<oneshot::Receiver<()>>) {
         Some(receiver) => {
             let _ = receiver.await;
         }
-        None => std::future::pending().await,
-    }
-}
-
-/// Waits for the next change of a counter; false when its sender is gone.
-async fn wait_changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
-    match signal {
-        Some(receiver) => receiver.changed().await.is_ok(),
         None => std::future::pending().await,
     }
 }
