@@ -212,12 +212,14 @@ async fn an_insert_costs_a_few_claims_however_many_streams_are_idle() {
         );
     }
     let mut legit = Subscriber::open(&server, "legit", 10, 0).await;
-    eventually("every stream's first claim", DEADLINE, || async {
-        (claims() > 300).then_some(())
+    // Opening the streams claims through their group too: a few claims, not 301.
+    eventually("the first claims", DEADLINE, || async {
+        (claims() >= 1).then_some(())
     })
     .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = claims();
+    assert!(before <= 10, "opening 301 streams made {before} claims");
     let id = db.insert("t", None, b"wake").await;
     assert_eq!(legit.take(1).await[0].id, id);
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -54,5 +54,11 @@ mod tests {
             to_status(RelayError::InvalidArgument("x".into())).code(),
             Code::InvalidArgument
         );
+        let read_only = RelayError::Storage(StorageError::ReadOnly("file".into()));
+        assert_eq!(to_status(read_only).code(), Code::FailedPrecondition);
+        let flood = RelayError::ResourceExhausted("answers".into());
+        assert_eq!(to_status(flood).code(), Code::ResourceExhausted);
+        let refused = RelayError::Storage(StorageError::InvalidMessage("NUL".into()));
+        assert_eq!(to_status(refused).code(), Code::InvalidArgument);
     }
 }

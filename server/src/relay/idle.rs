@@ -31,7 +31,8 @@
 //! about 2,900 claims). An insert turn whose claim comes back full wakes the waiting
 //! streams like a poll's; one that finds nothing leaves the poll schedule alone (another
 //! replica may have taken the row). The signal carries no topic, so each topic filter's
-//! group claims once: O(distinct filters), never O(streams).
+//! group claims once: O(distinct filters), never O(streams). A stream that opens makes
+//! the same kind of turn ([`PollGroup::wake`]) rather than a claim of its own.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -111,6 +112,8 @@ struct Schedule {
     /// A turn was handed out and no stream has taken it yet. A stream woken without an open
     /// turn (a stale wake-up, or one for a turn a found row made moot) keeps waiting.
     turn_open: Option<Turn>,
+    /// When the group last looked: a turn taken, or a claim that found nothing.
+    last_look: Option<Instant>,
 }
 
 impl PollGroup {
@@ -122,6 +125,7 @@ impl PollGroup {
                 poller,
                 due,
                 turn_open: None,
+                last_look: None,
             }),
             turn: Notify::new(),
             rescheduled: Notify::new(),
@@ -141,10 +145,34 @@ impl PollGroup {
     pub async fn turn(&self) -> Turn {
         loop {
             self.shared.turn.notified().await;
-            if let Some(turn) = self.shared.lock().turn_open.take() {
+            let mut schedule = self.shared.lock();
+            if let Some(turn) = schedule.turn_open.take() {
+                schedule.last_look = Some(Instant::now());
                 return turn;
             }
         }
+    }
+
+    /// Opens a turn now, as an insert signal does: a stream that just opened looks for
+    /// work through its group, so opening many streams at once (10,000 reconnecting after
+    /// a restart) costs a claim per group, not one per stream, while the first stream to
+    /// open still claims at once.
+    ///
+    /// No turn is opened while one is open, or when the group looked within `poll.min`
+    /// (what it found holds for the new stream too: same filter; rows inserted since come
+    /// with an insert signal, or with the next poll).
+    pub fn wake(&self) {
+        {
+            let mut schedule = self.shared.lock();
+            let looked_lately = schedule
+                .last_look
+                .is_some_and(|at| Instant::now() < at + schedule.poller.min());
+            if schedule.turn_open.is_some() || looked_lately {
+                return;
+            }
+            schedule.turn_open = Some(Turn::Insert);
+        }
+        self.shared.turn.notify_one();
     }
 
     /// A counter that moves when a poll found more than one batch; a waiting stream that
@@ -166,9 +194,12 @@ impl PollGroup {
                 if schedule.turn_open == Some(Turn::Poll) {
                     schedule.turn_open = None;
                 }
-            } else if turn != Some(Turn::Poll) {
-                // An empty claim out of the poll schedule does not move it.
-                return;
+            } else {
+                schedule.last_look = Some(now);
+                if turn != Some(Turn::Poll) {
+                    // An empty claim out of the poll schedule does not move it.
+                    return;
+                }
             }
             schedule.due = now + schedule.poller.idle();
         }

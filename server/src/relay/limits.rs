@@ -153,14 +153,19 @@ fn truncate(text: &str, max_bytes: usize) -> &str {
     &text[..end]
 }
 
-/// A caller's string for an error message: quoted and escaped (no raw newline or control
-/// character), and cut after [`MAX_ECHO_CHARS`] characters with its full length said.
+/// A caller's string for an error message: in backquotes, escaped (no raw newline or
+/// control character), and cut after [`MAX_ECHO_CHARS`] characters with its full length
+/// said.
 pub fn echo(untrusted: &str) -> String {
-    let shown: String = untrusted.chars().take(MAX_ECHO_CHARS).collect();
-    if shown.len() == untrusted.len() {
-        format!("{shown:?}")
+    let shown: String = untrusted
+        .chars()
+        .take(MAX_ECHO_CHARS)
+        .flat_map(char::escape_debug)
+        .collect();
+    if untrusted.chars().nth(MAX_ECHO_CHARS).is_none() {
+        format!("`{shown}`")
     } else {
-        format!("{shown:?}... ({} bytes)", untrusted.len())
+        format!("`{shown}...` ({} bytes)", untrusted.len())
     }
 }
 
@@ -177,7 +182,7 @@ mod tests {
 
     #[test]
     fn echoes_are_escaped_and_bounded() {
-        assert_eq!(echo("a\nb"), "\"a\\nb\"");
+        assert_eq!(echo("a\nb"), "`a\\nb`");
         let long = echo(&"x".repeat(1 << 20));
         assert!(
             long.len() < 100 && long.ends_with("(1048576 bytes)"),

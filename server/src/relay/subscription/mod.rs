@@ -144,12 +144,14 @@ pub async fn run(
         claim: None,
         answer: None,
         next_answer: None,
-        next_claim_at: Some(Instant::now()),
+        // The first claim goes through the group (see `PollGroup::wake`).
+        next_claim_at: None,
         short_while_holding: false,
         freed_during_claim: false,
         in_transit: None,
         claim_failures: 0,
     };
+    state.idle.wake();
     let result = state.serve(&mut answers, &drain).await;
     state.finish_in_flight().await;
     state.give_back().await;
