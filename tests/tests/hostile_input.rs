@@ -366,12 +366,14 @@ async fn the_not_serving_line_carries_the_whole_cause() {
             .then_some(())
     })
     .await;
-    drop(server);
-    db.drop().await;
+    let mut server = server;
+    server.kill();
+    server.wait_exit(DEADLINE).await;
     sqlx::query(&format!("DROP ROLE {role}"))
-        .execute(&TestDb::new().await.pool)
+        .execute(&db.pool)
         .await
         .unwrap();
+    db.drop().await;
 }
 
 /// Case 9 on MariaDB: a wrong password and a missing database.
