@@ -1,5 +1,9 @@
 //! Generates the Rust stubs from `txoutbox/v1/*.proto` with a vendored `protoc`, so a
 //! fresh machine builds without installing the protobuf compiler.
+//!
+//! Two passes: the messages and the clients with tonic-prost's codec, then the servers
+//! alone (into `OUT_DIR/server`, on the messages of the first pass) with
+//! [`RequestCodec`](src/codec.rs), which makes an undecodable request the caller's fault.
 
 use std::path::PathBuf;
 
@@ -16,7 +20,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     ]
     .map(PathBuf::from);
     tonic_prost_build::configure()
+        .build_server(false)
         .file_descriptor_set_path(out_dir.join("txoutbox_descriptor.bin"))
+        .compile_protos(&protos, &includes)?;
+    let servers = out_dir.join("server");
+    std::fs::create_dir_all(&servers)?;
+    tonic_prost_build::configure()
+        .build_client(false)
+        .codec_path("crate::codec::RequestCodec")
+        .extern_path(".txoutbox.v1", "crate::v1")
+        .out_dir(&servers)
         .compile_protos(&protos, &includes)?;
     for proto in protos {
         println!("cargo:rerun-if-changed={}", proto.display());

@@ -251,6 +251,9 @@ def report_settled(settled):
     outcomes = [f"{field} {list(getattr(settled, field))}"
                 for field in ("retried", "dead_lettered", "released", "fenced")
                 if getattr(settled, field)]
+    if settled.HasField("rejected"):
+        # Nothing was applied; the messages stay held by this stream.
+        outcomes.append(f"rejected {list(settled.rejected.ids)}: {settled.rejected.reason}")
     if outcomes:
         log(f"settled: {', '.join(outcomes)}")
     return list(settled.acked)

@@ -4,9 +4,13 @@
 //! use [`v1::relay_client::RelayClient`] and [`v1::admin_client::AdminClient`]. Other
 //! languages generate their own stubs from the same `.proto` files.
 
+pub mod codec;
+
 pub mod v1 {
     #![allow(clippy::doc_lazy_continuation, clippy::large_enum_variant)]
     tonic::include_proto!("txoutbox.v1");
+    // The servers, generated with `crate::codec::RequestCodec` (see build.rs).
+    include!(concat!(env!("OUT_DIR"), "/server/txoutbox.v1.rs"));
 }
 
 /// The encoded file descriptor set of the protocol, for gRPC server reflection.

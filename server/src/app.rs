@@ -35,18 +35,39 @@ enum Pools {
     MySql(sqlx::MySqlPool),
 }
 
+/// Which connections a storage gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// The relay's work: `databases.NAME.max_connections` per database.
+    Relay,
+    /// The health checks: one connection per database of their own, so a pool busy with
+    /// claims (or starved by them) never turns an outbox NOT_SERVING; no insert listener.
+    Health,
+}
+
 /// Opens a storage per outbox, sharing one connection pool per database. Pools connect
 /// lazily: a database that is down at start makes its outboxes NOT_SERVING, not the
 /// server fail.
 pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
+    open_storages_for(config, Purpose::Relay)
+}
+
+fn open_storages_for(
+    config: &Config,
+    purpose: Purpose,
+) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
     let mut pools = BTreeMap::new();
     for (name, database) in &config.databases {
+        let size = match purpose {
+            Purpose::Relay => database.max_connections,
+            Purpose::Health => 1,
+        };
         let pool = if is_sqlite_url(&database.url) {
-            sqlite::lazy_pools(&database.url, database.max_connections).map(Pools::Sqlite)
+            sqlite::lazy_pools(&database.url, size).map(Pools::Sqlite)
         } else if is_mysql_url(&database.url) {
-            mysql::lazy_pool(&database.url, database.max_connections).map(Pools::MySql)
+            mysql::lazy_pool(&database.url, size).map(Pools::MySql)
         } else {
-            postgres::lazy_pool(&database.url, database.max_connections).map(Pools::Postgres)
+            postgres::lazy_pool(&database.url, size).map(Pools::Postgres)
         }
         .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);
@@ -55,14 +76,16 @@ pub fn open_storages(config: &Config) -> anyhow::Result<BTreeMap<String, Arc<dyn
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
         let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
-            Pools::Postgres(pool) => Arc::new(
-                PostgresStorage::from_pool(
-                    pool.clone(),
-                    Some(database.url.clone()),
-                    postgres_options(outbox)?,
+            Pools::Postgres(pool) => {
+                let mut options = postgres_options(outbox)?;
+                if purpose == Purpose::Health {
+                    options.notify_channel = None;
+                }
+                Arc::new(
+                    PostgresStorage::from_pool(pool.clone(), Some(database.url.clone()), options)
+                        .with_context(|| format!("outboxes.{name}"))?,
                 )
-                .with_context(|| format!("outboxes.{name}"))?,
-            ),
+            }
             Pools::Sqlite(pools) => Arc::new(
                 SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox)?)
                     .with_context(|| format!("outboxes.{name}"))?,
@@ -120,14 +143,19 @@ fn mysql_options(outbox: &OutboxConfig) -> anyhow::Result<MySqlOptions> {
 
 pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
     let storages = open_storages(config)?;
+    let mut health = open_storages_for(config, Purpose::Health)?;
     let outboxes = storages.into_iter().map(|(name, storage)| {
         let outbox_config = config.outboxes[&name].clone();
-        Arc::new(Outbox::new(
-            name,
-            outbox_config,
-            storage,
-            config.server.max_message_bytes,
-        ))
+        let health = health.remove(&name).expect("a health storage per outbox");
+        Arc::new(
+            Outbox::new(
+                name,
+                outbox_config,
+                storage,
+                config.server.max_message_bytes,
+            )
+            .with_health_storage(health),
+        )
     });
     Ok(Relay::new(outboxes))
 }
@@ -186,6 +214,9 @@ pub async fn run(
         // Detects subscribers behind a cut network, so their leases come back promptly.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        // Streams per connection: a client opening more waits for one to end (tonic
+        // passes "unlimited" to hyper otherwise).
+        .max_concurrent_streams(config.server.max_streams_per_connection)
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RelayServer::new(RelayService::new(

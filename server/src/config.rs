@@ -15,6 +15,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -22,13 +23,33 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 use crate::storage::columns::{ColumnMapping, Columns};
-use crate::storage::{ident, sqlite};
+use crate::storage::{ident, mysql, sqlite};
 
 /// Where `txoutboxd` listens when nothing says otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 
 /// Largest batch or window a caller may ask for.
 pub const MAX_WINDOW: u32 = 10_000;
+
+/// Longest duration anywhere: every duration key, a release's delay. Past it a lease or
+/// a delay means "practically never", and `Instant + Duration` would be one overflow
+/// away; a message to park for longer is dead-lettered instead.
+pub const MAX_DURATION: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// Shortest lease: below it a lease runs out while its batch crosses the network.
+pub const MIN_LEASE: Duration = Duration::from_millis(100);
+
+/// Shortest health interval: the checks query every outbox's database.
+const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// What gRPC clients accept by default, in every language: the default response cap.
+pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
+/// Bounds of `server.max_message_bytes`: room for a row of real size; at most two
+/// responses of this size wait per stream, so it bounds a stream's memory too.
+const MESSAGE_BYTES_RANGE: std::ops::RangeInclusive<usize> = 64 * 1024..=64 * 1024 * 1024;
+
+/// Largest growth factor (`poll.factor`, `backoff.factor`).
+const MAX_FACTOR: f64 = 100.0;
 
 /// The configuration used when there is none: no `--config`, no `TXOUTBOX_CONFIG`, no
 /// `./txoutboxd.toml`, and no `TXOUTBOX_OUTBOXES__*` variable naming an outbox of its own.
@@ -78,9 +99,14 @@ pub struct ServerConfig {
     /// How often each outbox's database is pinged for the health service.
     #[serde(with = "humantime_serde")]
     pub health_interval: Duration,
-    /// Largest message payload handed out, in bytes; bigger rows are dead-lettered
-    /// with an error saying so instead of failing every stream that claims them.
+    /// Largest response sent, in bytes on the wire: a batch on `Subscribe`, a unary
+    /// `Claim`. A claim keeps the id-ordered prefix of its rows that fits and gives the
+    /// rest back untried; a row that fits no response alone is dead-lettered with an
+    /// error saying so. The default is what gRPC clients accept unless told otherwise.
     pub max_message_bytes: usize,
+    /// HTTP/2 streams one client connection may have open at once (its
+    /// `SETTINGS_MAX_CONCURRENT_STREAMS`); a client opening more waits for one to end.
+    pub max_streams_per_connection: u32,
 }
 
 impl Default for ServerConfig {
@@ -90,7 +116,8 @@ impl Default for ServerConfig {
             drain_timeout: Duration::from_secs(30),
             log_format: LogFormat::Text,
             health_interval: Duration::from_secs(5),
-            max_message_bytes: 4 * 1024 * 1024 - 64 * 1024,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
+            max_streams_per_connection: 1000,
         }
     }
 }
@@ -324,10 +351,16 @@ impl Config {
                 if let Err(why) = sqlite::database_file(&database.url) {
                     problems.push(format!("{key}.url = {:?}: {why}", database.url));
                 }
-            } else if !(database.url.starts_with("postgres://")
-                || database.url.starts_with("postgresql://")
-                || is_mysql_url(&database.url))
-            {
+            } else if is_postgres_url(&database.url) {
+                // Parsed as `run` parses it, so check-config passes only what run takes.
+                if let Err(why) = sqlx::postgres::PgConnectOptions::from_str(&database.url) {
+                    problems.push(format!("{key}.url: not a usable PostgreSQL URL: {why}"));
+                }
+            } else if is_mysql_url(&database.url) {
+                if let Err(why) = mysql::connect_options(&database.url) {
+                    problems.push(format!("{key}.url: not a usable MySQL URL: {why:#}"));
+                }
+            } else {
                 problems.push(format!(
                     "{key}.url: unsupported database URL (scheme of {:?}); supported: postgres://, mysql:// (or mariadb://), sqlite://PATH",
                     redact(&database.url)
@@ -340,11 +373,32 @@ impl Config {
         for (name, outbox) in &self.outboxes {
             outbox.validate(name, &self.databases, &mut problems);
         }
-        if self.server.drain_timeout.is_zero() {
-            problems.push("server.drain_timeout: must be positive, for example \"30s\"".to_owned());
+        let server = &self.server;
+        check_duration(
+            &mut problems,
+            "server.drain_timeout",
+            server.drain_timeout,
+            Duration::from_millis(1),
+            "30s",
+        );
+        check_duration(
+            &mut problems,
+            "server.health_interval",
+            server.health_interval,
+            MIN_HEALTH_INTERVAL,
+            "5s",
+        );
+        if !MESSAGE_BYTES_RANGE.contains(&server.max_message_bytes) {
+            problems.push(format!(
+                "server.max_message_bytes = {}: must be within {}..={} (default {DEFAULT_MAX_MESSAGE_BYTES}, \
+                 what gRPC clients accept by default; raise it only with every client's receive limit)",
+                server.max_message_bytes,
+                MESSAGE_BYTES_RANGE.start(),
+                MESSAGE_BYTES_RANGE.end()
+            ));
         }
-        if self.server.max_message_bytes < 1024 {
-            problems.push("server.max_message_bytes: must be at least 1024".to_owned());
+        if server.max_streams_per_connection == 0 {
+            problems.push("server.max_streams_per_connection: must be at least 1".to_owned());
         }
         if problems.is_empty() {
             Ok(())
@@ -434,10 +488,32 @@ impl OutboxConfig {
                 ));
             }
         }
-        if self.lease.is_zero() {
-            problems.push(format!(
-                "{key}.lease: must be positive, for example \"30s\""
-            ));
+        let durations = [
+            ("lease", self.lease, MIN_LEASE, "30s"),
+            ("max_lease", self.max_lease, MIN_LEASE, "15m"),
+            (
+                "visibility_delay",
+                self.visibility_delay,
+                Duration::ZERO,
+                "1s",
+            ),
+            (
+                "backoff.base",
+                self.backoff.base,
+                Duration::from_millis(1),
+                "1s",
+            ),
+            (
+                "backoff.maximum",
+                self.backoff.maximum,
+                Duration::from_millis(1),
+                "5m",
+            ),
+            ("poll.min", self.poll.min, Duration::from_millis(1), "50ms"),
+            ("poll.max", self.poll.max, Duration::from_millis(1), "5s"),
+        ];
+        for (field, value, min, example) in durations {
+            check_duration(problems, &format!("{key}.{field}"), value, min, example);
         }
         if self.max_lease < self.lease {
             problems.push(format!(
@@ -455,14 +531,9 @@ impl OutboxConfig {
             ));
         }
         let backoff = &self.backoff;
-        if backoff.base.is_zero() {
+        if !(1.0..=MAX_FACTOR).contains(&backoff.factor) {
             problems.push(format!(
-                "{key}.backoff.base: must be positive, for example \"1s\""
-            ));
-        }
-        if backoff.factor < 1.0 || !backoff.factor.is_finite() {
-            problems.push(format!(
-                "{key}.backoff.factor = {}: must be at least 1",
+                "{key}.backoff.factor = {}: must be within 1..={MAX_FACTOR}",
                 backoff.factor
             ));
         }
@@ -481,13 +552,43 @@ impl OutboxConfig {
         if poll.min.is_zero() || poll.max < poll.min {
             problems.push(format!("{key}.poll: need 0 < poll.min <= poll.max"));
         }
-        if poll.factor < 1.0 || !poll.factor.is_finite() {
+        if !(1.0..=MAX_FACTOR).contains(&poll.factor) {
             problems.push(format!(
-                "{key}.poll.factor = {}: must be at least 1",
+                "{key}.poll.factor = {}: must be within 1..={MAX_FACTOR}",
                 poll.factor
             ));
         }
     }
+}
+
+/// Problems of a duration key: below `min` (zero means a positive duration is needed) or
+/// above [`MAX_DURATION`].
+fn check_duration(
+    problems: &mut Vec<String>,
+    key: &str,
+    value: Duration,
+    min: Duration,
+    example: &str,
+) {
+    let text = |d: Duration| humantime::format_duration(d).to_string();
+    if value < min {
+        problems.push(format!(
+            "{key} = {}: must be at least {}, for example \"{example}\"",
+            text(value),
+            text(min.max(Duration::from_nanos(1)))
+        ));
+    } else if value > MAX_DURATION {
+        problems.push(format!(
+            "{key} = {}: must be at most {} (7 days)",
+            text(value),
+            text(MAX_DURATION)
+        ));
+    }
+}
+
+/// Whether a database URL names a PostgreSQL server.
+pub fn is_postgres_url(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
 }
 
 /// Whether a database URL names a MySQL or MariaDB server (`mysql://` or `mariadb://`).
@@ -800,7 +901,7 @@ mod tests {
                 "{error}"
             );
         }
-        let no_database = "[databases.main]\nurl = \"mysql://root:p/w@127.0.0.1:3306\"\n\
+        let no_database = "[databases.main]\nurl = \"mysql://root:p%2Fw@127.0.0.1:3306\"\n\
                            [outboxes.orders]\ndatabase = \"main\"\n";
         let error = Config::from_toml(no_database).unwrap_err().to_string();
         assert!(error.contains("outboxes.orders.schema: missing"), "{error}");

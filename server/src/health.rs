@@ -37,8 +37,9 @@ pub async fn watch(
             if last.get(&outbox.name) != Some(&healthy) {
                 match &result {
                     Ok(()) => tracing::info!(outbox = %outbox.name, "outbox is serving"),
+                    // `{:#}`: the whole chain of causes, not only the outer context.
                     Err(error) => {
-                        tracing::warn!(outbox = %outbox.name, %error, "outbox is not serving")
+                        tracing::warn!(outbox = %outbox.name, error = format!("{error:#}"), "outbox is not serving")
                     }
                 }
                 last.insert(outbox.name.clone(), healthy);
@@ -57,10 +58,11 @@ pub async fn watch(
     }
 }
 
-/// Pings the outbox's table; with `create_schema`, first creates it when it is missing,
-/// or (when `may_alter`) adds what its column mapping still lacks, and pings again.
+/// Pings the outbox's table (on the health checks' own connection); with
+/// `create_schema`, first creates it when it is missing, or (when `may_alter`) adds what
+/// its column mapping still lacks, and pings again.
 pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), StorageError> {
-    let result = outbox.storage().ping().await;
+    let result = outbox.health_storage().ping().await;
     let fixable = match result {
         Err(StorageError::MissingTable { .. }) => true,
         Err(StorageError::MismatchedTable { .. }) => may_alter,
@@ -79,7 +81,7 @@ pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), Storage
     } else {
         tracing::info!(outbox = %outbox.name, "created the outbox table");
     }
-    outbox.storage().ping().await
+    outbox.health_storage().ping().await
 }
 
 /// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.

@@ -207,6 +207,12 @@ impl Server {
             .unwrap()
     }
 
+    /// How many log lines so far contain `needle`.
+    pub fn log_count(&self, needle: &str) -> usize {
+        let log = self.log.lock().unwrap();
+        log.iter().filter(|line| line.contains(needle)).count()
+    }
+
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log
             .lock()

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
 use tonic::Streaming;
+use txoutbox_proto::v1::relay_client::RelayClient;
 use txoutbox_proto::v1::subscribe_request::Request as Req;
 use txoutbox_proto::v1::subscribe_response::Response as Resp;
 use txoutbox_proto::v1::{self, Message};
@@ -45,13 +47,21 @@ impl Subscriber {
         server: &Server,
         open: v1::OpenSubscription,
     ) -> Result<Self, tonic::Status> {
+        Self::open_on(server.channel().await, open).await
+    }
+
+    /// Opens a stream on `channel`, a connection other streams may share.
+    pub async fn open_on(
+        channel: Channel,
+        open: v1::OpenSubscription,
+    ) -> Result<Self, tonic::Status> {
         let (tx, rx) = mpsc::channel(64);
         tx.send(v1::SubscribeRequest {
             request: Some(Req::Open(open)),
         })
         .await
         .unwrap();
-        let mut client = server.relay().await;
+        let mut client = RelayClient::new(channel);
         let responses = client
             .subscribe(ReceiverStream::new(rx))
             .await?

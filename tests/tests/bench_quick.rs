@@ -41,6 +41,7 @@ async fn quick_mode_runs_every_section_and_prints_the_table() {
         "| latency ",
         "| claim cost ",
         "| memory ",
+        "| idle cost ",
     ] {
         assert!(stdout.contains(section), "no `{section}` row in:\n{stdout}");
     }

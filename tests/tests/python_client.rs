@@ -117,6 +117,25 @@ async fn python_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     db.drop().await;
 }
 
+/// Issue 10, case 1: rows of 1.5 MiB made batches over the 4 MiB a gRPC client accepts
+/// by default, and the example failed on them for ever. Batches now fit its default.
+#[tokio::test]
+async fn python_subscriber_with_default_options_takes_megabyte_rows() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let rows: Vec<_> = (0..4).map(|_| (None, vec![b'x'; 1536 * 1024])).collect();
+    let ids = db.insert_many("orders.created", &rows).await;
+
+    let lines = run_subscriber(&server, &["--count", "4"]).await;
+
+    assert_eq!(
+        field(&lines, "id"),
+        ids.iter().map(|id| json!(id)).collect::<Vec<_>>()
+    );
+    assert_eq!(db.count("done").await, 4);
+    db.drop().await;
+}
+
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
     let mut ids = Vec::new();
     for (key, payload) in ROWS {

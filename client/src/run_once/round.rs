@@ -104,7 +104,8 @@ impl Round<'_> {
     async fn fail(&self, message: &Message, error: PublishError, rest: &[Message]) {
         let worker = self.worker;
         let config = &worker.config;
-        let text = error.text().to_owned();
+        // The server refuses a NUL in an error text (the database cannot store one).
+        let text = error.text().replace('\0', "\u{FFFD}");
         tracing::info!(id = message.id, error = %text, permanent = error.is_permanent(), "publish failed");
         if error.is_permanent() {
             let request = v1::DeadLetterRequest {

@@ -319,6 +319,11 @@ impl Session {
         let Some(sent) = self.sent.pop_front() else {
             return Err("a settlement arrived for no answer".to_owned());
         };
+        if let Some(rejection) = &settled.rejected {
+            // Nothing was applied: the messages stay leased to this stream until it ends
+            // or their lease runs out; below, the answer counts as fenced.
+            tracing::error!(owner = %self.owner, ids = ?rejection.ids, reason = %rejection.reason, "the server rejected an answer");
+        }
         let reporter = self.shared.reporter.clone();
         match sent {
             Sent::Ack => {
@@ -500,7 +505,8 @@ impl Session {
     /// A publish failed: nack it (or dead-letter it), and hold back the rest of its key.
     fn on_failure(&mut self, id: i64, error: PublishError) {
         let blocked = self.dispatch.fail(id).unwrap_or_default();
-        let text = error.text().to_owned();
+        // The server refuses a NUL in an error text (the database cannot store one).
+        let text = error.text().replace('\0', "\u{FFFD}");
         tracing::info!(owner = %self.owner, id, error = %text, blocked = blocked.ids.len(), permanent = error.is_permanent(), "publish failed");
         if error.is_permanent() {
             self.send(

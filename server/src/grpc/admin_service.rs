@@ -7,7 +7,7 @@ use tonic::{Request, Response, Status};
 use txoutbox_proto::v1;
 
 use super::convert;
-use crate::relay::{Relay, RelayError};
+use crate::relay::Relay;
 use crate::storage::NewMessage;
 
 pub struct AdminService {
@@ -74,20 +74,13 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::InsertMessageResponse>, Status> {
         let request = request.into_inner();
         let outbox = self.relay.outbox(&request.outbox)?;
-        if request.topic.is_empty() {
-            return Err(Status::invalid_argument("topic must not be empty"));
-        }
         let message = NewMessage {
             topic: request.topic,
             key: request.key,
             payload: request.payload,
             headers: request.headers.into_iter().collect(),
         };
-        let id = outbox
-            .storage()
-            .insert(message)
-            .await
-            .map_err(RelayError::from)?;
+        let id = outbox.insert(message).await?;
         Ok(Response::new(v1::InsertMessageResponse { id }))
     }
 }

@@ -47,9 +47,10 @@ pub fn event(event: Event) -> v1::SubscribeResponse {
             max_in_flight,
             max_attempts,
         }),
-        Event::Batch(claimed) => Response::Batch(v1::Batch {
-            messages: claimed.messages.into_iter().map(message).collect(),
-            lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
+        // Taking the batch here tells its subscription the transport has it.
+        Event::Batch(batch) => Response::Batch(v1::Batch {
+            messages: batch.claimed.messages.into_iter().map(message).collect(),
+            lease_expires_at: Some(timestamp(batch.claimed.lease_expires_at)),
         }),
         Event::Settled(settlement) => Response::Settled(settled(settlement)),
         Event::LeasesExpired(ids) => Response::LeasesExpired(v1::LeasesExpired { ids }),
@@ -72,6 +73,10 @@ fn settled(settlement: Settlement) -> v1::Settled {
         fenced: settlement.fenced,
         retry_at: settlement.retry_at.map(timestamp),
         lease_expires_at: settlement.lease_expires_at.map(timestamp),
+        rejected: settlement.rejected.map(|rejection| v1::Rejection {
+            ids: rejection.ids,
+            reason: rejection.reason,
+        }),
     }
 }
 
@@ -111,5 +116,73 @@ fn topic_stats(stats: TopicStats) -> v1::TopicStats {
         leased: stats.leased,
         dead: stats.dead,
         oldest_pending_age: stats.oldest_pending_age.and_then(|age| age.try_into().ok()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use prost::Message as _;
+
+    use super::*;
+    use crate::relay::response_size::{message_bytes, ENVELOPE_BYTES};
+    use crate::storage::Claimed;
+
+    fn row(
+        id: i64,
+        payload: usize,
+        key: Option<usize>,
+        headers: &[(usize, usize)],
+    ) -> OutboxMessage {
+        OutboxMessage {
+            id,
+            topic: "orders.paid".repeat(3),
+            key: key.map(|n| "k".repeat(n)),
+            payload: vec![7; payload],
+            headers: headers
+                .iter()
+                .enumerate()
+                .map(|(i, (name, value))| (format!("{i}{}", "n".repeat(*name)), "v".repeat(*value)))
+                .collect::<BTreeMap<_, _>>(),
+            attempts: u32::MAX,
+            created_at: Utc::now(),
+        }
+    }
+
+    /// The relay sizes responses with `message_bytes` and `ENVELOPE_BYTES`: they must
+    /// bound the protobuf encoding from above, for a batch and for a unary claim.
+    #[test]
+    fn the_relays_size_bounds_bound_the_encoding() {
+        let rows = vec![
+            row(i64::MIN, 0, None, &[]),
+            row(i64::MAX, 1 << 20, Some(255 * 4), &[(200, 300_000), (0, 0)]),
+            row(-1, 200_000, Some(0), &[(70_000, 70_000)]),
+            row(1, 127, Some(127), &[(127, 127); 3]),
+        ];
+        let bound: usize = rows.iter().map(message_bytes).sum::<usize>() + ENVELOPE_BYTES;
+        let claimed = Claimed {
+            messages: rows.clone(),
+            lease_expires_at: Utc::now(),
+            exhausted: Vec::new(),
+        };
+        let batch = event(Event::Batch(claimed.into()));
+        assert!(
+            batch.encoded_len() <= bound,
+            "{} > {bound}",
+            batch.encoded_len()
+        );
+        let unary = v1::ClaimResponse {
+            messages: rows.iter().cloned().map(message).collect(),
+            lease_expires_at: Some(timestamp(Utc::now())),
+        };
+        assert!(unary.encoded_len() <= bound);
+        for row in rows {
+            let alone = v1::ClaimResponse {
+                messages: vec![message(row.clone())],
+                lease_expires_at: None,
+            };
+            assert!(alone.encoded_len() <= message_bytes(&row));
+        }
     }
 }

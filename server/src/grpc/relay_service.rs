@@ -15,15 +15,15 @@ use super::convert::{self, timestamp};
 use super::status::to_status;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
-use crate::relay::subscription::{self, Answer, SubscriptionSpec};
+use crate::relay::subscription::queue::SendError;
+use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
 use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
 use crate::storage::NackResult;
 
 /// How long a new stream may take to send its `open` message.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Answers buffered between the network reader and the subscription loop.
-const ANSWER_BUFFER: usize = 256;
-/// Events buffered towards the subscriber.
+/// Events buffered towards the subscriber (batches among them are bounded by the
+/// subscription itself: it claims only once the previous batch was taken).
 const EVENT_BUFFER: usize = 32;
 
 pub struct RelayService {
@@ -80,11 +80,11 @@ impl v1::relay_server::Relay for RelayService {
             topics: open.topics,
             max_in_flight: open.max_in_flight,
         };
-        let (answers_tx, answers_rx) = mpsc::channel(ANSWER_BUFFER);
+        let (answers_tx, answers_rx) = answer_queue();
         let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
         tokio::spawn(read_answers(inbound, answers_tx));
         let span =
-            tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = %spec.subscriber);
+            tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = ?spec.subscriber);
         self.drain.spawn(
             subscription::run(outbox, spec, answers_rx, events_tx, self.drain.clone())
                 .instrument(span),
@@ -198,12 +198,12 @@ impl v1::relay_server::Relay for RelayService {
     }
 }
 
-/// Forwards the subscriber's answers to its subscription. A malformed answer ends the
-/// subscription with an error; a broken or closed stream just ends it.
-async fn read_answers(
-    mut inbound: Streaming<v1::SubscribeRequest>,
-    answers: mpsc::Sender<RelayResult<Answer>>,
-) {
+/// Forwards the subscriber's answers to its subscription as soon as they arrive, however
+/// long the subscription takes to apply them (see [`subscription::queue`]: answers left
+/// unread count against HTTP/2's flood guard, which closes the whole connection). A
+/// malformed or undecodable request ends the subscription with INVALID_ARGUMENT, answers
+/// past the queue's bound with RESOURCE_EXHAUSTED; a broken or closed stream just ends it.
+async fn read_answers(mut inbound: Streaming<v1::SubscribeRequest>, answers: AnswerSender) {
     loop {
         // Stop reading once the subscription has ended, so the request stream is dropped
         // and the RPC completes (a graceful server shutdown waits for it).
@@ -214,6 +214,12 @@ async fn read_answers(
         let request = match next {
             Ok(Some(request)) => request,
             Ok(None) => return,
+            // The servers' codec marks a request it cannot decode (see txoutbox_proto).
+            Err(status) if status.code() == tonic::Code::InvalidArgument => {
+                let error = RelayError::InvalidArgument(status.message().to_owned());
+                let _ = answers.send(Err(error));
+                return;
+            }
             Err(status) => {
                 tracing::debug!(%status, "subscriber stream broke");
                 return;
@@ -221,8 +227,15 @@ async fn read_answers(
         };
         let answer = answer(request);
         let malformed = answer.is_err();
-        if answers.send(answer).await.is_err() || malformed {
-            return;
+        match answers.send(answer) {
+            Ok(()) if !malformed => {}
+            Ok(()) | Err(SendError::Closed) => return,
+            Err(SendError::Full) => {
+                // Drop the request stream first: HTTP/2 then discards what it buffered.
+                drop(inbound);
+                answers.overflow();
+                return;
+            }
         }
     }
 }

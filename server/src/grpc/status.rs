@@ -11,12 +11,15 @@ pub fn to_status(error: RelayError) -> Status {
         RelayError::InvalidArgument(_) | RelayError::Storage(StorageError::InvalidMessage(_)) => {
             Status::invalid_argument(error.to_string())
         }
+        RelayError::ResourceExhausted(_) => Status::resource_exhausted(error.to_string()),
         RelayError::ShuttingDown => Status::unavailable(error.to_string()),
         RelayError::Storage(StorageError::Unavailable(_)) => Status::unavailable(format!(
             "{error}; the server keeps retrying, try again shortly"
         )),
         RelayError::Storage(
-            StorageError::MissingTable { .. } | StorageError::MismatchedTable { .. },
+            StorageError::MissingTable { .. }
+            | StorageError::MismatchedTable { .. }
+            | StorageError::ReadOnly(_),
         ) => Status::failed_precondition(error.to_string()),
         RelayError::Storage(StorageError::Other(ref cause)) => {
             tracing::error!(error = ?cause, "internal storage error");
@@ -51,5 +54,11 @@ mod tests {
             to_status(RelayError::InvalidArgument("x".into())).code(),
             Code::InvalidArgument
         );
+        let read_only = RelayError::Storage(StorageError::ReadOnly("file".into()));
+        assert_eq!(to_status(read_only).code(), Code::FailedPrecondition);
+        let flood = RelayError::ResourceExhausted("answers".into());
+        assert_eq!(to_status(flood).code(), Code::ResourceExhausted);
+        let refused = RelayError::Storage(StorageError::InvalidMessage("NUL".into()));
+        assert_eq!(to_status(refused).code(), Code::InvalidArgument);
     }
 }

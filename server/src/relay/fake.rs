@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::storage::{
     ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
-    RetryPolicy, Stats, Storage, StorageResult,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult,
 };
 
 /// The kinds of storage call a test can count and hold.
@@ -40,6 +40,8 @@ pub struct FakeStorage {
     progress: watch::Sender<u64>,
     /// Per kind of call: true while calls are held.
     gates: HashMap<Op, watch::Sender<bool>>,
+    /// When set, every claim fails with the error this makes.
+    failing_claims: Mutex<Option<fn() -> StorageError>>,
 }
 
 #[derive(Default)]
@@ -72,7 +74,13 @@ impl FakeStorage {
             signal: with_signal.then(|| watch::Sender::new(0)),
             progress: watch::Sender::new(0),
             gates,
+            failing_claims: Mutex::new(None),
         })
+    }
+
+    /// Makes every claim from now on fail with `error()`.
+    pub fn fail_claims(&self, error: fn() -> StorageError) {
+        *self.failing_claims.lock().expect("fake lock") = Some(error);
     }
 
     /// Adds a pending row (no signal: see [`FakeStorage::wake`]).
@@ -208,6 +216,11 @@ impl Storage for FakeStorage {
 
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         self.enter(Op::Claim).await;
+        let failing = *self.failing_claims.lock().expect("fake lock");
+        if let Some(error) = failing {
+            self.leave(Op::Claim);
+            return Err(error());
+        }
         let mut messages = Vec::new();
         {
             let mut state = self.lock();

@@ -9,46 +9,54 @@ pub mod drain;
 #[cfg(test)]
 mod fake;
 pub mod idle;
+pub mod limits;
 pub mod poller;
+pub mod response_size;
 pub mod subscription;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
-
-use crate::config::{OutboxConfig, MAX_WINDOW};
+use crate::config::{OutboxConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackResult, Stats, Storage, StorageError,
+    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, Stats,
+    Storage, StorageError,
 };
 use backoff::Backoff;
 use idle::{IdlePolls, PollGroup};
-
-/// Longest error text stored with a row; longer texts are cut (on a char boundary).
-const MAX_ERROR_BYTES: usize = 8 * 1024;
-/// Most ids in one answer.
-const MAX_IDS: usize = MAX_WINDOW as usize;
-/// Most topics in one filter.
-const MAX_TOPICS: usize = 100;
-/// Longest worker id or subscriber name.
-const MAX_NAME_BYTES: usize = 200;
+pub use limits::MAX_IDS;
+use response_size::{message_bytes, ENVELOPE_BYTES};
 
 /// Errors of the relay layer; [`crate::grpc::status`] maps them to gRPC codes.
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {
-    #[error("outbox `{name}` is not configured; configured: {}", configured.join(", "))]
+    /// `name` is the caller's, already passed through [`limits::echo`].
+    #[error("outbox {name} is not configured; configured: {}", configured.join(", "))]
     UnknownOutbox {
         name: String,
         configured: Vec<String>,
     },
     #[error("{0}")]
     InvalidArgument(String),
+    /// A caller went past a per-stream bound (answers waiting to be applied).
+    #[error("{0}")]
+    ResourceExhausted(String),
     #[error("the server is shutting down; reconnect to another replica or retry shortly")]
     ShuttingDown,
     #[error(transparent)]
     Storage(#[from] StorageError),
+}
+
+impl RelayError {
+    /// The caller sent something that will never work as sent: retrying it cannot heal.
+    pub fn is_callers_fault(&self) -> bool {
+        matches!(
+            self,
+            RelayError::InvalidArgument(_) | RelayError::Storage(StorageError::InvalidMessage(_))
+        )
+    }
 }
 
 pub type RelayResult<T> = Result<T, RelayError>;
@@ -69,7 +77,7 @@ impl Relay {
         self.outboxes
             .get(name)
             .ok_or_else(|| RelayError::UnknownOutbox {
-                name: name.to_owned(),
+                name: limits::echo(name),
                 configured: self.outboxes.keys().cloned().collect(),
             })
     }
@@ -84,12 +92,17 @@ pub struct Outbox {
     pub name: String,
     pub config: OutboxConfig,
     storage: Arc<dyn Storage>,
+    /// The same table on connections of the health checks' own, if any (see `app`).
+    health_storage: Option<Arc<dyn Storage>>,
     backoff: Backoff,
-    /// Bumped by the storage's insert listener; subscriptions claim when it changes.
-    insert_signal: Option<watch::Receiver<u64>>,
-    /// One idle-polling schedule per topic filter, shared by the outbox's streams.
+    /// One idle-polling schedule per topic filter, shared by the outbox's streams, which
+    /// also hands out the storage's insert signals (see [`idle`]).
     idle_polls: IdlePolls,
+    /// `server.max_message_bytes`: the most bytes of one response of claimed rows.
     max_message_bytes: usize,
+    /// Average encoded size of the rows of the latest claim, 0 before any: sizes the next
+    /// claim to what one response holds (see [`Outbox::claim`]).
+    row_bytes: AtomicUsize,
     /// Answers about rows the caller no longer held: ignored, counted here.
     fenced: AtomicU64,
 }
@@ -102,16 +115,16 @@ impl Outbox {
         max_message_bytes: usize,
     ) -> Self {
         let backoff = Backoff::new(config.backoff, config.max_attempts);
-        let insert_signal = storage.insert_signal();
-        let idle_polls = IdlePolls::new(config.poll);
+        let idle_polls = IdlePolls::new(config.poll, storage.insert_signal());
         Self {
             name,
             config,
             storage,
+            health_storage: None,
             backoff,
-            insert_signal,
             idle_polls,
             max_message_bytes,
+            row_bytes: AtomicUsize::new(0),
             fenced: AtomicU64::new(0),
         }
     }
@@ -120,8 +133,16 @@ impl Outbox {
         &self.storage
     }
 
-    pub fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
-        self.insert_signal.clone()
+    /// Pings go to `storage`, a storage of the same table on connections of its own, so
+    /// the health checks never wait for a connection of the relay's busy pool.
+    pub fn with_health_storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.health_storage = Some(storage);
+        self
+    }
+
+    /// The storage the health checks ping.
+    pub fn health_storage(&self) -> &Arc<dyn Storage> {
+        self.health_storage.as_ref().unwrap_or(&self.storage)
     }
 
     /// The idle-polling group of the streams filtering on `topics` (see [`idle`]).
@@ -154,17 +175,22 @@ impl Outbox {
                 self.name
             )));
         }
-        if requested < Duration::from_millis(100) {
+        if requested < MIN_LEASE {
             return Err(RelayError::InvalidArgument(format!(
-                "lease of {}ms is too short; ask for at least 100ms",
-                requested.as_millis()
+                "lease of {}ms is too short; ask for at least {}ms",
+                requested.as_millis(),
+                MIN_LEASE.as_millis()
             )));
         }
         Ok(requested)
     }
 
-    /// Claims up to `batch_size` rows for `owner`. Rows too large to send are
-    /// dead-lettered with an error saying so, and left out.
+    /// Claims up to `batch_size` rows for `owner`, as many as one response holds: the
+    /// id-ordered prefix of the claimed rows that fits in `server.max_message_bytes` is
+    /// kept, the rest given back untried (attempt refunded), and a row too large for any
+    /// response on its own is dead-lettered with an error saying so. The claim asks the
+    /// database for no more rows than the latest claim's average row size says fit, so a
+    /// claim of large rows neither loads nor gives back many.
     pub async fn claim(
         &self,
         owner: &str,
@@ -172,14 +198,16 @@ impl Outbox {
         lease: Duration,
         topics: &[String],
     ) -> RelayResult<Claimed> {
-        validate_name("worker_id", owner)?;
-        validate_topics(topics)?;
+        limits::name("worker_id", owner)?;
+        limits::topics(topics)?;
         if batch_size == 0 || batch_size > MAX_WINDOW {
             return Err(RelayError::InvalidArgument(format!(
                 "batch_size = {batch_size}: must be within 1..={MAX_WINDOW}"
             )));
         }
-        let batch_size = batch_size.min(self.config.max_batch_size);
+        let batch_size = batch_size
+            .min(self.config.max_batch_size)
+            .min(self.rows_per_response());
         let request = ClaimRequest {
             owner,
             batch_size,
@@ -187,32 +215,72 @@ impl Outbox {
             topics,
             max_attempts: self.config.max_attempts,
         };
-        let mut claimed = self.storage.claim(request).await?;
-        if claimed
-            .messages
-            .iter()
-            .any(|m| self.oversized(m.payload.len()))
-        {
-            let (fit, oversized): (Vec<_>, Vec<_>) = claimed
-                .messages
-                .into_iter()
-                .partition(|m| !self.oversized(m.payload.len()));
-            for message in oversized {
-                let error = format!(
-                    "payload of {} bytes exceeds server.max_message_bytes ({}); raise it or shrink the message",
-                    message.payload.len(),
-                    self.max_message_bytes
-                );
-                tracing::error!(outbox = %self.name, id = message.id, %error, "dead-lettering oversized row");
-                self.storage.dead_letter(message.id, owner, &error).await?;
-            }
-            claimed.messages = fit;
-        }
-        Ok(claimed)
+        let claimed = self.storage.claim(request).await?;
+        Ok(self.fit_response(owner, claimed).await)
     }
 
-    fn oversized(&self, payload_bytes: usize) -> bool {
-        payload_bytes > self.max_message_bytes
+    /// Bytes of claimed rows one response holds.
+    fn response_budget(&self) -> usize {
+        self.max_message_bytes - ENVELOPE_BYTES
+    }
+
+    /// How many rows of the latest claim's average size one response holds.
+    pub fn rows_per_response(&self) -> u32 {
+        match self.row_bytes.load(Ordering::Relaxed) {
+            0 => u32::MAX,
+            average => u32::try_from(self.response_budget() / average)
+                .unwrap_or(u32::MAX)
+                .max(1),
+        }
+    }
+
+    /// Keeps the id-ordered prefix of `claimed` that fits one response; see [`Self::claim`].
+    /// A failed give-back is logged, not returned: the rows kept are leased and must go
+    /// out, and what was not given back comes back when its lease runs out.
+    async fn fit_response(&self, owner: &str, mut claimed: Claimed) -> Claimed {
+        let budget = self.response_budget();
+        let (mut used, mut full) = (0, false);
+        let (mut kept, mut rest, mut oversized) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut seen_bytes, mut seen) = (0, 0);
+        for message in std::mem::take(&mut claimed.messages) {
+            let bytes = message_bytes(&message);
+            if bytes > budget {
+                oversized.push((message.id, bytes));
+                continue;
+            }
+            seen_bytes += bytes;
+            seen += 1;
+            if !full && used + bytes <= budget {
+                used += bytes;
+                kept.push(message);
+            } else {
+                full = true;
+                rest.push(message.id);
+            }
+        }
+        if let Some(average) = seen_bytes.checked_div(seen) {
+            self.row_bytes.store(average, Ordering::Relaxed);
+        }
+        for (id, bytes) in oversized {
+            let error = format!(
+                "message of {bytes} bytes does not fit in a response of server.max_message_bytes \
+                 ({}); shrink it (payload, headers, key) or raise server.max_message_bytes \
+                 together with every client's receive limit",
+                self.max_message_bytes
+            );
+            tracing::error!(outbox = %self.name, id, %error, "dead-lettering a row too large to send");
+            if let Err(error) = self.storage.dead_letter(id, owner, &error).await {
+                tracing::warn!(outbox = %self.name, id, error = format!("{error:#}"), "could not dead-letter a row too large to send; it comes back when its lease runs out");
+            }
+        }
+        if !rest.is_empty() {
+            tracing::debug!(outbox = %self.name, kept = kept.len(), given_back = rest.len(), "claimed more than one response holds");
+            if let Err(error) = self.storage.release(&rest, owner, Duration::ZERO).await {
+                tracing::warn!(outbox = %self.name, count = rest.len(), error = format!("{error:#}"), "could not give back rows that did not fit the response; they come back when their lease runs out");
+            }
+        }
+        claimed.messages = kept;
+        claimed
     }
 
     /// Returns (acked, fenced).
@@ -221,8 +289,8 @@ impl Outbox {
         owner: &str,
         ids: &[MessageId],
     ) -> RelayResult<(Vec<MessageId>, Vec<MessageId>)> {
-        validate_name("worker_id", owner)?;
-        validate_ids(ids)?;
+        limits::name("worker_id", owner)?;
+        limits::ids(ids)?;
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -237,8 +305,9 @@ impl Outbox {
         error: &str,
         requested_delay: Option<Duration>,
     ) -> RelayResult<NackResult> {
-        validate_name("worker_id", owner)?;
-        let error = truncate(error, MAX_ERROR_BYTES);
+        limits::name("worker_id", owner)?;
+        limits::text("error", error)?;
+        let error = limits::truncate_error(error);
         let result = self
             .storage
             .nack(id, owner, error, requested_delay, &self.backoff)
@@ -249,6 +318,29 @@ impl Outbox {
         Ok(result)
     }
 
+    /// [`Self::nack`] for several nacks in one storage call; one outcome per nack, in
+    /// order.
+    pub async fn nack_many(
+        &self,
+        owner: &str,
+        nacks: &[NackRequest<'_>],
+    ) -> RelayResult<Vec<NackResult>> {
+        limits::name("worker_id", owner)?;
+        limits::ids(&nacks.iter().map(|n| n.id).collect::<Vec<_>>())?;
+        let mut cut = Vec::with_capacity(nacks.len());
+        for nack in nacks {
+            limits::text("error", nack.error)?;
+            cut.push(NackRequest {
+                error: limits::truncate_error(nack.error),
+                ..*nack
+            });
+        }
+        let results = self.storage.nack_many(&cut, owner, &self.backoff).await?;
+        let fenced = results.iter().filter(|r| **r == NackResult::Fenced).count();
+        self.count_fenced(fenced);
+        Ok(results)
+    }
+
     /// Returns (released, fenced).
     pub async fn release(
         &self,
@@ -256,15 +348,9 @@ impl Outbox {
         ids: &[MessageId],
         delay: Duration,
     ) -> RelayResult<(Vec<MessageId>, Vec<MessageId>)> {
-        validate_name("worker_id", owner)?;
-        validate_ids(ids)?;
-        if delay > self.config.backoff.maximum {
-            return Err(RelayError::InvalidArgument(format!(
-                "retry delay of {} exceeds the outbox's backoff.maximum of {}",
-                humantime::format_duration(delay),
-                humantime::format_duration(self.config.backoff.maximum)
-            )));
-        }
+        limits::name("worker_id", owner)?;
+        limits::ids(ids)?;
+        limits::release_delay(delay)?;
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
@@ -274,10 +360,11 @@ impl Outbox {
 
     /// True when dead-lettered, false when fenced.
     pub async fn dead_letter(&self, owner: &str, id: MessageId, error: &str) -> RelayResult<bool> {
-        validate_name("worker_id", owner)?;
+        limits::name("worker_id", owner)?;
+        limits::text("error", error)?;
         let applied = self
             .storage
-            .dead_letter(id, owner, truncate(error, MAX_ERROR_BYTES))
+            .dead_letter(id, owner, limits::truncate_error(error))
             .await?;
         if !applied {
             self.count_fenced(1);
@@ -292,8 +379,8 @@ impl Outbox {
         ids: &[MessageId],
         lease: Duration,
     ) -> RelayResult<(Extended, Vec<MessageId>)> {
-        validate_name("worker_id", owner)?;
-        validate_ids(ids)?;
+        limits::name("worker_id", owner)?;
+        limits::ids(ids)?;
         let extended = self.storage.extend_lease(ids, owner, lease).await?;
         let (_, fenced) = self.split_fenced(ids, extended.ids.clone());
         Ok((extended, fenced))
@@ -305,6 +392,17 @@ impl Outbox {
             return Ok(0);
         }
         Ok(self.storage.return_leases(ids, owner).await?)
+    }
+
+    /// Inserts a row through the relay (`Admin.InsertMessage`: demos and tests), its
+    /// strings checked as every caller's are.
+    pub async fn insert(&self, message: NewMessage) -> RelayResult<MessageId> {
+        limits::topic(&message.topic)?;
+        if let Some(key) = &message.key {
+            limits::key(key)?;
+        }
+        limits::headers(&message.headers)?;
+        Ok(self.storage.insert(message).await?)
     }
 
     pub async fn stats(&self) -> RelayResult<Stats> {
@@ -336,70 +434,10 @@ impl Outbox {
     }
 }
 
-fn validate_name(field: &str, value: &str) -> RelayResult<()> {
-    if value.is_empty() {
-        return Err(RelayError::InvalidArgument(format!(
-            "{field} must not be empty"
-        )));
-    }
-    if value.len() > MAX_NAME_BYTES {
-        return Err(RelayError::InvalidArgument(format!(
-            "{field} is {} bytes long; at most {MAX_NAME_BYTES}",
-            value.len()
-        )));
-    }
-    Ok(())
-}
-
-fn validate_ids(ids: &[MessageId]) -> RelayResult<()> {
-    if ids.len() > MAX_IDS {
-        return Err(RelayError::InvalidArgument(format!(
-            "{} ids in one call; at most {MAX_IDS}",
-            ids.len()
-        )));
-    }
-    Ok(())
-}
-
 pub fn validate_topics(topics: &[String]) -> RelayResult<()> {
-    if topics.len() > MAX_TOPICS {
-        return Err(RelayError::InvalidArgument(format!(
-            "{} topics in the filter; at most {MAX_TOPICS}",
-            topics.len()
-        )));
-    }
-    if topics.iter().any(String::is_empty) {
-        return Err(RelayError::InvalidArgument(
-            "the topic filter holds an empty topic; leave the filter empty to receive every topic"
-                .to_owned(),
-        ));
-    }
-    Ok(())
+    limits::topics(topics)
 }
 
 pub fn validate_subscriber(name: &str) -> RelayResult<()> {
-    validate_name("subscriber", name)
-}
-
-fn truncate(text: &str, max_bytes: usize) -> &str {
-    if text.len() <= max_bytes {
-        return text;
-    }
-    let mut end = max_bytes;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-#[cfg(test)]
-mod tests {
-    use super::truncate;
-
-    #[test]
-    fn truncate_respects_char_boundaries() {
-        assert_eq!(truncate("héllo", 2), "h");
-        assert_eq!(truncate("héllo", 3), "hé");
-        assert_eq!(truncate("abc", 10), "abc");
-    }
+    limits::name("subscriber", name)
 }

@@ -25,6 +25,11 @@ impl Poller {
         self.current = self.config.min;
     }
 
+    /// The shortest wait, `poll.min`.
+    pub fn min(&self) -> Duration {
+        self.config.min
+    }
+
     /// How long the next empty claim would wait, without backing off.
     pub fn wait(&self) -> Duration {
         self.current

@@ -27,6 +27,11 @@ use tokio::sync::watch;
 /// Identifier of an outbox row. Insertion order is id order.
 pub type MessageId = i64;
 
+/// Longest key, in characters, that every backend's own table holds and indexes: MySQL's
+/// `VARCHAR(255)`, and well within a PostgreSQL btree entry (2,704 bytes, with the id);
+/// the PostgreSQL and SQLite tables check it (`CHECK`), so producers meet it too.
+pub const MAX_KEY_CHARS: usize = 255;
+
 /// One row handed to a publisher.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {
@@ -168,6 +173,10 @@ impl Stats {
 pub enum StorageError {
     #[error("database unreachable: {0}")]
     Unavailable(String),
+    /// The database answers but refuses every write (a read-only SQLite file): it will
+    /// not heal by retrying, an operator must make it writable.
+    #[error("{0}")]
+    ReadOnly(String),
     #[error("outbox table {table} does not exist; create it with `txoutboxd schema <outbox>` or set create_schema = true")]
     MissingTable { table: String },
     /// The table exists but lacks columns the mapping names, or has them with types the

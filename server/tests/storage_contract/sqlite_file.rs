@@ -594,3 +594,28 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }
+
+/// A file opened read-only (`mode=ro`, as a read-only file or mount would be): the ping
+/// says so, and so does a claim that has rows to take, naming the file; nothing changes.
+#[tokio::test]
+async fn a_read_only_file_is_reported_by_ping_and_writes() {
+    let backend = SqliteBackend::new().await;
+    let writable = backend.open(Setup::default()).await;
+    writable.insert(NewMessage::new("t", "p")).await.unwrap();
+    let url = format!("{}?mode=ro", backend.url);
+    let options = backend.options(&Setup::default());
+    let read_only = SqliteStorage::connect(&url, 1, options).await.unwrap();
+    for result in [
+        read_only.ping().await.map(drop),
+        read_only.claim(request("w")).await.map(drop),
+    ] {
+        let error = result.unwrap_err();
+        assert!(matches!(error, StorageError::ReadOnly(_)), "{error:?}");
+        assert!(error.to_string().contains("outbox.db"), "{error}");
+    }
+    assert_eq!(
+        claim(&*writable, "w", 10, LEASE).await.len(),
+        1,
+        "untouched"
+    );
+}

@@ -20,6 +20,8 @@ pub enum Section {
     ClaimCost,
     /// txoutboxd's RSS with idle subscriber streams open.
     Memory,
+    /// What idle streams cost a subscriber with work: latency, transactions per insert.
+    IdleCost,
 }
 
 /// Measures txoutboxd against the SQL-only ceiling and the Python original, in one run
@@ -87,6 +89,10 @@ pub struct Options {
     /// Idle subscriber streams held open for the memory figure.
     #[arg(long)]
     pub idle_streams: Option<usize>,
+    /// Idle streams beside the one subscriber with work, for the idle-cost figures
+    /// (comma-separated; default 0,1000,10000).
+    #[arg(long, value_delimiter = ',')]
+    pub idle_cost_streams: Vec<usize>,
     /// `RUST_LOG` of the txoutboxd processes (keep `info`: the harness waits for the
     /// "listening" line). For profiling, for example `info,sqlx::query=debug` logs
     /// every statement.
@@ -133,6 +139,7 @@ pub struct Plan {
     pub claim_sizes: Vec<u64>,
     pub claim_samples: usize,
     pub idle_streams: usize,
+    pub idle_cost_streams: Vec<usize>,
     pub server_log: String,
     pub server_log_dir: Option<PathBuf>,
     pub python: String,
@@ -208,6 +215,11 @@ impl Plan {
             claim_sizes,
             claim_samples: options.claim_samples.unwrap_or(pick(quick, 9, 3)),
             idle_streams: options.idle_streams.unwrap_or(pick(quick, 1000, 50)),
+            idle_cost_streams: if options.idle_cost_streams.is_empty() {
+                pick(quick, vec![0, 1000, 10_000], vec![0, 50])
+            } else {
+                options.idle_cost_streams
+            },
             server_log: options.server_log,
             server_log_dir: options.server_log_dir,
             python: options.python,

@@ -10,7 +10,9 @@
 //! - [`python`]: the same backlog drained by the Python original's `Relay`;
 //! - [`latency`]: commit-to-receive latency at a steady insert rate;
 //! - [`claim_cost`]: one claim's time against the size and shape of the backlog;
-//! - [`memory`]: `txoutboxd`'s RSS with many idle subscriber streams.
+//! - [`memory`]: `txoutboxd`'s RSS with many idle subscriber streams;
+//! - [`idle_cost`]: what idle streams cost a subscriber with work: its insert-to-batch
+//!   latency and the database transactions per insert.
 //!
 //! [`report`] turns the measurements into the one table. A measurement that fails is
 //! left out of the table with a note saying why; the others still run.
@@ -19,6 +21,7 @@ pub mod ceiling;
 pub mod claim_cost;
 pub mod config;
 pub mod drain;
+pub mod idle_cost;
 pub mod latency;
 pub mod memory;
 pub mod procfs;
@@ -143,6 +146,20 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                     run,
                     memory.baseline_kib as f64 / 1024.0,
                 );
+            }
+        }
+        if plan.wants(Section::IdleCost) {
+            for &idle in &plan.idle_cost_streams {
+                let what = format!("idle cost, {idle} idle streams");
+                if let Some(cost) =
+                    attempt(&mut m, plan, run, &what, idle_cost::measure(plan, idle)).await
+                {
+                    for (name, value) in cost.latencies.percentiles() {
+                        m.record(report::idle_cost_key(idle, name), run, value);
+                    }
+                    let key = report::idle_cost_key(idle, "tx-per-insert");
+                    m.record(key, run, cost.transactions_per_insert);
+                }
             }
         }
     }

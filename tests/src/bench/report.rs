@@ -24,6 +24,10 @@ pub fn python_key(workload: Workload, relays: usize) -> String {
     format!("python/{}/{relays}", workload.label())
 }
 
+pub fn idle_cost_key(idle: usize, figure: &str) -> String {
+    format!("idle-cost/{idle}/{figure}")
+}
+
 pub fn latency_key(notify: bool, percentile: &str) -> String {
     let how = if notify { "notify" } else { "polling" };
     format!("latency/{how}/{percentile}")
@@ -88,6 +92,7 @@ impl Report {
         latency_rows(plan, &m, &mut rows);
         claim_rows(plan, &m, &mut rows);
         memory_rows(plan, &m, &mut rows);
+        idle_cost_rows(plan, &m, &mut rows);
         let settings = format!(
             "{rows} rows per drain ({hot} for the hot key), batch {batch}, window {window}, {keys} keys, {runs} run(s) per figure; \
              latency at {rate} rows/s for {secs:.0}s; claim cost at {sizes} pending rows, {samples} claims per cell; \
@@ -321,6 +326,44 @@ fn latency_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
                 spread: spread(&f, ms),
                 target: limit.map(|l| format!("< {l} ms")).unwrap_or_default(),
                 verdict: limit.map(|l| verdict(&[f.median < l])).unwrap_or_default(),
+                ..Row::default()
+            });
+        }
+    }
+}
+
+/// Issue 10, case 5: targets of the idle-streams figures.
+fn idle_cost_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    let alone = m.figure(&idle_cost_key(0, "p99")).map(|f| f.median);
+    for &idle in &plan.idle_cost_streams {
+        let streams = count(idle as f64);
+        if let Some(f) = m.figure(&idle_cost_key(idle, "p99")) {
+            let p50 = m
+                .figure(&idle_cost_key(idle, "p50"))
+                .map_or(f64::NAN, |f| f.median);
+            let limit = alone.filter(|_| idle > 0).map(|p99| (2.0 * p99).max(1.0));
+            rows.push(Row {
+                section: "idle cost",
+                measurement: format!("insert → batch, one subscriber, {streams} idle streams, p99"),
+                median: ms(f.median),
+                spread: spread(&f, ms),
+                target: limit
+                    .map(|l| format!("< {} (2x with none) [issue 10]", ms(l)))
+                    .unwrap_or_default(),
+                verdict: limit.map(|l| verdict(&[f.median < l])).unwrap_or_default(),
+                notes: format!("p50 {}", ms(p50)),
+                ..Row::default()
+            });
+        }
+        if let Some(f) = m.figure(&idle_cost_key(idle, "tx-per-insert")) {
+            rows.push(Row {
+                section: "idle cost",
+                measurement: format!("database transactions per insert, {streams} idle streams"),
+                median: format!("{:.2}", f.median),
+                spread: spread(&f, |v| format!("{v:.2}")),
+                target: "a few (< 6) [issue 10]".to_owned(),
+                verdict: verdict(&[f.median < 6.0]),
+                notes: "the insert, its claim(s), its ack, and the background".to_owned(),
                 ..Row::default()
             });
         }

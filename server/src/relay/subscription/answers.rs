@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::super::{Outbox, RelayError, RelayResult};
+use super::super::{limits, Outbox, RelayError, RelayResult};
 use crate::config::MAX_WINDOW;
-use crate::storage::{MessageId, NackResult};
+use crate::storage::{MessageId, NackRequest, NackResult};
 
 /// An answer of the subscriber.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +54,33 @@ impl Answer {
             Answer::Nack { .. } | Answer::Release { .. } | Answer::SetWindow(_)
         )
     }
+
+    /// The messages the answer names.
+    pub fn ids(&self) -> Vec<MessageId> {
+        match self {
+            Answer::Ack(ids) | Answer::Release { ids, .. } | Answer::ExtendLease { ids, .. } => {
+                ids.clone()
+            }
+            Answer::Nack { id, .. } | Answer::DeadLetter { id, .. } => vec![*id],
+            Answer::SetWindow(_) => Vec::new(),
+        }
+    }
+
+    /// About what the answer takes in memory, for the bound of the answer queue.
+    pub fn bytes(&self) -> usize {
+        let text = match self {
+            Answer::Nack { error, .. } | Answer::DeadLetter { error, .. } => error.len(),
+            _ => 0,
+        };
+        64 + text + 8 * self.ids().len()
+    }
+}
+
+/// An answer refused as sent: nothing was applied, the stream goes on.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rejection {
+    pub ids: Vec<MessageId>,
+    pub reason: String,
 }
 
 /// The outcome of one answer.
@@ -67,6 +94,19 @@ pub struct Settlement {
     pub fenced: Vec<MessageId>,
     pub retry_at: Option<DateTime<Utc>>,
     pub lease_expires_at: Option<DateTime<Utc>>,
+    pub rejected: Option<Rejection>,
+}
+
+impl Settlement {
+    pub fn rejected(ids: Vec<MessageId>, error: &RelayError) -> Self {
+        Self {
+            rejected: Some(Rejection {
+                ids,
+                reason: error.to_string(),
+            }),
+            ..Self::default()
+        }
+    }
 }
 
 /// What applying answers did, for the loop: one settlement per answer, in answer order,
@@ -109,9 +149,99 @@ pub(super) async fn apply_acks(
     })
 }
 
-/// Applies one answer other than an ack or a new window (the loop handles those).
+/// One nack as the subscriber sent it.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Nack {
+    pub id: MessageId,
+    pub error: String,
+    pub delay: Option<Duration>,
+}
+
+/// Applies nacks that arrived back to back in one storage call, and still confirms each
+/// on its own. A nack the relay refuses (a NUL in its error) is rejected alone.
+pub(super) async fn apply_nacks(
+    outbox: Arc<Outbox>,
+    owner: Arc<str>,
+    nacks: Vec<Nack>,
+) -> RelayResult<Applied> {
+    let checks: Vec<RelayResult<()>> = nacks
+        .iter()
+        .map(|nack| limits::text("error", &nack.error))
+        .collect();
+    let requests: Vec<NackRequest<'_>> = nacks
+        .iter()
+        .zip(&checks)
+        .filter(|(_, check)| check.is_ok())
+        .map(|(nack, _)| NackRequest {
+            id: nack.id,
+            error: &nack.error,
+            requested_delay: nack.delay,
+        })
+        .collect();
+    let mut results = if requests.is_empty() {
+        Vec::new()
+    } else {
+        outbox.nack_many(&owner, &requests).await?
+    }
+    .into_iter();
+    let mut applied = Applied::default();
+    for (nack, check) in nacks.into_iter().zip(checks) {
+        if let Err(error) = check {
+            applied
+                .settlements
+                .push(Settlement::rejected(vec![nack.id], &error));
+            continue;
+        }
+        let result = results.next().expect("one outcome per nack");
+        let (settlement, finished) = nack_settlement(nack.id, result);
+        applied.settlements.push(settlement);
+        applied.finished.extend(finished);
+    }
+    Ok(applied)
+}
+
+/// What a nack did, as the subscriber is told, and the rows it finished.
+fn nack_settlement(id: MessageId, result: NackResult) -> (Settlement, Vec<MessageId>) {
+    let mut settlement = Settlement::default();
+    let mut finished = vec![id];
+    match result {
+        NackResult::Retried { retry_at, released } => {
+            finished.extend(&released);
+            settlement.retried = vec![id];
+            settlement.released = released;
+            settlement.retry_at = Some(retry_at);
+        }
+        NackResult::DeadLettered { released } => {
+            finished.extend(&released);
+            settlement.dead_lettered = vec![id];
+            settlement.released = released;
+        }
+        NackResult::Fenced => settlement.fenced = vec![id],
+    }
+    (settlement, finished)
+}
+
+/// Applies one answer other than an ack, a nack or a new window (the loop handles
+/// those). An answer refused as sent (the caller's fault: a delay or lease out of bounds,
+/// a NUL in an error text) is rejected alone; other errors end the stream.
 /// `default_lease` is the stream's lease, for extensions that ask for none.
 pub(super) async fn apply(
+    outbox: Arc<Outbox>,
+    owner: Arc<str>,
+    default_lease: Duration,
+    answer: Answer,
+) -> RelayResult<Applied> {
+    let ids = answer.ids();
+    match apply_one(outbox, owner, default_lease, answer).await {
+        Err(error) if error.is_callers_fault() => Ok(Applied {
+            settlements: vec![Settlement::rejected(ids, &error)],
+            ..Applied::default()
+        }),
+        other => other,
+    }
+}
+
+async fn apply_one(
     outbox: Arc<Outbox>,
     owner: Arc<str>,
     default_lease: Duration,
@@ -124,22 +254,9 @@ pub(super) async fn apply(
     match answer {
         Answer::Ack(ids) => return apply_acks(outbox, owner.into(), vec![ids]).await,
         Answer::Nack { id, error, delay } => {
+            limits::text("error", &error)?;
             let result = outbox.nack(owner, id, &error, delay).await?;
-            finished.push(id);
-            match result {
-                NackResult::Retried { retry_at, released } => {
-                    finished.extend(&released);
-                    settlement.retried = vec![id];
-                    settlement.released = released;
-                    settlement.retry_at = Some(retry_at);
-                }
-                NackResult::DeadLettered { released } => {
-                    finished.extend(&released);
-                    settlement.dead_lettered = vec![id];
-                    settlement.released = released;
-                }
-                NackResult::Fenced => settlement.fenced = vec![id],
-            }
+            (settlement, finished) = nack_settlement(id, result);
         }
         Answer::Release { ids, delay } => {
             let (released, fenced) = outbox.release(owner, &ids, delay).await?;

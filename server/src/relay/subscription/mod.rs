@@ -10,13 +10,18 @@
 //! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
 //! the loop, which alone changes the held rows and sends events. What keeps that sound:
 //!
+//! - **Bytes**: a claim starts only once the transport has taken the previous batch (see
+//!   [`Batch`]), and a batch is at most one response of `server.max_message_bytes` (see
+//!   [`Outbox::claim`]): a subscriber that stops reading pins at most that batch and the
+//!   one the transport is writing, whatever its window, never window x row size.
 //! - **Window**: a claim asks for at most `window - held` rows, and a row stays held until
 //!   its answer is *settled* (applied, and its `settled` sent), so a stream never holds
 //!   more than its window, even with acks in flight. The price is that rows being acked
 //!   do not make room for the claim running beside them; the next claim sees the room.
 //! - **Answers in order**: answers are applied one at a time, in arrival order (acks
-//!   waiting back to back go in one storage call) and each gets its own `settled`, in
-//!   order.
+//!   waiting back to back go in one storage call, and so do nacks) and each gets its own
+//!   `settled`, in order. An answer refused as sent (a delay out of bounds...) gets a
+//!   `settled` with `rejected` and changes nothing; the stream goes on.
 //! - **Answers that give rows back do not overlap claims**: a nack (with the later rows of
 //!   its key it releases) or a release waits for the claim in flight, and no claim starts
 //!   until it is settled; so a row given back is never claimed again for this stream
@@ -30,12 +35,19 @@
 //! - **End**: however the stream ends, the claim and the answer in flight are awaited, so
 //!   whatever they leased is known and given back.
 //!
-//! Idle polling is shared by the outbox's streams (see [`super::idle`]): a stream whose
-//! last claim came back short waits for its group's poll turn, an insert signal, or its
-//! own answers, instead of a timer of its own.
+//! Idle polling and insert signals are shared by the outbox's streams (see
+//! [`super::idle`]): a stream whose last claim came back short waits for its group's turn
+//! (a poll or an insert) or its own answers, instead of a timer of its own, so an insert
+//! costs one claim per group, not one per stream.
+//!
+//! A claim that fails for a reason that heals (the database down, the table missing) is
+//! retried, after [`STORAGE_ERROR_DELAY`] doubling up to [`MAX_STORAGE_ERROR_DELAY`]; one
+//! that fails for the caller's reason (an argument the database refuses) never heals and
+//! ends the stream with its status.
 
 mod answers;
 mod held;
+pub mod queue;
 #[cfg(test)]
 mod tests;
 
@@ -43,24 +55,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use self::answers::{apply, apply_acks, check_window, Applied};
-pub use self::answers::{Answer, Settlement};
+use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack};
+pub use self::answers::{Answer, Rejection, Settlement};
 use self::held::Held;
+pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::drain::Drain;
-use super::idle::PollGroup;
+use super::idle::{changed, PollGroup, Turn};
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
 
 /// Acks are merged until they name this many ids (and never more than one storage call
-/// takes).
-const MAX_COALESCED_ACKS: usize = 1000;
-/// Pause after a failed claim before trying again.
+/// takes); nacks until this many.
+const MAX_COALESCED: usize = 1000;
+/// Pause after a failed claim before trying again; it doubles while claims keep failing.
 const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
+const MAX_STORAGE_ERROR_DELAY: Duration = Duration::from_secs(30);
 
 /// What the subscriber asked for when it opened the stream, already validated.
 #[derive(Debug, Clone)]
@@ -72,7 +86,7 @@ pub struct SubscriptionSpec {
 }
 
 /// What the subscription tells its subscriber.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum Event {
     Subscribed {
         owner: String,
@@ -80,7 +94,7 @@ pub enum Event {
         max_in_flight: u32,
         max_attempts: u32,
     },
-    Batch(Claimed),
+    Batch(Batch),
     Settled(Settlement),
     LeasesExpired(Vec<MessageId>),
     Draining {
@@ -88,12 +102,31 @@ pub enum Event {
     },
 }
 
+/// Claimed rows on their way to the subscriber. The loop claims again only once the
+/// transport has taken this one off the event channel (converting it to protobuf drops
+/// it, and with it `taken`): a subscriber that stops reading stops the claims.
+#[derive(Debug)]
+pub struct Batch {
+    pub claimed: Claimed,
+    /// Dropped when the batch is taken; the loop waits on the other end.
+    _taken: Option<oneshot::Sender<()>>,
+}
+
+impl From<Claimed> for Batch {
+    fn from(claimed: Claimed) -> Self {
+        Self {
+            claimed,
+            _taken: None,
+        }
+    }
+}
+
 /// Runs one subscription until the subscriber goes away, the drain completes, or an
 /// error ends it; the error (if any) is sent as the last event.
 pub async fn run(
     outbox: Arc<Outbox>,
     spec: SubscriptionSpec,
-    mut answers: mpsc::Receiver<RelayResult<Answer>>,
+    mut answers: AnswerReceiver,
     events: mpsc::Sender<RelayResult<Event>>,
     drain: Drain,
 ) {
@@ -111,10 +144,14 @@ pub async fn run(
         claim: None,
         answer: None,
         next_answer: None,
-        next_claim_at: Some(Instant::now()),
+        // The first claim goes through the group (see `PollGroup::wake`).
+        next_claim_at: None,
         short_while_holding: false,
         freed_during_claim: false,
+        in_transit: None,
+        claim_failures: 0,
     };
+    state.idle.wake();
     let result = state.serve(&mut answers, &drain).await;
     state.finish_in_flight().await;
     state.give_back().await;
@@ -153,13 +190,17 @@ struct Subscription {
     /// Answers settled while the claim in flight ran made rows free: its keys may have
     /// been unblocked after the claim looked.
     freed_during_claim: bool,
+    /// The last batch sent, until the transport takes it: no claim starts meanwhile.
+    in_transit: Option<oneshot::Receiver<()>>,
+    /// Claims failed in a row, for the pause before the next.
+    claim_failures: u32,
 }
 
 struct ClaimRun {
     task: JoinHandle<RelayResult<Claimed>>,
     asked: usize,
-    /// Claiming in its group's poll turn.
-    turn: bool,
+    /// Claiming in a turn of its group.
+    turn: Option<Turn>,
 }
 
 struct AnswerRun {
@@ -175,11 +216,7 @@ enum Stop {
 }
 
 impl Subscription {
-    async fn serve(
-        &mut self,
-        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
-        drain: &Drain,
-    ) -> RelayResult<()> {
+    async fn serve(&mut self, answers: &mut AnswerReceiver, drain: &Drain) -> RelayResult<()> {
         tracing::info!(
             outbox = %self.outbox.name,
             owner = %self.owner,
@@ -204,10 +241,9 @@ impl Subscription {
 
     async fn event_loop(
         &mut self,
-        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+        answers: &mut AnswerReceiver,
         drain: &Drain,
     ) -> RelayResult<Stop> {
-        let mut insert_signal: Option<watch::Receiver<u64>> = self.outbox.insert_signal();
         let mut drain_deadline: Option<Instant> = None;
         loop {
             self.start_next_answer(answers).await?;
@@ -255,20 +291,16 @@ impl Subscription {
                         self.send(Event::LeasesExpired(expired)).await?;
                     }
                 }
-                changed = wait_changed(&mut insert_signal), if can_claim && insert_signal.is_some() => {
-                    if changed {
-                        self.start_claim(count, false);
-                    } else {
-                        insert_signal = None;
-                    }
+                _ = taken(&mut self.in_transit), if self.in_transit.is_some() => {
+                    self.in_transit = None;
                 }
                 _ = sleep_until(self.next_claim_at.unwrap_or_else(Instant::now)), if can_claim && !waiting => {
-                    self.start_claim(count, false);
+                    self.start_claim(count, None);
                 }
-                () = self.idle.turn(), if waiting => self.start_claim(count, true),
-                changed = wait_changed(&mut self.found), if waiting => {
+                turn = self.idle.turn(), if waiting => self.start_claim(count, Some(turn)),
+                changed = changed(&mut self.found), if waiting => {
                     if changed {
-                        self.start_claim(count, false);
+                        self.start_claim(count, None);
                     } else {
                         self.found = None;
                     }
@@ -278,16 +310,20 @@ impl Subscription {
     }
 
     /// How many rows a claim may ask for now, or `None` when no claim may start: one is
-    /// running, an answer that gives rows back is waiting or running, the drain has begun,
-    /// or the window has too little room.
+    /// running, the last batch is not taken by the transport yet, an answer that gives
+    /// rows back is waiting or running, the drain has begun, or the window has too little
+    /// room.
     fn claim_size(&self, drain: &Drain) -> Option<usize> {
         let gives_back = self.answer.as_ref().is_some_and(|run| run.gives_back)
             || matches!(&self.next_answer, Some(Ok(answer)) if answer.waits_for_claims());
-        if self.claim.is_some() || gives_back || drain.is_started() {
+        if self.claim.is_some() || self.in_transit.is_some() || gives_back || drain.is_started() {
             return None;
         }
         let window = self.spec.max_in_flight as usize;
-        let batch_cap = (self.outbox.config.max_batch_size as usize).min(window);
+        // A batch is also bounded in bytes: rows of a megabyte come a few at a time.
+        let batch_cap = (self.outbox.config.max_batch_size as usize)
+            .min(self.outbox.rows_per_response() as usize)
+            .min(window);
         // Claim in chunks: wait until half a batch of room is free (or nothing is held),
         // so a subscriber acking one at a time still gets full-ish batches.
         let low_water = batch_cap.div_ceil(2).max(1);
@@ -297,7 +333,7 @@ impl Subscription {
     }
 
     /// Starts a claim of up to `count` rows on its own task.
-    fn start_claim(&mut self, count: usize, turn: bool) {
+    fn start_claim(&mut self, count: usize, turn: Option<Turn>) {
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
@@ -328,13 +364,20 @@ impl Subscription {
         let freed = std::mem::take(&mut self.freed_during_claim);
         let claimed = match result.map_err(task_failed)? {
             Ok(claimed) => claimed,
+            // Retrying cannot heal the caller's own mistake: end with its status.
+            Err(error) if error.is_callers_fault() => return Err(error),
             Err(RelayError::Storage(error)) => {
                 log_claim_error(&self.outbox.name, &error);
-                self.next_claim_at = Some(Instant::now() + STORAGE_ERROR_DELAY);
+                let pause = STORAGE_ERROR_DELAY
+                    .saturating_mul(1 << self.claim_failures.min(5))
+                    .min(MAX_STORAGE_ERROR_DELAY);
+                self.claim_failures += 1;
+                self.next_claim_at = Some(Instant::now() + pause);
                 return Ok(());
             }
             Err(error) => return Err(error),
         };
+        self.claim_failures = 0;
         let got = claimed.messages.len();
         let short = got < run.asked;
         self.short_while_holding = short && self.held.len() > 0;
@@ -353,14 +396,17 @@ impl Subscription {
         for message in &claimed.messages {
             self.held.insert(message.id, deadline);
         }
-        self.send(Event::Batch(claimed)).await
+        let (taken, in_transit) = oneshot::channel();
+        self.in_transit = Some(in_transit);
+        self.send(Event::Batch(Batch {
+            claimed,
+            _taken: Some(taken),
+        }))
+        .await
     }
 
     /// Starts the answer taken from the channel, if nothing keeps it waiting.
-    async fn start_next_answer(
-        &mut self,
-        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
-    ) -> RelayResult<()> {
+    async fn start_next_answer(&mut self, answers: &mut AnswerReceiver) -> RelayResult<()> {
         if self.answer.is_some() {
             return Ok(());
         }
@@ -381,6 +427,10 @@ impl Subscription {
                 let acks = self.acks_behind(ids, answers);
                 tokio::spawn(apply_acks(outbox, owner, acks).in_current_span())
             }
+            Answer::Nack { id, error, delay } => {
+                let nacks = self.nacks_behind(Nack { id, error, delay }, answers);
+                tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span())
+            }
             answer => {
                 let lease = self.spec.lease;
                 tokio::spawn(apply(outbox, owner, lease, answer).in_current_span())
@@ -396,29 +446,54 @@ impl Subscription {
     fn acks_behind(
         &mut self,
         first: Vec<MessageId>,
-        answers: &mut mpsc::Receiver<RelayResult<Answer>>,
+        answers: &mut AnswerReceiver,
     ) -> Vec<Vec<MessageId>> {
         let mut total = first.len();
         let mut acks = vec![first];
-        while total < MAX_COALESCED_ACKS {
+        while total < MAX_COALESCED {
             match answers.try_recv() {
-                Ok(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
+                Some(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
                     total += ids.len();
                     acks.push(ids);
                 }
-                Ok(other) => {
+                Some(other) => {
                     self.next_answer = Some(other);
                     break;
                 }
-                Err(_) => break,
+                None => break,
             }
         }
         acks
     }
 
-    /// Applies a new window (never while a claim runs) and confirms it.
+    /// `first` and the nacks waiting right behind it, to apply in one storage call (a
+    /// burst of nacks, a broker outage, would otherwise cost a transaction each while the
+    /// rest wait). The first other answer is kept for after them.
+    fn nacks_behind(&mut self, first: Nack, answers: &mut AnswerReceiver) -> Vec<Nack> {
+        let mut nacks = vec![first];
+        while nacks.len() < MAX_COALESCED {
+            match answers.try_recv() {
+                Some(Ok(Answer::Nack { id, error, delay })) => {
+                    nacks.push(Nack { id, error, delay })
+                }
+                Some(other) => {
+                    self.next_answer = Some(other);
+                    break;
+                }
+                None => break,
+            }
+        }
+        nacks
+    }
+
+    /// Applies a new window (never while a claim runs) and confirms it; a window out of
+    /// bounds is rejected and the old one kept.
     async fn set_window(&mut self, window: u32) -> RelayResult<()> {
-        check_window(window)?;
+        if let Err(error) = check_window(window) {
+            return self
+                .send(Event::Settled(Settlement::rejected(Vec::new(), &error)))
+                .await;
+        }
         tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
         if window > self.spec.max_in_flight {
             // More room: look at once rather than at the next poll.
@@ -530,10 +605,12 @@ fn task_failed(error: JoinError) -> RelayError {
     )))
 }
 
-/// Waits for the next change of a counter; false when its sender is gone.
-async fn wait_changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
-    match signal {
-        Some(receiver) => receiver.changed().await.is_ok(),
+/// Completes when the batch in transit was taken by the transport (or the stream ended).
+async fn taken(in_transit: &mut Option<oneshot::Receiver<()>>) {
+    match in_transit {
+        Some(receiver) => {
+            let _ = receiver.await;
+        }
         None => std::future::pending().await,
     }
 }
@@ -541,6 +618,7 @@ async fn wait_changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
 fn log_claim_error(outbox: &str, error: &StorageError) {
     match error {
         StorageError::Unavailable(_)
+        | StorageError::ReadOnly(_)
         | StorageError::MissingTable { .. }
         | StorageError::MismatchedTable { .. } => {
             tracing::warn!(outbox, %error, "claim failed; retrying")

@@ -58,10 +58,19 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
                 1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836
                 | LOCK_WAIT_TIMEOUT | DEADLOCK,
             ) => unavailable(&err),
-            // No such table, or no such database (part of the qualified name).
-            Some(1146 | 1049) => StorageError::MissingTable {
+            // The server refused the connection: 1045 wrong user or password, 1044 and 1698
+            // access denied, 1130 host not allowed, 1049 the URL's database does not exist
+            // (a table's missing database is 1146). Fixed outside the relay.
+            Some(1045 | 1044 | 1698 | 1130 | 1049) => unavailable(&err),
+            // No such table (or no such database in the qualified name).
+            Some(1146) => StorageError::MissingTable {
                 table: table.to_owned(),
             },
+            // A value the table cannot hold: 1406 too long for its column (the key),
+            // 1366 not in the column's character set, 3819/4025 a CHECK.
+            Some(1406 | 1366 | 3819 | 4025) => StorageError::InvalidMessage(format!(
+                "{action}: the database refused the value: {err}"
+            )),
             _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),
         },
         _ => StorageError::Other(anyhow!(err).context(format!("{action} on {table}"))),

@@ -35,6 +35,16 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
             {
                 unavailable(&err)
             }
+            // The server refused the connection: 28P01 wrong password, 28000 no such role
+            // or no pg_hba entry, 3D000 no such database, 55000 a database not accepting
+            // connections. Fixed outside the relay; the cause is in the message.
+            Some("28P01" | "28000" | "3D000" | "55000") => unavailable(&err),
+            // A value the table cannot hold: 22021 a NUL or invalid UTF-8, 22P05 a \u0000
+            // in jsonb, 22001 too long for its column, 23514 a CHECK (the key length),
+            // 54000 too large for an index. The relay checks its callers' values first.
+            Some("22021" | "22P05" | "22001" | "23514" | "54000") => StorageError::InvalidMessage(
+                format!("{action}: the database refused the value: {err}"),
+            ),
             // Undefined table, or undefined schema (part of the qualified name).
             Some("42P01" | "3F000") => StorageError::MissingTable {
                 table: table.to_owned(),

@@ -15,11 +15,15 @@ const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 // Primary result codes (the low byte of an extended code), from sqlite3.h.
 const SQLITE_ERROR: i32 = 1;
+const SQLITE_PERM: i32 = 3;
 const SQLITE_BUSY: i32 = 5;
 const SQLITE_LOCKED: i32 = 6;
+const SQLITE_READONLY: i32 = 8;
 const SQLITE_IOERR: i32 = 10;
 const SQLITE_FULL: i32 = 13;
 const SQLITE_CANTOPEN: i32 = 14;
+const SQLITE_CONSTRAINT: i32 = 19;
+const SQLITE_AUTH: i32 = 23;
 
 /// What [`classify`] needs to say where the failure happened.
 #[derive(Debug, Clone)]
@@ -58,8 +62,21 @@ pub(super) fn classify(err: sqlx::Error, place: &Place, action: &str) -> Storage
                     "{action}: cannot open the SQLite file {file}: check that its directory \
                      exists and is writable ({err})"
                 )),
-                Some(SQLITE_IOERR | SQLITE_FULL) => StorageError::Unavailable(format!(
-                    "{action}: the SQLite file {file} cannot be read or written ({err})"
+                Some(SQLITE_IOERR | SQLITE_FULL | SQLITE_PERM | SQLITE_AUTH) => {
+                    StorageError::Unavailable(format!(
+                        "{action}: the SQLite file {file} cannot be read or written ({err})"
+                    ))
+                }
+                // Opened read-only (`mode=ro`, a read-only file, directory or mount): every
+                // write fails until an operator changes that; retrying cannot heal it.
+                Some(SQLITE_READONLY) => StorageError::ReadOnly(format!(
+                    "{action}: the SQLite file {file} is read-only: make it (and its directory, \
+                     for the -wal and -shm files) writable, or drop `mode=ro` from the \
+                     database's url ({err})"
+                )),
+                // A CHECK of the table (the key length) refused a row to insert.
+                Some(SQLITE_CONSTRAINT) => StorageError::InvalidMessage(format!(
+                    "{action}: the database refused the value: {err}"
                 )),
                 // SQLite has no code of its own for a missing table (PostgreSQL's 42P01):
                 // it is a plain SQLITE_ERROR, told apart by its long-stable message.

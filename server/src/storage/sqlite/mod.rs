@@ -636,8 +636,10 @@ impl Storage for SqliteStorage {
         tx.commit().await.map_err(err())
     }
 
-    /// The table answers, and its columns are what the mapping needs (the relay's own
-    /// table is checked too).
+    /// The table answers, its columns are what the mapping needs (the relay's own table
+    /// is checked too), and the file takes writes: a write that changes nothing fails on
+    /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
+    /// writer proves nothing either way, and is left to the relay's own writes.
     async fn ping(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pools.reader)
@@ -645,7 +647,15 @@ impl Storage for SqliteStorage {
             .map_err(self.error("ping"))?;
         let live = self.live_columns(&self.pools.reader, "ping").await?;
         let problems = check_live_columns(&self.options.columns, &live, true, table::accepts);
-        StorageError::unless_problems(&self.sql.display_table, problems)
+        StorageError::unless_problems(&self.sql.display_table, problems)?;
+        let probe = sqlx::query(&self.sql.write_probe)
+            .execute(&self.pools.writer)
+            .await
+            .map_err(self.error("ping"));
+        match probe {
+            Err(error @ StorageError::ReadOnly(_)) => Err(error),
+            _ => Ok(()),
+        }
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

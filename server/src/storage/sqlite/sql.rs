@@ -53,6 +53,8 @@ pub(super) struct Statements {
     pub stats: String,
     pub purge_batch: String,
     pub ping: String,
+    /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
+    pub write_probe: String,
     /// `?1` the table name: the live table's columns, for [`super::table::check`].
     pub live_columns: String,
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
@@ -270,6 +272,7 @@ impl Statements {
                    LIMIT ?2)"
             ),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
+            write_probe: format!("UPDATE {t} SET {id} = {id} WHERE 0"),
             live_columns: "SELECT name, type, \"notnull\", dflt_value IS NOT NULL \
                            FROM pragma_table_info(?1)"
                 .to_owned(),

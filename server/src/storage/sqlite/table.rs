@@ -23,6 +23,7 @@
 use super::sql::{Names, NOW_MS};
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::ident::{self, Ident};
+use crate::storage::MAX_KEY_CHARS;
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -141,7 +142,10 @@ fn definition<'a>(key: &str, c: &'a Names, format: PayloadFormat) -> (&'a str, S
             c.topic.as_deref().unwrap_or_default(),
             "TEXT    NOT NULL".to_owned(),
         ),
-        "key" => (&c.key, "TEXT".to_owned()),
+        "key" => (
+            &c.key,
+            format!("TEXT    CHECK (length({}) <= {MAX_KEY_CHARS})", c.key),
+        ),
         "payload" => (
             &c.payload,
             match format {
@@ -281,14 +285,15 @@ mod tests {
         Columns::from_mapping(&mapping).unwrap()
     }
 
-    /// The DDL of the relay's own table, as it was before column mappings existed.
+    /// The DDL of the relay's own table, as it was before column mappings existed, plus
+    /// the key's length check.
     #[test]
     fn the_relays_own_table_is_created_as_before() {
         let expected = format!(
             "CREATE TABLE IF NOT EXISTS \"Outbox\" (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     topic        TEXT    NOT NULL,
-    key          TEXT,
+    key          TEXT    CHECK (length(key) <= 255),
     payload      BLOB    NOT NULL,
     headers      TEXT    NOT NULL DEFAULT '{{}}' CHECK (json_valid(headers)),
     -- Times: Unix epoch milliseconds (UTC).
