@@ -417,6 +417,26 @@ async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
     assert_eq!(head().await, Some(second), "the claim moved the head on");
 }
 
+/// A relay statement waits at most its session's `lock_timeout` for a lock, then fails as
+/// `Unavailable` (retried), whatever holds it: here another session holds the table's
+/// claim lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_past_the_lock_timeout_is_unavailable() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    insert(&*storage, "t", "p", Some("k")).await;
+    let mut holder = PgConnection::connect(&url()).await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1, hashtext($2))")
+        .bind(0x7478_6f62_i32)
+        .bind(format!("txoutbox:{}.outbox", backend.schema))
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let err = storage.claim(request("w")).await.unwrap_err();
+    assert!(matches!(err, StorageError::Unavailable(_)), "{err:?}");
+    assert!(err.to_string().contains("lock timeout"), "{err}");
+}
+
 /// With a hot key's head leased, a claim still finds every other key's head (through the
 /// key-heads table) and nothing of the hot key. What it costs is the benchmark's business.
 #[tokio::test]

@@ -39,6 +39,10 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
             // or no pg_hba entry, 3D000 no such database, 55000 a database not accepting
             // connections. Fixed outside the relay; the cause is in the message.
             Some("28P01" | "28000" | "3D000" | "55000") => unavailable(&err),
+            // The relay sessions' bounds (see `connect_options`): 55P03 a lock not granted
+            // within lock_timeout, 57014 a statement cancelled by statement_timeout. The
+            // database is busy or something holds the table; the caller tries again.
+            Some("55P03" | "57014") => unavailable(&err),
             // A value the table cannot hold: 22021 a NUL or invalid UTF-8, 22P05 a \u0000
             // in jsonb, 22001 too long for its column, 23514 a CHECK (the key length),
             // 54000 too large for an index. The relay checks its callers' values first.
