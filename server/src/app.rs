@@ -20,10 +20,10 @@ use crate::health;
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
 use crate::storage::columns::Columns;
-use crate::storage::mysql::{self, MySqlOptions, MySqlStorage};
-use crate::storage::postgres::{self, PostgresOptions, PostgresStorage};
-use crate::storage::sqlite::{self, SqliteOptions, SqlitePools, SqliteStorage};
-use crate::storage::{Storage, StorageError};
+use crate::storage::mysql::{self, MySqlStorage};
+use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
+use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
+use crate::storage::{Storage, StorageError, TableOptions};
 
 /// Extra time, past the drain timeout, for subscriptions to give their leases back.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
@@ -75,23 +75,31 @@ fn open_storages_for(
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
+        let options = table_options(outbox)?;
         let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
             Pools::Postgres(pool) => {
-                let mut options = postgres_options(outbox)?;
-                if purpose == Purpose::Health {
-                    options.notify_channel = None;
-                }
+                let extras = PostgresExtras {
+                    schema: outbox.schema.clone(),
+                    // The health checks' storages do not listen for inserts.
+                    notify_channel: outbox
+                        .notify_channel
+                        .clone()
+                        .filter(|_| purpose == Purpose::Relay),
+                };
                 Arc::new(
-                    PostgresStorage::from_pool(pool.clone(), Some(database.url.clone()), options)
+                    PostgresStorage::from_pool(pool.clone(), Some(&database.url), options, extras)
                         .with_context(|| format!("outboxes.{name}"))?,
                 )
             }
+            // `schema` and `notify_channel` are refused for SQLite by configuration.
             Pools::Sqlite(pools) => Arc::new(
-                SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox)?)
+                SqliteStorage::from_pools(pools.clone(), options)
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
+            // `schema` names the database holding the table; `notify_channel` is refused
+            // for MySQL by configuration.
             Pools::MySql(pool) => Arc::new(
-                MySqlStorage::from_pool(pool.clone(), mysql_options(outbox)?)
+                MySqlStorage::from_pool(pool.clone(), options, outbox.schema.clone())
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
@@ -100,44 +108,17 @@ fn open_storages_for(
     Ok(storages)
 }
 
-fn postgres_options(outbox: &OutboxConfig) -> anyhow::Result<PostgresOptions> {
-    Ok(PostgresOptions {
-        schema: outbox.schema.clone(),
+/// The table settings every backend takes; configuration validation reports a bad
+/// column mapping with its key.
+fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
+    let columns = Columns::from_mapping(&outbox.columns)
+        .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
+    Ok(TableOptions {
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
-        notify_channel: outbox.notify_channel.clone(),
-        columns: columns(outbox)?,
-    })
-}
-
-/// The outbox's column mapping; configuration validation reports a bad one with its key.
-fn columns(outbox: &OutboxConfig) -> anyhow::Result<Columns> {
-    Columns::from_mapping(&outbox.columns).map_err(|problems| anyhow::anyhow!(problems.join("; ")))
-}
-
-/// `schema` and `notify_channel` are refused for SQLite by configuration validation.
-fn sqlite_options(outbox: &OutboxConfig) -> anyhow::Result<SqliteOptions> {
-    Ok(SqliteOptions {
-        table: outbox.table.clone(),
-        strict_ordering: outbox.strict_ordering,
-        delete_on_ack: outbox.delete_on_ack,
-        visibility_delay: outbox.visibility_delay,
-        columns: columns(outbox)?,
-    })
-}
-
-/// `schema` names the database holding the table; `notify_channel` is refused for MySQL
-/// by configuration validation.
-fn mysql_options(outbox: &OutboxConfig) -> anyhow::Result<MySqlOptions> {
-    Ok(MySqlOptions {
-        database: outbox.schema.clone(),
-        table: outbox.table.clone(),
-        strict_ordering: outbox.strict_ordering,
-        delete_on_ack: outbox.delete_on_ack,
-        visibility_delay: outbox.visibility_delay,
-        columns: columns(outbox)?,
+        columns,
     })
 }
 

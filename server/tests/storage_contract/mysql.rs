@@ -12,8 +12,8 @@ use super::*;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor};
 use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
-use txoutbox_server::storage::mysql::{self, MySqlOptions, MySqlStorage};
-use txoutbox_server::storage::StorageError;
+use txoutbox_server::storage::mysql::{self, MySqlStorage};
+use txoutbox_server::storage::{StorageError, TableOptions};
 
 pub fn url() -> String {
     std::env::var("TXOUTBOX_TEST_MYSQL_URL")
@@ -91,9 +91,13 @@ impl MySqlBackend {
         }
     }
 
-    pub fn options(&self, setup: &Setup) -> MySqlOptions {
-        MySqlOptions {
-            database: Some(self.database.clone()),
+    /// The database holding this test's table.
+    pub fn database(&self) -> Option<String> {
+        Some(self.database.clone())
+    }
+
+    pub fn options(&self, setup: &Setup) -> TableOptions {
+        TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
@@ -118,7 +122,8 @@ impl Backend for MySqlBackend {
         if let Some(own_table) = self.own_table {
             self.execute(own_table).await;
         }
-        let storage = MySqlStorage::connect(&url(), 4, self.options(&setup)).unwrap();
+        let storage =
+            MySqlStorage::connect(&url(), 4, self.options(&setup), self.database()).unwrap();
         storage.create_schema().await.expect("create schema");
         Arc::new(storage)
     }
@@ -133,17 +138,20 @@ impl Backend for MySqlBackend {
     }
 
     async fn missing_table(&self) -> Arc<dyn Storage> {
-        let options = MySqlOptions {
+        let options = TableOptions {
             table: "no_such_table".to_owned(),
             ..self.options(&Setup::default())
         };
-        Arc::new(MySqlStorage::connect(&url(), 1, options).unwrap())
+        Arc::new(MySqlStorage::connect(&url(), 1, options, self.database()).unwrap())
     }
 
     async fn unreachable(&self) -> Arc<dyn Storage> {
         // Port 1: nothing listens.
         let options = self.options(&Setup::default());
-        Arc::new(MySqlStorage::connect("mysql://root@127.0.0.1:1/test", 1, options).unwrap())
+        Arc::new(
+            MySqlStorage::connect("mysql://root@127.0.0.1:1/test", 1, options, self.database())
+                .unwrap(),
+        )
     }
 
     async fn until_listening(&self) {
@@ -247,7 +255,15 @@ impl Drop for DropDatabase {
 async fn servers_starting_together_create_the_schema_once() {
     let backend = MySqlBackend::new().await;
     let storages: Vec<MySqlStorage> = (0..3)
-        .map(|_| MySqlStorage::connect(&url(), 2, backend.options(&Setup::default())).unwrap())
+        .map(|_| {
+            MySqlStorage::connect(
+                &url(),
+                2,
+                backend.options(&Setup::default()),
+                backend.database(),
+            )
+            .unwrap()
+        })
         .collect();
     let created = futures::future::join_all(storages.iter().map(|s| s.create_schema())).await;
     assert!(created.iter().all(Result::is_ok), "{created:?}");
@@ -301,11 +317,8 @@ async fn rows_of_a_producer_in_another_time_zone_are_due_at_once() {
 /// like a missing table.
 #[tokio::test]
 async fn missing_database_is_reported_as_a_missing_table() {
-    let options = MySqlOptions {
-        database: Some("no_such_database_here".to_owned()),
-        ..MySqlOptions::default()
-    };
-    let storage = MySqlStorage::connect(&url(), 1, options).unwrap();
+    let database = Some("no_such_database_here".to_owned());
+    let storage = MySqlStorage::connect(&url(), 1, TableOptions::default(), database).unwrap();
     let err = storage.ping().await.unwrap_err();
     assert!(
         matches!(
@@ -374,12 +387,12 @@ async fn own_table(backend: &MySqlBackend, ddl: &str, mapping: ColumnMapping) ->
         .and_then(|name| name.strip_prefix("{db}."))
         .expect("CREATE TABLE {db}.name")
         .to_owned();
-    let options = MySqlOptions {
+    let options = TableOptions {
         table,
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
-    let storage = MySqlStorage::connect(&url(), 2, options).unwrap();
+    let storage = MySqlStorage::connect(&url(), 2, options, backend.database()).unwrap();
     storage.create_schema().await.expect("create schema");
     storage.create_schema().await.expect("create schema again");
     storage.ping().await.expect("the table fits its mapping");
@@ -478,7 +491,13 @@ async fn ping_lists_every_missing_and_mistyped_column() {
             )",
         )
         .await;
-    let storage = MySqlStorage::connect(&url(), 1, backend.options(&Setup::default())).unwrap();
+    let storage = MySqlStorage::connect(
+        &url(),
+        1,
+        backend.options(&Setup::default()),
+        backend.database(),
+    )
+    .unwrap();
     let err = storage.ping().await.unwrap_err();
     let StorageError::MismatchedTable { table, problems } = &err else {
         panic!("expected a mismatched table, got {err:?}");
@@ -517,7 +536,7 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
         status: "state".into(),
         ..ColumnMapping::default()
     };
-    let options = |backend: &MySqlBackend| MySqlOptions {
+    let options = |backend: &MySqlBackend| TableOptions {
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
@@ -537,7 +556,7 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
     };
 
     let fresh = MySqlBackend::new().await;
-    let storage = MySqlStorage::connect(&url(), 1, options(&fresh)).unwrap();
+    let storage = MySqlStorage::connect(&url(), 1, options(&fresh), fresh.database()).unwrap();
     run(storage.schema_sql()).await;
     run(storage.schema_sql()).await;
     storage.ping().await.unwrap();
@@ -553,7 +572,8 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
             )",
         )
         .await;
-    let storage = MySqlStorage::connect(&url(), 1, options(&existing)).unwrap();
+    let storage =
+        MySqlStorage::connect(&url(), 1, options(&existing), existing.database()).unwrap();
     let err = storage.ping().await.unwrap_err().to_string();
     assert!(
         err.contains("\"state\" (columns.status) is missing"),

@@ -4,8 +4,8 @@ use super::*;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{Connection, Executor};
 use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
-use txoutbox_server::storage::postgres::{PostgresOptions, PostgresStorage};
-use txoutbox_server::storage::StorageError;
+use txoutbox_server::storage::postgres::{PostgresExtras, PostgresStorage};
+use txoutbox_server::storage::{StorageError, TableOptions};
 
 pub fn url() -> String {
     std::env::var("TXOUTBOX_TEST_POSTGRES_URL")
@@ -89,15 +89,21 @@ impl PgBackend {
         format!("{}_inserted", self.schema)
     }
 
-    pub fn options(&self, setup: &Setup) -> PostgresOptions {
-        PostgresOptions {
-            schema: Some(self.schema.clone()),
+    pub fn options(&self, setup: &Setup) -> TableOptions {
+        TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
-            notify_channel: setup.notify.then(|| self.channel()),
             columns: self.columns.clone(),
+        }
+    }
+
+    /// This test's schema, and its insert channel when `setup` asks for one.
+    pub fn extras(&self, setup: &Setup) -> PostgresExtras {
+        PostgresExtras {
+            schema: Some(self.schema.clone()),
+            notify_channel: setup.notify.then(|| self.channel()),
         }
     }
 
@@ -123,9 +129,10 @@ impl Backend for PgBackend {
             self.execute(&team_table.replace("{table}", &self.qualified()))
                 .await;
         }
-        let storage = PostgresStorage::connect(&url(), 4, self.options(&setup))
-            .await
-            .unwrap();
+        let storage =
+            PostgresStorage::connect(&url(), 4, self.options(&setup), self.extras(&setup))
+                .await
+                .unwrap();
         storage.create_schema().await.expect("create schema");
         storage.ping().await.expect("the table fits its columns");
         Arc::new(storage)
@@ -139,11 +146,16 @@ impl Backend for PgBackend {
     }
 
     async fn missing_table(&self) -> Arc<dyn Storage> {
-        let options = PostgresOptions {
+        let options = TableOptions {
             table: "no_such_table".to_owned(),
             ..self.options(&Setup::default())
         };
-        Arc::new(PostgresStorage::connect(&url(), 1, options).await.unwrap())
+        let extras = self.extras(&Setup::default());
+        Arc::new(
+            PostgresStorage::connect(&url(), 1, options, extras)
+                .await
+                .unwrap(),
+        )
     }
 
     async fn until_listening(&self) {
@@ -173,8 +185,11 @@ impl Backend for PgBackend {
             .acquire_timeout(Duration::from_secs(1))
             .connect_lazy("postgres://postgres@127.0.0.1:1/test")
             .unwrap();
-        let options = self.options(&Setup::default());
-        Arc::new(PostgresStorage::from_pool(pool, None, options).unwrap())
+        let (options, extras) = (
+            self.options(&Setup::default()),
+            self.extras(&Setup::default()),
+        );
+        Arc::new(PostgresStorage::from_pool(pool, None, options, extras).unwrap())
     }
 
     async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite> {
@@ -305,7 +320,7 @@ async fn servers_starting_together_create_the_schema_once() {
     let mut storages = Vec::new();
     for _ in 0..3 {
         storages.push(
-            PostgresStorage::connect(&url(), 2, backend.options(&setup))
+            PostgresStorage::connect(&url(), 2, backend.options(&setup), backend.extras(&setup))
                 .await
                 .unwrap(),
         );
@@ -467,12 +482,15 @@ async fn mapped_storage(
     table: &str,
     mapping: ColumnMapping,
 ) -> PostgresStorage {
-    let options = PostgresOptions {
+    let options = TableOptions {
         table: table.to_owned(),
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
-    PostgresStorage::connect(&url(), 2, options).await.unwrap()
+    let extras = backend.extras(&Setup::default());
+    PostgresStorage::connect(&url(), 2, options, extras)
+        .await
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

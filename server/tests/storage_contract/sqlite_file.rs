@@ -8,8 +8,8 @@ use super::*;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Executor;
 use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
-use txoutbox_server::storage::sqlite::{SqliteOptions, SqliteStorage, BUSY_TIMEOUT};
-use txoutbox_server::storage::StorageError;
+use txoutbox_server::storage::sqlite::{SqliteStorage, BUSY_TIMEOUT};
+use txoutbox_server::storage::{StorageError, TableOptions};
 
 /// The machine clock in epoch milliseconds, as a team's own table would default it.
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
@@ -75,9 +75,9 @@ impl SqliteBackend {
         self.dir.path().join("outbox.db")
     }
 
-    pub fn options(&self, setup: &Setup) -> SqliteOptions {
+    pub fn options(&self, setup: &Setup) -> TableOptions {
         assert!(!setup.notify, "SQLite has no insert notifications");
-        SqliteOptions {
+        TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
@@ -127,7 +127,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn missing_table(&self) -> Arc<dyn Storage> {
-        let options = SqliteOptions {
+        let options = TableOptions {
             table: "no_such_table".to_owned(),
             ..self.options(&Setup::default())
         };
@@ -374,7 +374,7 @@ async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -
         .nth(2)
         .expect("CREATE TABLE name")
         .to_owned();
-    let options = SqliteOptions {
+    let options = TableOptions {
         table,
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
@@ -489,7 +489,7 @@ async fn ping_lists_every_missing_and_mistyped_column() {
         .await
         .unwrap();
     producer.close().await;
-    let options = SqliteOptions {
+    let options = TableOptions {
         table: "legacy".to_owned(),
         ..backend.options(&Setup::default())
     };
@@ -537,7 +537,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
         status: "state".into(),
         ..ColumnMapping::default()
     };
-    let options = |backend: &SqliteBackend| SqliteOptions {
+    let options = |backend: &SqliteBackend| TableOptions {
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };

@@ -30,8 +30,9 @@
 //!
 //! For the relay's own names the output is exactly what it always was: no `ALTER`s.
 
-use super::sql::{derived_name, quote, Names, Shape, PENDING_INDEX};
+use super::sql::{derived_name, quote, Shape, PENDING_INDEX};
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
+use crate::storage::names::Names;
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -337,7 +338,12 @@ mod tests {
             table: &table,
             columns,
         };
-        Schema::render(&t, table.as_str(), &shape, &Names::new(columns))
+        Schema::render(
+            &t,
+            table.as_str(),
+            &shape,
+            &Names::new(columns, &super::super::sql::DIALECT),
+        )
     }
 
     /// The DDL of the relay's own table, as it was before column mappings existed.

@@ -20,9 +20,10 @@
 //! `ADD COLUMN` cannot take an expression default, so an added `available_at` defaults to
 //! `0` (due since 1970: claimable at once, like the `CREATE TABLE` default of "now").
 
-use super::sql::{Names, NOW_MS};
+use super::sql::NOW_MS;
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::ident::{self, Ident};
+use crate::storage::names::Names;
 use crate::storage::MAX_KEY_CHARS;
 
 /// The DDL of one outbox table.
@@ -278,7 +279,12 @@ mod tests {
 
     fn schema(table: &str, columns: &Columns) -> Schema {
         let ident = Ident::new(table).unwrap();
-        Schema::render(&ident.quoted(), &ident, columns, &Names::new(columns))
+        Schema::render(
+            &ident.quoted(),
+            &ident,
+            columns,
+            &Names::new(columns, &super::super::sql::DIALECT),
+        )
     }
 
     fn columns(mapping: ColumnMapping) -> Columns {
