@@ -13,7 +13,7 @@ use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
 
-use crate::config::{is_mysql_url, is_sqlite_url, Config, OutboxConfig};
+use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
 use crate::health;
@@ -62,12 +62,11 @@ fn open_storages_for(
             Purpose::Relay => database.max_connections,
             Purpose::Health => 1,
         };
-        let pool = if is_sqlite_url(&database.url) {
-            sqlite::lazy_pools(&database.url, size).map(Pools::Sqlite)
-        } else if is_mysql_url(&database.url) {
-            mysql::lazy_pool(&database.url, size).map(Pools::MySql)
-        } else {
-            postgres::lazy_pool(&database.url, size).map(Pools::Postgres)
+        let url = database.url.expose();
+        let pool = match database.url.backend() {
+            Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
+            Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
+            Backend::Postgres => postgres::lazy_pool(url, size).map(Pools::Postgres),
         }
         .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);
@@ -87,8 +86,13 @@ fn open_storages_for(
                         .filter(|_| purpose == Purpose::Relay),
                 };
                 Arc::new(
-                    PostgresStorage::from_pool(pool.clone(), Some(&database.url), options, extras)
-                        .with_context(|| format!("outboxes.{name}"))?,
+                    PostgresStorage::from_pool(
+                        pool.clone(),
+                        Some(database.url.expose()),
+                        options,
+                        extras,
+                    )
+                    .with_context(|| format!("outboxes.{name}"))?,
                 )
             }
             // `schema` and `notify_channel` are refused for SQLite by configuration.
