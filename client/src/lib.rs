@@ -90,8 +90,8 @@ pub mod message;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod producer;
 pub mod publisher;
-pub mod run_once;
 pub mod subscriber;
+pub mod worker;
 
 pub use connect::connect;
 pub use error::ClientError;
@@ -100,8 +100,8 @@ pub use events::{CounterSnapshot, Counters, Event};
 pub use kafka::KafkaPublisher;
 pub use message::Message;
 pub use publisher::{PublishError, Publisher};
-pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
+pub use worker::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 
 /// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the
 /// runtime does not cover.

@@ -146,11 +146,11 @@ pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
 }
 
 /// Refuses to start when a reachable outbox table does not fit its column mapping (after
-/// `create_schema` added what it could), listing every problem of every outbox. A database that is down or a table not created yet is
-/// left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
+/// `create_schema` added what it could), listing every problem of every outbox. A database
+/// that is down or a table not created yet is left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
 async fn check_tables(relay: &Relay) -> anyhow::Result<()> {
     let checks = relay.outboxes().map(|outbox| async move {
-        match health::check_table(outbox, true).await {
+        match health::verify_or_ensure_table(outbox, true).await {
             Err(error @ StorageError::MismatchedTable { .. }) => {
                 Some(format!("outboxes.{}: {error}", outbox.name))
             }

@@ -125,7 +125,7 @@ async fn schema(config: &Config, outbox: &str) -> ExitCode {
             if absent_file {
                 return ExitCode::SUCCESS;
             }
-            match storage.ping().await {
+            match storage.verify_table().await {
                 Ok(()) => eprintln!("txoutboxd: the live table already fits outbox `{outbox}`"),
                 Err(
                     error @ (StorageError::MismatchedTable { .. }

@@ -2,8 +2,9 @@
 //!
 //! The trait mirrors the seed's five storage methods (claim, ack, nack, release,
 //! dead-letter) plus what a server needs: lease extension, giving back the leases of a
-//! lost subscriber, stats, purge, the DDL, an insert for tests and demos, a health ping
-//! and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
+//! lost subscriber, stats, purge, the DDL ([`Storage::ensure_table`]) and a check of the
+//! live table that changes nothing ([`Storage::verify_table`]), an insert for tests and
+//! demos, and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
 //! by the given owner, and reports which ids it applied to so callers can count the rest
 //! as fenced.
 //!
@@ -300,12 +301,16 @@ pub trait Storage: Send + Sync + 'static {
     /// The DDL of the outbox table (and its triggers), for a migration tool.
     fn schema_sql(&self) -> String;
 
-    /// Runs [`Storage::schema_sql`]; idempotent.
-    async fn create_schema(&self) -> StorageResult<()>;
+    /// Makes the table what [`Storage::schema_sql`] describes: creates what is missing
+    /// and adds what a mapped table lacks (DDL, possibly `ALTER TABLE`); idempotent. Run
+    /// at start and when a check found the table missing, never as a check.
+    async fn ensure_table(&self) -> StorageResult<()>;
 
-    /// Checks that the database answers, the table exists and its columns are what the
-    /// outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`] otherwise).
-    async fn ping(&self) -> StorageResult<()>;
+    /// Checks, changing nothing, that the database answers, the table exists and its
+    /// columns (types, defaults, what the backend needs besides: indexes, functions) are
+    /// what the outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`]
+    /// otherwise).
+    async fn verify_table(&self) -> StorageResult<()>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

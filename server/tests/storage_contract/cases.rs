@@ -571,7 +571,7 @@ pub async fn headers_round_trip(backend: &impl Backend) {
 pub async fn missing_table_is_reported(backend: &impl Backend) {
     let storage = backend.missing_table().await;
     for result in [
-        storage.ping().await.map(drop),
+        storage.verify_table().await.map(drop),
         storage.claim(request("w")).await.map(drop),
         storage.insert(NewMessage::new("t", "p")).await.map(drop),
     ] {
@@ -588,7 +588,7 @@ pub async fn unreachable_database_is_reported(backend: &impl Backend) {
     let storage = backend.unreachable().await;
     let start = Instant::now();
     for result in [
-        storage.ping().await.map(drop),
+        storage.verify_table().await.map(drop),
         storage.claim(request("w")).await.map(drop),
         storage.ack(&[1], "w").await.map(drop),
     ] {

@@ -124,7 +124,7 @@ impl Backend for MySqlBackend {
         }
         let storage =
             MySqlStorage::connect(&url(), 4, self.options(&setup), self.database()).unwrap();
-        storage.create_schema().await.expect("create schema");
+        storage.ensure_table().await.expect("create schema");
         Arc::new(storage)
     }
 
@@ -265,9 +265,9 @@ async fn servers_starting_together_create_the_schema_once() {
             .unwrap()
         })
         .collect();
-    let created = futures::future::join_all(storages.iter().map(|s| s.create_schema())).await;
+    let created = futures::future::join_all(storages.iter().map(|s| s.ensure_table())).await;
     assert!(created.iter().all(Result::is_ok), "{created:?}");
-    storages[0].ping().await.unwrap();
+    storages[0].verify_table().await.unwrap();
     let sql = storages[0].schema_sql();
     assert!(
         sql.contains(&format!("`{}`.`outbox`", backend.database)),
@@ -319,7 +319,7 @@ async fn rows_of_a_producer_in_another_time_zone_are_due_at_once() {
 async fn missing_database_is_reported_as_a_missing_table() {
     let database = Some("no_such_database_here".to_owned());
     let storage = MySqlStorage::connect(&url(), 1, TableOptions::default(), database).unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let err = storage.verify_table().await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -393,9 +393,12 @@ async fn own_table(backend: &MySqlBackend, ddl: &str, mapping: ColumnMapping) ->
         ..backend.options(&Setup::default())
     };
     let storage = MySqlStorage::connect(&url(), 2, options, backend.database()).unwrap();
-    storage.create_schema().await.expect("create schema");
-    storage.create_schema().await.expect("create schema again");
-    storage.ping().await.expect("the table fits its mapping");
+    storage.ensure_table().await.expect("create schema");
+    storage.ensure_table().await.expect("create schema again");
+    storage
+        .verify_table()
+        .await
+        .expect("the table fits its mapping");
     storage
 }
 
@@ -498,7 +501,7 @@ async fn ping_lists_every_missing_and_mistyped_column() {
         backend.database(),
     )
     .unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let err = storage.verify_table().await.unwrap_err();
     let StorageError::MismatchedTable { table, problems } = &err else {
         panic!("expected a mismatched table, got {err:?}");
     };
@@ -559,7 +562,7 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
     let storage = MySqlStorage::connect(&url(), 1, options(&fresh), fresh.database()).unwrap();
     run(storage.schema_sql()).await;
     run(storage.schema_sql()).await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
 
     let existing = MySqlBackend::new().await;
     existing
@@ -574,14 +577,14 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
         .await;
     let storage =
         MySqlStorage::connect(&url(), 1, options(&existing), existing.database()).unwrap();
-    let err = storage.ping().await.unwrap_err().to_string();
+    let err = storage.verify_table().await.unwrap_err().to_string();
     assert!(
         err.contains("\"state\" (columns.status) is missing"),
         "{err}"
     );
     run(storage.schema_sql()).await;
     run(storage.schema_sql()).await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }

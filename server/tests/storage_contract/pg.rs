@@ -133,8 +133,11 @@ impl Backend for PgBackend {
             PostgresStorage::connect(&url(), 4, self.options(&setup), self.extras(&setup))
                 .await
                 .unwrap();
-        storage.create_schema().await.expect("create schema");
-        storage.ping().await.expect("the table fits its columns");
+        storage.ensure_table().await.expect("create schema");
+        storage
+            .verify_table()
+            .await
+            .expect("the table fits its columns");
         Arc::new(storage)
     }
 
@@ -325,9 +328,9 @@ async fn servers_starting_together_create_the_schema_once() {
                 .unwrap(),
         );
     }
-    let created = futures::future::join_all(storages.iter().map(|s| s.create_schema())).await;
+    let created = futures::future::join_all(storages.iter().map(|s| s.ensure_table())).await;
     assert!(created.iter().all(Result::is_ok), "{created:?}");
-    storages[0].ping().await.unwrap();
+    storages[0].verify_table().await.unwrap();
     let sql = storages[0].schema_sql();
     assert!(
         sql.contains(&format!("\"{}\".\"outbox\"", backend.schema)),
@@ -506,7 +509,7 @@ async fn a_table_that_does_not_fit_its_columns_is_reported_with_every_problem_at
         ))
         .await;
     let storage = mapped_storage(&backend, "wrong", team_mapping()).await;
-    let Err(StorageError::MismatchedTable { problems, .. }) = storage.ping().await else {
+    let Err(StorageError::MismatchedTable { problems, .. }) = storage.verify_table().await else {
         panic!("a mismatched table must be reported");
     };
     let text = problems.join("\n");
@@ -548,7 +551,7 @@ async fn a_fixed_topic_json_table_without_headers_relays_what_producers_insert()
     };
     let storage = mapped_storage(&backend, "audit", mapping).await;
     assert!(matches!(
-        storage.ping().await,
+        storage.verify_table().await,
         Err(StorageError::MismatchedTable { .. })
     ));
     let schema = storage.schema_sql();
@@ -557,11 +560,11 @@ async fn a_fixed_topic_json_table_without_headers_relays_what_producers_insert()
         "{schema}"
     );
     storage
-        .create_schema()
+        .ensure_table()
         .await
         .expect("adds the relay's columns");
     storage
-        .ping()
+        .verify_table()
         .await
         .expect("fits once the columns are added");
 
@@ -633,8 +636,8 @@ async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
         ..ColumnMapping::default()
     };
     let storage = mapped_storage(&backend, "notes", mapping).await;
-    storage.create_schema().await.unwrap();
-    storage.ping().await.unwrap();
+    storage.ensure_table().await.unwrap();
+    storage.verify_table().await.unwrap();
     storage
         .insert(NewMessage::new("t", "héllo").with_key("k"))
         .await
@@ -666,8 +669,8 @@ async fn a_null_in_a_nullable_headers_column_means_no_headers() {
         ..ColumnMapping::default()
     };
     let storage = mapped_storage(&backend, "events", mapping).await;
-    storage.create_schema().await.unwrap();
-    storage.ping().await.unwrap();
+    storage.ensure_table().await.unwrap();
+    storage.verify_table().await.unwrap();
     backend
         .execute(&format!(
             "INSERT INTO {events} (topic, payload) VALUES ('t', 'no headers')"

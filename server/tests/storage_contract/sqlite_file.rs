@@ -114,7 +114,7 @@ impl Backend for SqliteBackend {
         let storage = SqliteStorage::connect(&self.url, 4, self.options(&setup))
             .await
             .unwrap();
-        storage.create_schema().await.expect("create schema");
+        storage.ensure_table().await.expect("create schema");
         Arc::new(storage)
     }
 
@@ -382,9 +382,12 @@ async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -
     let storage = SqliteStorage::connect(&backend.url, 2, options)
         .await
         .unwrap();
-    storage.create_schema().await.expect("create schema");
-    storage.create_schema().await.expect("create schema again");
-    storage.ping().await.expect("the table fits its mapping");
+    storage.ensure_table().await.expect("create schema");
+    storage.ensure_table().await.expect("create schema again");
+    storage
+        .verify_table()
+        .await
+        .expect("the table fits its mapping");
     storage
 }
 
@@ -471,7 +474,12 @@ async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
 async fn ping_lists_every_missing_and_mistyped_column() {
     let backend = SqliteBackend::new().await;
     // The relay's own table passes the same check.
-    backend.open(Setup::default()).await.ping().await.unwrap();
+    backend
+        .open(Setup::default())
+        .await
+        .verify_table()
+        .await
+        .unwrap();
 
     let producer = backend.producer().await;
     producer
@@ -496,7 +504,7 @@ async fn ping_lists_every_missing_and_mistyped_column() {
     let storage = SqliteStorage::connect(&backend.url, 1, options)
         .await
         .unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let err = storage.verify_table().await.unwrap_err();
     let StorageError::MismatchedTable { table, problems } = &err else {
         panic!("expected a mismatched table, got {err:?}");
     };
@@ -551,7 +559,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     producer.execute(schema.as_str()).await.unwrap();
     producer.execute(schema.as_str()).await.expect("idempotent");
     producer.close().await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
 
     let existing = SqliteBackend::new().await;
     let producer = existing.producer().await;
@@ -571,7 +579,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     let storage = SqliteStorage::connect(&existing.url, 1, options(&existing))
         .await
         .unwrap();
-    let err = storage.ping().await.unwrap_err().to_string();
+    let err = storage.verify_table().await.unwrap_err().to_string();
     assert!(
         err.contains("\"state\" (columns.status) is missing"),
         "{err}"
@@ -590,7 +598,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     }
     producer.execute(script.as_str()).await.unwrap();
     producer.close().await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }
@@ -606,7 +614,7 @@ async fn a_read_only_file_is_reported_by_ping_and_writes() {
     let options = backend.options(&Setup::default());
     let read_only = SqliteStorage::connect(&url, 1, options).await.unwrap();
     for result in [
-        read_only.ping().await.map(drop),
+        read_only.verify_table().await.map(drop),
         read_only.claim(request("w")).await.map(drop),
     ] {
         let error = result.unwrap_err();

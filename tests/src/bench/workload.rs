@@ -118,7 +118,7 @@ impl BenchSchema {
     ) -> anyhow::Result<Arc<PostgresStorage>> {
         let (options, extras) = self.options(strict_ordering);
         let storage = PostgresStorage::connect(url, connections, options, extras).await?;
-        storage.create_schema().await?;
+        storage.ensure_table().await?;
         Ok(Arc::new(storage))
     }
 

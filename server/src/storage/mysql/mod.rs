@@ -90,7 +90,7 @@ impl fmt::Debug for MySqlStorage {
 
 impl MySqlStorage {
     /// A storage with a pool of its own (see [`lazy_pool`]). Identifiers are checked here;
-    /// the database is not contacted until first use (see [`Storage::ping`]), so a server
+    /// the database is not contacted until first use (see [`Storage::verify_table`]), so a server
     /// can start while its database is still coming up.
     /// `database` holds the table (MySQL's "schema"); `None`: the one the URL names.
     pub fn connect(
@@ -365,8 +365,8 @@ impl Storage for MySqlStorage {
     /// The database and table if missing, then what a table of the team's own lacks of
     /// the bookkeeping columns and indexes, each kind in one `ALTER TABLE` (see
     /// [`table`]).
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         // `CREATE ... IF NOT EXISTS` is atomic under MariaDB's metadata locks, so servers
         // starting together need no lock of their own. DDL commits implicitly: no
         // transaction around it.
@@ -395,7 +395,7 @@ impl Storage for MySqlStorage {
 
     /// The table answers, its columns are what the mapping needs (the relay's own table
     /// is checked too), and it has the index claims are pinned to.
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pool)
             .await

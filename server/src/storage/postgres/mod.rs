@@ -88,7 +88,7 @@ impl fmt::Debug for PostgresStorage {
 
 impl PostgresStorage {
     /// A storage with a pool of its own (see [`lazy_pool`]). Identifiers are checked here;
-    /// the database is not contacted until first use (see [`Storage::ping`]), so a server
+    /// the database is not contacted until first use (see [`Storage::verify_table`]), so a server
     /// can start while its database is still coming up.
     pub async fn connect(
         url: &str,
@@ -390,8 +390,8 @@ impl Storage for PostgresStorage {
         self.sql.schema.clone()
     }
 
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         // One simple query: one transaction, sent at once (see `Statements::schema_run`).
         // Servers starting together serialise on its advisory lock (tables in one schema
         // share its CREATE SCHEMA, so the lock is global, not per table).
@@ -402,7 +402,7 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pool)
             .await

@@ -156,7 +156,7 @@ impl fmt::Debug for SqliteStorage {
 
 impl SqliteStorage {
     /// A storage with pools of its own (see [`lazy_pools`]). The table name is checked
-    /// here; the file is not opened until first use (see [`Storage::ping`]).
+    /// here; the file is not opened until first use (see [`Storage::verify_table`]).
     pub async fn connect(
         url: &str,
         max_connections: u32,
@@ -421,8 +421,8 @@ impl Storage for SqliteStorage {
 
     /// The table if missing, the bookkeeping columns a table of the team's own lacks
     /// (see [`table`]: SQLite cannot add a column "if not exists"), then the indexes.
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         let err = || self.error("create schema");
         let schema = &self.sql.schema;
         // Under the write lock, so servers starting together create it once.
@@ -447,7 +447,7 @@ impl Storage for SqliteStorage {
     /// is checked too), and the file takes writes: a write that changes nothing fails on
     /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
     /// writer proves nothing either way, and is left to the relay's own writes.
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pools.reader)
             .await

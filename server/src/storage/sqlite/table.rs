@@ -4,7 +4,7 @@
 //! A mapped table ("bring your own table") usually exists already, holding the producer's
 //! message columns but not the relay's bookkeeping columns. SQLite has no
 //! `ADD COLUMN IF NOT EXISTS`, so the two ways of getting them differ:
-//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//! - [`Storage::ensure_table`](crate::storage::Storage::ensure_table) looks at the live
 //!   table and adds only the bookkeeping columns it lacks, then the indexes, in one write
 //!   transaction.
 //! - `txoutboxd schema` prints the `CREATE TABLE IF NOT EXISTS` (for a team starting
