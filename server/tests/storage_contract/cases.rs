@@ -823,3 +823,60 @@ pub async fn a_batch_of_nacks_does_what_the_nacks_would_one_by_one(backend: &imp
     let stats = storage.stats().await.unwrap().total;
     assert_eq!((stats.pending, stats.leased, stats.dead), (4, 0, 1));
 }
+
+/// A team's own table with one topic for every row, a JSON payload and no headers: what
+/// the storage and a producer's own SQL insert is relayed, and what the table cannot hold
+/// is refused (see [`fixed_topic_json_table_holds_two_invoices`]).
+pub async fn a_fixed_topic_json_table_without_headers_round_trips(backend: &impl Backend) {
+    let mapping = ColumnMapping {
+        fixed_topic: Some("invoices".into()),
+        key: "invoice".into(),
+        payload: "document".into(),
+        payload_format: PayloadFormat::Json,
+        headers: String::new(),
+        created_at: "logged_at".into(),
+        ..ColumnMapping::default()
+    };
+    let storage = backend.own_table(TeamTable::InvoiceEvents, mapping).await;
+    let schema = storage.schema_sql();
+    assert!(
+        !schema.contains("topic") && !schema.contains("headers"),
+        "{schema}"
+    );
+
+    let first = storage
+        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
+        .await
+        .unwrap();
+    // The producer's own insert: message columns only, the relay's from their defaults.
+    backend
+        .produce(r#"INSERT INTO {db}.invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
+        .await;
+
+    fixed_topic_json_table_holds_two_invoices(&*storage, first).await;
+}
+
+/// A text payload is handed out as its UTF-8 bytes; bytes that are not UTF-8 are refused
+/// with the key to change.
+pub async fn a_text_payload_is_handed_out_as_its_utf8_bytes(backend: &impl Backend) {
+    let mapping = ColumnMapping {
+        payload: "note".into(),
+        payload_format: PayloadFormat::Text,
+        ..ColumnMapping::default()
+    };
+    let storage = backend.own_table(TeamTable::Notes, mapping).await;
+    let mut message = NewMessage::new("t", "grüße");
+    message.headers.insert("lang".into(), "de".into());
+    storage.insert(message.clone()).await.unwrap();
+    let got = claim(&*storage, "w1", 10, LEASE).await;
+    assert_eq!(got[0].payload, "grüße".as_bytes());
+    assert_eq!(got[0].headers, message.headers);
+    let err = storage
+        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("payload_format = \"text\""),
+        "{err}"
+    );
+}

@@ -11,7 +11,7 @@
 use super::*;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor};
-use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use txoutbox_server::storage::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::mysql::{self, MySqlStorage};
 use txoutbox_server::storage::{StorageError, TableOptions};
 
@@ -118,6 +118,40 @@ impl MySqlBackend {
 }
 
 impl Backend for MySqlBackend {
+    fn team_ddl(&self, table: TeamTable) -> String {
+        match table {
+            TeamTable::InvoiceEvents => {
+                "CREATE TABLE {db}.invoice_events (
+                id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                invoice   VARCHAR(64),
+                document  JSON NOT NULL,
+                logged_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+            )"
+            }
+            // A text payload in a latin1 column: the server converts it to the
+            // connection's UTF-8.
+            TeamTable::Notes => {
+                "CREATE TABLE {db}.notes (
+                id         INT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                topic      VARCHAR(64) NOT NULL,
+                `key`      VARCHAR(64),
+                note       TEXT CHARACTER SET latin1 NOT NULL,
+                headers    LONGTEXT,
+                created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+            )"
+            }
+        }
+        .to_owned()
+    }
+
+    async fn produce(&self, sql: &str) {
+        self.execute(sql).await;
+    }
+
+    async fn own_table(&self, table: TeamTable, mapping: ColumnMapping) -> Arc<dyn Storage> {
+        Arc::new(own_table(self, &self.team_ddl(table), mapping).await)
+    }
+
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
         if let Some(own_table) = self.own_table {
             self.execute(own_table).await;
@@ -400,78 +434,6 @@ async fn own_table(backend: &MySqlBackend, ddl: &str, mapping: ColumnMapping) ->
         .await
         .expect("the table fits its mapping");
     storage
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fixed_topic_json_table_without_headers_round_trips() {
-    let backend = MySqlBackend::new().await;
-    let ddl = "CREATE TABLE {db}.invoice_events (
-        id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-        invoice   VARCHAR(64),
-        document  JSON NOT NULL,
-        logged_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-    )";
-    let mapping = ColumnMapping {
-        fixed_topic: Some("invoices".into()),
-        key: "invoice".into(),
-        payload: "document".into(),
-        payload_format: PayloadFormat::Json,
-        headers: String::new(),
-        created_at: "logged_at".into(),
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, ddl, mapping).await;
-    let schema = storage.schema_sql();
-    assert!(
-        !schema.contains("topic") && !schema.contains("headers"),
-        "{schema}"
-    );
-
-    let first = storage
-        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
-        .await
-        .unwrap();
-    // The producer's own insert: message columns only, the relay's from their defaults.
-    backend
-        .execute(r#"INSERT INTO {db}.invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
-        .await;
-
-    fixed_topic_json_table_holds_two_invoices(&storage, first).await;
-}
-
-/// A text payload (here in a latin1 column: the server converts it to the connection's
-/// UTF-8) is handed out as its UTF-8 bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
-    let backend = MySqlBackend::new().await;
-    let ddl = "CREATE TABLE {db}.notes (
-        id         INT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-        topic      VARCHAR(64) NOT NULL,
-        `key`      VARCHAR(64),
-        note       TEXT CHARACTER SET latin1 NOT NULL,
-        headers    LONGTEXT,
-        created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-    )";
-    let mapping = ColumnMapping {
-        payload: "note".into(),
-        payload_format: PayloadFormat::Text,
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, ddl, mapping).await;
-    let mut message = NewMessage::new("t", "grüße");
-    message.headers.insert("lang".into(), "de".into());
-    storage.insert(message.clone()).await.unwrap();
-    let got = claim(&storage, "w1", 10, LEASE).await;
-    assert_eq!(got[0].payload, "grüße".as_bytes());
-    assert_eq!(got[0].headers, message.headers);
-    let err = storage
-        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("payload_format = \"text\""),
-        "{err}"
-    );
 }
 
 /// Every problem of a table that does not fit, at once: missing columns, types the

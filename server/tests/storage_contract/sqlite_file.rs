@@ -7,7 +7,7 @@ use std::str::FromStr;
 use super::*;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Executor;
-use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use txoutbox_server::storage::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::sqlite::{SqliteStorage, BUSY_TIMEOUT};
 use txoutbox_server::storage::{StorageError, TableOptions};
 
@@ -101,6 +101,42 @@ impl SqliteBackend {
 }
 
 impl Backend for SqliteBackend {
+    fn team_ddl(&self, table: TeamTable) -> String {
+        match table {
+            TeamTable::InvoiceEvents => format!(
+                "CREATE TABLE invoice_events (
+                    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+                    invoice   TEXT,
+                    document  JSON NOT NULL,
+                    logged_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+                )"
+            ),
+            TeamTable::Notes => format!(
+                "CREATE TABLE notes (
+                    id         INTEGER PRIMARY KEY,
+                    topic      TEXT NOT NULL,
+                    key        TEXT,
+                    note       TEXT NOT NULL,
+                    headers    TEXT,
+                    created_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+                )"
+            ),
+        }
+    }
+
+    async fn produce(&self, sql: &str) {
+        let producer = self.producer().await;
+        producer
+            .execute(sql.replace("{db}.", "").as_str())
+            .await
+            .unwrap();
+        producer.close().await;
+    }
+
+    async fn own_table(&self, table: TeamTable, mapping: ColumnMapping) -> Arc<dyn Storage> {
+        Arc::new(own_table(self, &self.team_ddl(table), mapping).await)
+    }
+
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
         let setup = Setup {
             notify: false,
@@ -389,83 +425,6 @@ async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -
         .await
         .expect("the table fits its mapping");
     storage
-}
-
-#[tokio::test]
-async fn a_fixed_topic_json_table_without_headers_round_trips() {
-    let backend = SqliteBackend::new().await;
-    let ddl = format!(
-        "CREATE TABLE invoice_events (
-            id        INTEGER PRIMARY KEY AUTOINCREMENT,
-            invoice   TEXT,
-            document  JSON NOT NULL,
-            logged_at INTEGER NOT NULL DEFAULT ({NOW_MS})
-        )"
-    );
-    let mapping = ColumnMapping {
-        fixed_topic: Some("invoices".into()),
-        key: "invoice".into(),
-        payload: "document".into(),
-        payload_format: PayloadFormat::Json,
-        headers: String::new(),
-        created_at: "logged_at".into(),
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, &ddl, mapping).await;
-    let schema = storage.schema_sql();
-    assert!(
-        !schema.contains("topic") && !schema.contains("headers"),
-        "{schema}"
-    );
-
-    let first = storage
-        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
-        .await
-        .unwrap();
-    // The producer's own insert: message columns only, the relay's from their defaults.
-    let producer = backend.producer().await;
-    producer
-        .execute(r#"INSERT INTO invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
-        .await
-        .unwrap();
-    producer.close().await;
-
-    fixed_topic_json_table_holds_two_invoices(&storage, first).await;
-}
-
-#[tokio::test]
-async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
-    let backend = SqliteBackend::new().await;
-    let ddl = format!(
-        "CREATE TABLE notes (
-            id         INTEGER PRIMARY KEY,
-            topic      TEXT NOT NULL,
-            key        TEXT,
-            note       TEXT NOT NULL,
-            headers    TEXT,
-            created_at INTEGER NOT NULL DEFAULT ({NOW_MS})
-        )"
-    );
-    let mapping = ColumnMapping {
-        payload: "note".into(),
-        payload_format: PayloadFormat::Text,
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, &ddl, mapping).await;
-    let mut message = NewMessage::new("t", "grüße");
-    message.headers.insert("lang".into(), "de".into());
-    storage.insert(message.clone()).await.unwrap();
-    let got = claim(&storage, "w1", 10, LEASE).await;
-    assert_eq!(got[0].payload, "grüße".as_bytes());
-    assert_eq!(got[0].headers, message.headers);
-    let err = storage
-        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("payload_format = \"text\""),
-        "{err}"
-    );
 }
 
 /// Every problem of a table that does not fit, at once: missing columns, types the
