@@ -21,10 +21,14 @@
 // The crate root of a test resolves `mod x;` beside itself; these live in a folder.
 #[path = "storage_contract/cases.rs"]
 mod cases;
+#[path = "storage_contract/edge_cases.rs"]
+mod edge_cases;
 #[path = "storage_contract/mysql.rs"]
 mod mysql;
 #[path = "storage_contract/pg.rs"]
 mod pg;
+#[path = "storage_contract/pg_mapped.rs"]
+mod pg_mapped;
 #[path = "storage_contract/sqlite_file.rs"]
 mod sqlite_file;
 
