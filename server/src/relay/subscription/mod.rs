@@ -4,7 +4,9 @@
 //!
 //! The loop owns all state of the stream (the held rows and their deadlines, the window),
 //! so there is no locking: answers, claims, wake-ups and the drain are events of one
-//! `select!`. The storage calls run on tasks of their own, so a claim and an answer of one
+//! `select!`. The claiming side is a state machine of its own ([`claiming`]: `Ready`,
+//! `Running`, `InTransit`, and in `Ready` whether the next claim waits for a time or for
+//! the group's turn), so each arm of the `select!` is guarded by the state it belongs to. The storage calls run on tasks of their own, so a claim and an answer of one
 //! stream run at the same time: a claim woken by an insert does not wait behind an ack
 //! transaction, and acks arriving during a claim do not wait for it. At most one claim and
 //! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
