@@ -100,3 +100,28 @@ fn fnv1a32(text: &str) -> u32 {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     })
 }
+
+/// Numbered placeholders (`$5`, `?2`) handed out in order, for statements whose optional
+/// filters (a topic list, a visibility cutoff) add parameters after the fixed ones.
+pub struct Placeholders {
+    sigil: char,
+    next: usize,
+}
+
+impl Placeholders {
+    pub fn starting_at(sigil: char, first: usize) -> Self {
+        Self { sigil, next: first }
+    }
+
+    /// The next placeholder.
+    pub fn take(&mut self) -> String {
+        let placeholder = format!("{}{}", self.sigil, self.next);
+        self.next += 1;
+        placeholder
+    }
+
+    /// The number the next placeholder would have.
+    pub fn next_number(&self) -> usize {
+        self.next
+    }
+}

@@ -17,7 +17,7 @@ use super::heads;
 use super::table::{qualified, schema, StrictObjects, LIVE_COLUMNS};
 use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::ident::Ident;
-use crate::storage::names::{Dialect, Names};
+use crate::storage::names::{Dialect, Names, Placeholders};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -298,14 +298,9 @@ impl Statements {
 /// row dead-lettered for having used its attempts (true), and always a last row whose id
 /// is NULL, for the deadline from the database clock.
 fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
-    let mut next_param = 5;
-    let mut param = || {
-        let p = format!("${next_param}");
-        next_param += 1;
-        p
-    };
-    let topics_param = topics.then(&mut param);
-    let delay_param = (!shape.visibility_delay.is_zero()).then(&mut param);
+    let mut params = Placeholders::starting_at('$', 5);
+    let topics_param = topics.then(|| params.take());
+    let delay_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
         status,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use super::table::Schema;
 use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
-use crate::storage::names::{Dialect, Names};
+use crate::storage::names::{Dialect, Names, Placeholders};
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -247,14 +247,9 @@ impl Statements {
 /// A fixed topic has no topic filter: the backend decides in Rust whether a filter
 /// includes it (claim everything) or not (claim nothing).
 fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, usize) {
-    let mut next_param = 2;
-    let mut param = || {
-        let p = format!("?{next_param}");
-        next_param += 1;
-        p
-    };
-    let topics_param = topics.then(&mut param);
-    let cutoff_param = (!shape.visibility_delay.is_zero()).then(&mut param);
+    let mut params = Placeholders::starting_at('?', 2);
+    let topics_param = topics.then(|| params.take());
+    let cutoff_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
         key,
@@ -293,7 +288,7 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, u
         "SELECT o.{id} FROM {t} o \
          WHERE o.{status} = 'pending' AND o.{available_at} <= ?1{filters} ORDER BY o.{id}"
     );
-    (select, next_param)
+    (select, params.next_number())
 }
 
 /// Whether a claim would find anything: a read, answered without the write lock, so an
