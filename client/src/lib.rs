@@ -81,27 +81,44 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
+pub mod broker;
 mod connect;
 mod error;
 pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod producer;
 pub mod publisher;
+#[cfg(feature = "redis")]
+pub mod redis_stream;
 pub mod run_once;
 pub mod subscriber;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
+#[cfg(feature = "amqp")]
+pub use amqp::AmqpPublisher;
 pub use connect::connect;
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaPublisher;
 pub use message::Message;
+#[cfg(feature = "nats")]
+pub use nats::NatsPublisher;
 pub use publisher::{PublishError, Publisher};
+#[cfg(feature = "redis")]
+pub use redis_stream::RedisStreamPublisher;
 pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookPublisher;
 
 /// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the
 /// runtime does not cover.
