@@ -55,7 +55,12 @@ pub async fn outage(
     }
     let done_before = ids.len() as i64;
     ids.extend(insert_keyed_range(db, topic, OUTAGE_KEYS, half..OUTAGE_PER_KEY).await);
-    let retried = || handles.iter().map(|h| h.counters().snapshot().retried).sum::<u64>();
+    let retried = || {
+        handles
+            .iter()
+            .map(|h| h.counters().snapshot().retried)
+            .sum::<u64>()
+    };
     eventually("nacks while the link is cut", DEADLINE, || async {
         (retried() >= 3).then_some(())
     })
@@ -67,9 +72,11 @@ pub async fn outage(
     );
 
     proxy.restore();
-    eventually("every row delivered after the link is back", DEADLINE, || async {
-        (db.count("done").await == ids.len() as i64).then_some(())
-    })
+    eventually(
+        "every row delivered after the link is back",
+        DEADLINE,
+        || async { (db.count("done").await == ids.len() as i64).then_some(()) },
+    )
     .await;
     let (_, dead) = stop_all(handles).await;
     assert_eq!(dead, 0, "dead-lettered during the outage");
@@ -79,7 +86,10 @@ pub async fn outage(
 /// A name no other test uses, for broker resources (streams, exchanges, queues, keys):
 /// `brokers_` and 12 hex digits.
 pub fn unique_name() -> String {
-    format!("brokers_{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "brokers_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 /// `keys` keys with `per_key` messages each, interleaved (k0:0, k1:0, ..., k0:1, ...),

@@ -14,9 +14,10 @@ use txoutbox_client::amqp::lapin::types::{AMQPValue, FieldTable};
 use txoutbox_client::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use txoutbox_client::amqp::AmqpPublisher;
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all,
-    unique_name, Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
+    Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
+use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 const RABBIT: &str = "127.0.0.1:5672";
@@ -97,7 +98,13 @@ impl TestExchange {
                     other => panic!("header {name}: {other:?}"),
                 })
                 .collect();
-            let id: i64 = properties.message_id().as_ref().unwrap().as_str().parse().unwrap();
+            let id: i64 = properties
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .as_str()
+                .parse()
+                .unwrap();
             assert_eq!(headers["txoutbox-id"], id.to_string());
             assert_eq!(properties.delivery_mode(), &Some(2), "persistent");
             assert_eq!(got.delivery.routing_key.as_str(), headers["txoutbox-topic"]);
@@ -206,7 +213,10 @@ async fn an_unroutable_message_is_dead_lettered_unless_retrying_is_asked_for() {
     let (status, attempts, error) = db.row(unroutable).await;
     assert_eq!((status.as_str(), attempts), ("dead", 1));
     let error = error.unwrap();
-    assert!(error.contains("routing key `invoices.sent`") && error.contains("NO_ROUTE"), "{error}");
+    assert!(
+        error.contains("routing key `invoices.sent`") && error.contains("NO_ROUTE"),
+        "{error}"
+    );
 
     // With retry_unroutable, the same message is nacked until a queue is bound for it.
     let again = db.insert("invoices.sent", None, b"later").await;
@@ -237,6 +247,23 @@ async fn an_unroutable_message_is_dead_lettered_unless_retrying_is_asked_for() {
     stop_all(handles).await;
     let read = exchange.read().await;
     assert_eq!(read.last().unwrap().payload, "later");
+    exchange.delete().await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_amqp_command_delivers_in_order_and_stops_on_sigterm() {
+    let exchange = TestExchange::create().await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
+
+    let uri = uri(RABBIT);
+    let args = ["--amqp", &uri, "--exchange", &exchange.name];
+    let status = relay_until_done(&server, &db, ids.len(), &args).await;
+    assert_eq!(status.code(), Some(0));
+
+    assert_complete_and_in_order(&exchange.read().await, &ids, 5);
     exchange.delete().await;
     db.drop().await;
 }

@@ -10,9 +10,10 @@ use txoutbox_client::nats::async_nats::jetstream::{self, stream};
 use txoutbox_client::nats::NatsPublisher;
 use txoutbox_client::producer::{NewMessage, OutboxTable};
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all,
-    unique_name, Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
+    Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
+use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 const NATS: &str = "127.0.0.1:4222";
@@ -60,7 +61,10 @@ impl TestStream {
                 payload: String::from_utf8(message.payload.to_vec()).unwrap(),
                 headers,
             };
-            assert_eq!(message.subject.as_str(), format!("{}.{}", self.name, delivered.topic));
+            assert_eq!(
+                message.subject.as_str(),
+                format!("{}.{}", self.name, delivered.topic)
+            );
             read.push((delivered, header("Nats-Msg-Id").unwrap()));
         }
         read
@@ -99,7 +103,11 @@ async fn three_subscribers_deliver_keys_headers_and_ids_in_order() {
     let delivered: Vec<Delivered> = read.iter().map(|(d, _)| d.clone()).collect();
     assert_complete_and_in_order(&delivered, &ids, 8);
     for (message, msg_id) in &read {
-        assert_eq!(msg_id, &message.id.to_string(), "Nats-Msg-Id is the outbox id");
+        assert_eq!(
+            msg_id,
+            &message.id.to_string(),
+            "Nats-Msg-Id is the outbox id"
+        );
         assert_eq!(message.topic, "orders.paid");
     }
     stream.delete().await;
@@ -123,7 +131,10 @@ async fn outage_test(cut: Cut) {
     let mut nacked = 0;
     for id in &ids {
         if let (_, _, Some(error)) = db.row(*id).await {
-            assert!(error.starts_with(&format!("nats subject `{}.orders`", stream.name)), "{error}");
+            assert!(
+                error.starts_with(&format!("nats subject `{}.orders`", stream.name)),
+                "{error}"
+            );
             nacked += 1;
         }
     }
@@ -177,10 +188,43 @@ async fn no_stream_for_the_subject_and_a_rejected_message_are_dead_lettered() {
     assert_eq!(db.row(ids["fits"]).await.0, "done");
     let (status, attempts, error) = db.row(ids["too-big"]).await;
     assert_eq!((status.as_str(), attempts), ("dead", 1));
-    assert!(error.unwrap().contains("message size exceeds maximum"), "too-big");
+    assert!(
+        error.unwrap().contains("message size exceeds maximum"),
+        "too-big"
+    );
     let (status, attempts, error) = db.row(ids["nowhere"]).await;
     assert_eq!((status.as_str(), attempts), ("dead", 1));
     assert!(error.unwrap().contains("no stream found"), "nowhere");
+    stream.delete().await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_nats_command_delivers_in_order_and_stops_on_sigterm() {
+    let stream = TestStream::create().await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
+
+    let prefix = format!("{}.", stream.name);
+    let servers = format!("nats://{NATS}");
+    let args = [
+        "--nats",
+        &servers,
+        "--topic-prefix",
+        &prefix,
+        "--msg-id-prefix",
+        "cli-",
+    ];
+    let status = relay_until_done(&server, &db, ids.len(), &args).await;
+    assert_eq!(status.code(), Some(0));
+
+    let read = stream.read().await;
+    let delivered: Vec<Delivered> = read.iter().map(|(d, _)| d.clone()).collect();
+    assert_complete_and_in_order(&delivered, &ids, 5);
+    assert!(read
+        .iter()
+        .all(|(d, msg_id)| *msg_id == format!("cli-{}", d.id)));
     stream.delete().await;
     db.drop().await;
 }

@@ -10,9 +10,10 @@ use txoutbox_client::redis_stream::redis::streams::StreamRangeReply;
 use txoutbox_client::redis_stream::redis::{self, AsyncCommands};
 use txoutbox_client::redis_stream::RedisStreamPublisher;
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all,
-    unique_name, Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
+    Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
+use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 const REDIS: &str = "127.0.0.1:6379";
@@ -59,7 +60,11 @@ impl TestKeys {
     }
 
     async fn delete(mut self) {
-        let keys: Vec<String> = self.connection.keys(format!("{}*", self.prefix)).await.unwrap();
+        let keys: Vec<String> = self
+            .connection
+            .keys(format!("{}*", self.prefix))
+            .await
+            .unwrap();
         if !keys.is_empty() {
             let _: () = self.connection.del(keys).await.unwrap();
         }
@@ -137,7 +142,9 @@ async fn a_key_that_is_not_a_stream_dead_letters_and_max_len_trims() {
     let _: () = keys.connection.set(&wrong, "a string").await.unwrap();
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
-    let fine = db.insert_many("trimmed", &vec![(None, b"x".to_vec()); 300]).await;
+    let fine = db
+        .insert_many("trimmed", &vec![(None, b"x".to_vec()); 300])
+        .await;
     let bad = db.insert("wrongtype", None, b"nope").await;
 
     let redis = RedisStreamPublisher::builder(format!("redis://{REDIS}"))
@@ -156,8 +163,36 @@ async fn a_key_that_is_not_a_stream_dead_letters_and_max_len_trims() {
     assert_eq!((status.as_str(), attempts), ("dead", 1));
     assert!(error.unwrap().contains("WRONGTYPE"));
     // MAXLEN ~ trims whole macro nodes: about 10, never all 300.
-    let length: usize = keys.connection.xlen(format!("{}trimmed", keys.prefix)).await.unwrap();
+    let length: usize = keys
+        .connection
+        .xlen(format!("{}trimmed", keys.prefix))
+        .await
+        .unwrap();
     assert!((10..fine.len()).contains(&length), "{length} entries");
+    keys.delete().await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_redis_command_delivers_in_order_and_stops_on_sigterm() {
+    let mut keys = TestKeys::new().await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
+
+    let url = format!("redis://{REDIS}");
+    let args = [
+        "--redis",
+        &url,
+        "--topic-prefix",
+        &keys.prefix,
+        "--max-len",
+        "1000",
+    ];
+    let status = relay_until_done(&server, &db, ids.len(), &args).await;
+    assert_eq!(status.code(), Some(0));
+
+    assert_complete_and_in_order(&keys.read("orders.paid").await, &ids, 5);
     keys.delete().await;
     db.drop().await;
 }

@@ -15,6 +15,7 @@ use txoutbox_tests::brokers::{
     assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, Cut,
     Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
+use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 const SECRET: &str = "whsec-test";
@@ -94,8 +95,14 @@ fn check(headers: &HeaderMap, body: &[u8]) -> Delivered {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs();
-    assert!(now.abs_diff(fields["t"].parse().unwrap()) < 300, "{signature}");
-    assert_eq!(header("content-type").as_deref(), Some("application/octet-stream"));
+    assert!(
+        now.abs_diff(fields["t"].parse().unwrap()) < 300,
+        "{signature}"
+    );
+    assert_eq!(
+        header("content-type").as_deref(),
+        Some("application/octet-stream")
+    );
     Delivered {
         id: header("txoutbox-id").unwrap().parse().unwrap(),
         topic: header("txoutbox-topic").unwrap(),
@@ -214,11 +221,30 @@ async fn a_4xx_dead_letters_while_503_429_and_listed_statuses_are_retried() {
     let (status, attempts, error) = db.row(ids["422"]).await;
     assert_eq!((status.as_str(), attempts), ("dead", 1));
     let error = error.unwrap();
-    assert!(error.contains("answered 422 Unprocessable Entity: answer from the test"), "{error}");
+    assert!(
+        error.contains("answered 422 Unprocessable Entity: answer from the test"),
+        "{error}"
+    );
     for retried in ["503", "429", "409"] {
         let (status, attempts, _) = db.row(ids[retried]).await;
         assert_eq!((status.as_str(), attempts), ("done", 2), "{retried}");
     }
     assert_eq!(db.row(ids["200"]).await.0, "done");
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_webhook_command_delivers_signed_requests_and_stops_on_sigterm() {
+    let receiver = Receiver::start(always_ok()).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
+
+    let url = format!("http://{}/hook", receiver.address);
+    let args = ["--webhook", &url, "--webhook-secret", SECRET];
+    let status = relay_until_done(&server, &db, ids.len(), &args).await;
+    assert_eq!(status.code(), Some(0));
+
+    assert_complete_and_in_order(&receiver.accepted(), &ids, 5);
     db.drop().await;
 }
