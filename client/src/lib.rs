@@ -12,7 +12,10 @@
 //! - [`producer`] (features `postgres`, on by default, `mysql` and `sqlite`): insert outbox
 //!   rows inside your own sqlx transaction, so they commit with your data.
 //! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
-//!   confirms delivery before the row is acked.
+//!   confirms delivery before the row is acked; likewise `nats` (`NatsPublisher`,
+//!   JetStream), `amqp` (`AmqpPublisher`, RabbitMQ), `webhook` (`WebhookPublisher`, signed
+//!   HTTP POSTs) and `redis_stream` (`RedisStreamPublisher`), each behind the feature of
+//!   its name (`redis` for Redis); [`broker`] holds what they share.
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
 //!   [`proto`] for the admin calls and the raw protocol.
 //!

@@ -45,7 +45,10 @@ async fn node_subscriber_receives_and_acks_in_order() {
         assert_eq!(line["key"], json!(key), "{line}");
         assert_eq!(line["payload"], payload, "{line}");
         assert_eq!(line["headers"], json!({"source": "e2e"}), "{line}");
-        assert_eq!((line["attempts"].clone(), line["answer"].clone()), (json!(1), json!("ack")));
+        assert_eq!(
+            (line["attempts"].clone(), line["answer"].clone()),
+            (json!(1), json!("ack"))
+        );
     }
     assert_eq!(db.count("done").await, 5);
     db.drop().await;
@@ -68,7 +71,11 @@ async fn node_subscriber_nacks_with_a_delay_and_sees_each_message_again_in_key_o
             .filter(|line| line["id"] == json!(id))
             .map(|line| (line["attempts"].clone(), line["answer"].clone()))
             .collect();
-        assert_eq!(deliveries, [(json!(1), json!("nack")), (json!(2), json!("ack"))], "message {id}");
+        assert_eq!(
+            deliveries,
+            [(json!(1), json!("nack")), (json!(2), json!("ack"))],
+            "message {id}"
+        );
     }
     for key in ["customer-1", "customer-2"] {
         let acked: Vec<i64> = lines
@@ -76,12 +83,18 @@ async fn node_subscriber_nacks_with_a_delay_and_sees_each_message_again_in_key_o
             .filter(|line| line["key"] == key && line["answer"] == "ack")
             .map(|line| line["id"].as_i64().unwrap())
             .collect();
-        assert!(acked.is_sorted() && acked.len() == 2, "key {key}: {acked:?}");
+        assert!(
+            acked.is_sorted() && acked.len() == 2,
+            "key {key}: {acked:?}"
+        );
     }
     for id in ids {
         let (status, attempts, error) = db.row(id).await;
         assert_eq!((status.as_str(), attempts), ("done", 2), "row {id}");
-        assert!(error.unwrap_or_default().contains("nacked on purpose"), "row {id}");
+        assert!(
+            error.unwrap_or_default().contains("nacked on purpose"),
+            "row {id}"
+        );
     }
     db.drop().await;
 }
@@ -93,14 +106,29 @@ async fn node_subscriber_extends_leases_while_a_publish_is_slow() {
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
     for n in 0..3 {
-        db.insert("orders.created", Some("one-key"), format!("slow {n}").as_bytes()).await;
+        db.insert(
+            "orders.created",
+            Some("one-key"),
+            format!("slow {n}").as_bytes(),
+        )
+        .await;
     }
 
-    let args = ["--count", "3", "--lease-ms", "600", "--publish-delay-ms", "1500"];
+    let args = [
+        "--count",
+        "3",
+        "--lease-ms",
+        "600",
+        "--publish-delay-ms",
+        "1500",
+    ];
     let (lines, stderr) = run_to_end(spawn(&server.address, &args)).await;
 
     assert_eq!(lines.len(), 3, "{lines:#?}");
-    assert!(lines.iter().all(|l| l["attempts"] == 1), "redelivered: {lines:#?}");
+    assert!(
+        lines.iter().all(|l| l["attempts"] == 1),
+        "redelivered: {lines:#?}"
+    );
     assert!(!stderr.contains("leases ran out"), "{stderr}");
     assert_eq!(db.count("done").await, 3);
     db.drop().await;
@@ -145,7 +173,10 @@ async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     let server = Server::start_serving(&db.config("")).await;
     let (code, stderr) = run_failing(spawn_raw(&server.address, &["--outbox", "nope"])).await;
     assert_eq!(code, 1, "{stderr}");
-    assert!(stderr.contains("NOT_FOUND") && stderr.contains("`nope`"), "{stderr}");
+    assert!(
+        stderr.contains("NOT_FOUND") && stderr.contains("`nope`"),
+        "{stderr}"
+    );
     db.drop().await;
 }
 
@@ -184,7 +215,9 @@ async fn run_to_end(child: Child) -> (Vec<Value>, String) {
     assert_eq!(code, 0, "the Node subscriber failed; its stderr is above");
     let lines = stdout
         .lines()
-        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}")))
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON: {line:?}: {e}"))
+        })
         .collect();
     (lines, stderr)
 }
@@ -209,7 +242,10 @@ async fn wait(mut child: Child) -> (i32, String, String) {
     let Ok(status) = status else {
         panic!("the Node subscriber did not exit within {SCRIPT_TIMEOUT:?}; stdout:\n{stdout}");
     };
-    let code = status.unwrap().code().expect("exited, not killed by a signal");
+    let code = status
+        .unwrap()
+        .code()
+        .expect("exited, not killed by a signal");
     (code, stdout, stderr)
 }
 
