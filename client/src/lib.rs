@@ -93,7 +93,7 @@ pub mod publisher;
 pub mod run_once;
 pub mod subscriber;
 
-pub use connect::connect;
+pub use connect::{connect, connect_with, BearerToken, Connection, Credentials};
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
 #[cfg(feature = "kafka")]
