@@ -91,3 +91,58 @@ fn client_params(common_name: &str) -> CertificateParams {
     params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     params
 }
+
+/// The files of a TLS server in a directory of the test's own: `ca.pem` and the server's
+/// `server.pem` / `server.key` it signed, with the `[server.tls]` table naming them.
+pub struct TlsFiles {
+    pub dir: tempfile::TempDir,
+    pub ca: Ca,
+}
+
+impl TlsFiles {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("txoutbox test CA");
+        ca.write(dir.path(), "ca");
+        ca.server(dir.path(), "server");
+        Self { dir, ca }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// `[server.tls]` with these files, reloaded every 200 ms; `mutual` trusts `ca.pem`
+    /// for client certificates too.
+    pub fn config(&self, mutual: bool) -> String {
+        let mut tls = format!(
+            "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nreload_interval = \"200ms\"\n",
+            self.path("server.pem").display(),
+            self.path("server.key").display()
+        );
+        if mutual {
+            tls.push_str(&format!(
+                "client_ca = \"{}\"\n",
+                self.path("ca.pem").display()
+            ));
+        }
+        tls
+    }
+}
+
+impl Default for TlsFiles {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `[server.auth.identities.NAME]` with the SHA-256 of `token` and `grants`, a TOML
+/// inline table such as `{ orders = ["subscribe"] }`.
+pub fn token_identity(name: &str, token: &str, grants: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let hash: String = Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("\n[server.auth.identities.{name}]\ntoken_sha256 = \"{hash}\"\ngrants = {grants}\n")
+}

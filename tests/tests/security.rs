@@ -6,7 +6,6 @@
 
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
@@ -17,20 +16,13 @@ use txoutbox_proto::v1::admin_client::AdminClient;
 use txoutbox_proto::v1::relay_client::RelayClient;
 use txoutbox_proto::v1::subscribe_request::Request as Req;
 use txoutbox_proto::v1::{self};
-use txoutbox_tests::pki::Ca;
+use txoutbox_tests::pki::{token_identity, Ca, TlsFiles};
 use txoutbox_tests::server::run_to_exit;
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
 const SUBSCRIBER_TOKEN: &str = "sub-3f9a1c";
 const INSERTER_TOKEN: &str = "ins-77b2e0";
 const OPERATOR_TOKEN: &str = "ops-c41d9a";
-
-fn sha256(token: &str) -> String {
-    Sha256::digest(token.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
 
 /// Two outboxes, `orders` and `payments`, and `server_extra` appended (TOML tables).
 fn config(db: &TestDb, server_extra: &str) -> String {
@@ -52,24 +44,16 @@ create_schema = true
 /// Three identities by token: a subscriber of `orders`, an inserter into `orders`, and an
 /// operator with `admin` on every outbox.
 fn identities() -> String {
-    format!(
-        r#"
-[server.auth.identities.orders-relay]
-token_sha256 = "{sub}"
-grants = {{ orders = ["subscribe"] }}
-
-[server.auth.identities.checkout]
-token_sha256 = "{ins}"
-grants = {{ orders = ["insert"] }}
-
-[server.auth.identities.ops]
-token_sha256 = "{ops}"
-grants = {{ "*" = ["admin"] }}
-"#,
-        sub = sha256(SUBSCRIBER_TOKEN),
-        ins = sha256(INSERTER_TOKEN),
-        ops = sha256(OPERATOR_TOKEN),
-    )
+    [
+        token_identity(
+            "orders-relay",
+            SUBSCRIBER_TOKEN,
+            r#"{ orders = ["subscribe"] }"#,
+        ),
+        token_identity("checkout", INSERTER_TOKEN, r#"{ orders = ["insert"] }"#),
+        token_identity("ops", OPERATOR_TOKEN, r#"{ "*" = ["admin"] }"#),
+    ]
+    .concat()
 }
 
 fn with_token<T>(message: T, token: Option<&str>) -> Request<T> {
@@ -315,11 +299,12 @@ async fn every_rpc_needs_a_credential_and_its_scope() {
 #[tokio::test]
 async fn admin_actions_are_audited_with_the_identity() {
     let db = TestDb::new().await;
-    let extra = format!(
-        "{}\n[server.auth.identities.ops-insert]\ntoken_sha256 = \"{}\"\ngrants = {{ orders = [\"insert\", \"admin\"] }}\n",
-        identities(),
-        sha256("ops-insert-token")
-    );
+    let extra = identities()
+        + &token_identity(
+            "ops-insert",
+            "ops-insert-token",
+            r#"{ orders = ["insert", "admin"] }"#,
+        );
     let server = Server::start(&config(&db, &extra)).await;
     server.wait_serving("orders").await;
     let mut admin = server.admin().await;
@@ -468,27 +453,23 @@ async fn open_stream(
 #[tokio::test]
 async fn limits_per_identity_are_resource_exhausted_naming_the_limit() {
     let db = TestDb::new().await;
-    let extra = format!(
-        r#"
-[server.auth.identities.one-stream]
-token_sha256 = "{}"
-grants = {{ orders = ["subscribe"] }}
-limits = {{ max_streams = 1 }}
-
-[server.auth.identities.small-window]
-token_sha256 = "{}"
-grants = {{ orders = ["subscribe"] }}
-limits = {{ max_messages_in_flight = 100 }}
-
-[server.auth.identities.slow-caller]
-token_sha256 = "{}"
-grants = {{ orders = ["subscribe"] }}
-limits = {{ max_calls_per_second = 3 }}
-"#,
-        sha256("one-stream"),
-        sha256("small-window"),
-        sha256("slow-caller")
-    );
+    let extra = [
+        token_identity("one-stream", "one-stream", r#"{ orders = ["subscribe"] }"#),
+        "limits = { max_streams = 1 }\n".to_owned(),
+        token_identity(
+            "small-window",
+            "small-window",
+            r#"{ orders = ["subscribe"] }"#,
+        ),
+        "limits = { max_messages_in_flight = 100 }\n".to_owned(),
+        token_identity(
+            "slow-caller",
+            "slow-caller",
+            r#"{ orders = ["subscribe"] }"#,
+        ),
+        "limits = { max_calls_per_second = 3 }\n".to_owned(),
+    ]
+    .concat();
     let server = Server::start(&config(&db, &extra)).await;
     server.wait_serving("orders").await;
     let channel = server.channel().await;
@@ -602,42 +583,17 @@ async fn other_machines_are_served_only_with_tls_and_credentials_or_when_told_to
     db.drop().await;
 }
 
-/// A TLS server for `ca`'s certificate, with the three token identities, and optionally
-/// mutual TLS trusting `client_ca` (identity `orders-relay` also by certificate name).
-struct TlsSetup {
-    dir: tempfile::TempDir,
-    ca: Ca,
-}
-
-impl TlsSetup {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let ca = Ca::new("txoutbox test CA");
-        ca.write(dir.path(), "ca");
-        ca.server(dir.path(), "server");
-        Self { dir, ca }
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.dir.path().join(name).display().to_string()
-    }
-
-    fn server_config(&self, db: &TestDb, mutual: bool) -> String {
-        let mut tls = format!(
-            "[server.tls]\ncert = \"{}\"\nkey = \"{}\"\nreload_interval = \"200ms\"\n",
-            self.path("server.pem"),
-            self.path("server.key")
+/// A TLS server's configuration: `files`, the token identities, and under mutual TLS the
+/// identity `orders-relay` also by the certificate name `orders-relay.example`.
+fn tls_config(db: &TestDb, files: &TlsFiles, mutual: bool) -> String {
+    let mut identities = identities();
+    if mutual {
+        identities = identities.replace(
+            "grants = { orders = [\"subscribe\"] }",
+            "certificate_names = [\"orders-relay.example\"]\ngrants = { orders = [\"subscribe\"] }",
         );
-        let mut identities = identities();
-        if mutual {
-            tls.push_str(&format!("client_ca = \"{}\"\n", self.path("ca.pem")));
-            identities = identities.replace(
-                "grants = { orders = [\"subscribe\"] }",
-                "certificate_names = [\"orders-relay.example\"]\ngrants = { orders = [\"subscribe\"] }",
-            );
-        }
-        config(db, &format!("{tls}\n{identities}"))
     }
+    config(db, &format!("{}\n{identities}", files.config(mutual)))
 }
 
 /// Lists the outboxes over `https://` with these credentials: the names, or why not
@@ -666,8 +622,8 @@ fn trusting(ca: &Path) -> Credentials {
 #[tokio::test]
 async fn tls_serves_only_tls_and_a_rotated_certificate_needs_no_restart() {
     let db = TestDb::new().await;
-    let setup = TlsSetup::new();
-    let server = Server::start(&setup.server_config(&db, false)).await;
+    let setup = TlsFiles::new();
+    let server = Server::start(&tls_config(&db, &setup, false)).await;
     let ca = setup.dir.path().join("ca.pem");
 
     let listed = list_over_tls(&server, trusting(&ca).bearer_token(OPERATOR_TOKEN).unwrap())
@@ -715,8 +671,8 @@ async fn tls_serves_only_tls_and_a_rotated_certificate_needs_no_restart() {
 #[tokio::test]
 async fn mutual_tls_names_the_identity_and_refuses_bad_client_certificates() {
     let db = TestDb::new().await;
-    let setup = TlsSetup::new();
-    let server = Server::start(&setup.server_config(&db, true)).await;
+    let setup = TlsFiles::new();
+    let server = Server::start(&tls_config(&db, &setup, true)).await;
     let dir = setup.dir.path();
     let ca = dir.join("ca.pem");
     let client = |pair: &txoutbox_tests::pki::Pair| {
