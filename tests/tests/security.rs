@@ -722,3 +722,61 @@ async fn mutual_tls_names_the_identity_and_refuses_bad_client_certificates() {
     assert!(server.log_contains("TLS handshake failed"));
     db.drop().await;
 }
+
+#[tokio::test]
+async fn sighup_reloads_the_certificates_at_once() {
+    let db = TestDb::new().await;
+    let files = TlsFiles::new();
+    // Files are checked only hourly: the reload below is SIGHUP's doing.
+    let config = tls_config(&db, &files, false)
+        .replace("reload_interval = \"200ms\"", "reload_interval = \"1h\"");
+    let server = Server::start(&config).await;
+    let other = Ca::new("next CA");
+    let other_ca = other.write(files.dir.path(), "next-ca");
+    let rotated = other.server(files.dir.path(), "rotated");
+    std::fs::copy(&rotated.key, files.path("server.key")).unwrap();
+    std::fs::copy(&rotated.cert, files.path("server.pem")).unwrap();
+    server.hangup();
+    let listed = eventually("the certificate reloaded on SIGHUP", DEADLINE, || {
+        let credentials = trusting(&other_ca).bearer_token(OPERATOR_TOKEN).unwrap();
+        let server = &server;
+        async move { list_over_tls(server, credentials).await.ok() }
+    })
+    .await;
+    assert_eq!(listed, ["orders", "payments"]);
+    assert!(server.log_contains("SIGHUP"));
+    db.drop().await;
+}
+
+#[tokio::test]
+async fn health_needs_a_credential_when_it_is_not_public() {
+    let db = TestDb::new().await;
+    let extra = format!("[server.auth]\npublic_health = false\n{}", identities());
+    let server = Server::start(&config(&db, &extra)).await;
+    let mut health = tonic_health::pb::health_client::HealthClient::new(server.channel().await);
+    let check = |token| {
+        with_token(
+            tonic_health::pb::HealthCheckRequest {
+                service: "orders".into(),
+            },
+            token,
+        )
+    };
+    let refused = health.check(check(None)).await.unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
+    eventually("orders SERVING to an identity", DEADLINE, || {
+        let mut health = health.clone();
+        async move {
+            let status = health
+                .check(check(Some(SUBSCRIBER_TOKEN)))
+                .await
+                .ok()?
+                .into_inner()
+                .status();
+            (status == tonic_health::pb::health_check_response::ServingStatus::Serving)
+                .then_some(())
+        }
+    })
+    .await;
+    db.drop().await;
+}
