@@ -5,6 +5,7 @@
 //! - [`storage`]: the [`storage::Storage`] trait and one module per backend;
 //! - [`relay`]: outboxes, retry policy, and the subscription loop behind `Subscribe`;
 //! - [`grpc`]: the services, which only translate protobuf to relay calls;
+//! - [`security`]: TLS, credentials and scopes (one tower layer), limits per identity, audit;
 //! - [`health`], [`telemetry`]: operations.
 
 pub mod app;
@@ -13,6 +14,7 @@ pub mod config;
 pub mod grpc;
 pub mod health;
 pub mod relay;
+pub mod security;
 pub mod storage;
 pub mod telemetry;
 
