@@ -34,6 +34,7 @@ The shape of the conversation, in protocol terms:
 """
 
 import argparse
+import collections
 import hashlib
 import importlib.metadata
 import json
@@ -123,7 +124,57 @@ def parse_args():
                         help="seconds to wait for the server to accept a connection")
     parser.add_argument("--proto-dir", type=Path, default=DEFAULT_PROTO_DIR,
                         help="directory holding txoutbox/v1/*.proto")
-    return parser.parse_args()
+    parser.add_argument("--token", default=os.environ.get("TXOUTBOX_TOKEN"),
+                        help="bearer token of an identity the server knows (default: $TXOUTBOX_TOKEN)")
+    parser.add_argument("--tls-ca", type=Path,
+                        help="connect with TLS, trusting this CA certificate (PEM)")
+    parser.add_argument("--tls-cert", type=Path,
+                        help="mutual TLS: this client certificate (PEM), with --tls-key")
+    parser.add_argument("--tls-key", type=Path, help="the client certificate's private key (PEM)")
+    parser.add_argument("--tls", action="store_true",
+                        help="connect with TLS, trusting the system's CA certificates")
+    args = parser.parse_args()
+    if (args.tls_cert is None) != (args.tls_key is None):
+        parser.error("--tls-cert and --tls-key go together")
+    return args
+
+
+def open_channel(args):
+    """A plain channel, or a TLS one when any --tls option is given; the token, if any,
+    goes with every call (gRPC sends call credentials only over TLS, hence the
+    interceptor on plain channels, where the server is on loopback)."""
+    use_tls = args.tls or args.tls_ca or args.tls_cert
+    if use_tls:
+        read = lambda path: path.read_bytes() if path else None
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=read(args.tls_ca),
+            private_key=read(args.tls_key),
+            certificate_chain=read(args.tls_cert),
+        )
+        channel = grpc.secure_channel(args.server, credentials)
+    else:
+        channel = grpc.insecure_channel(args.server)
+    if args.token:
+        metadata = (("authorization", f"Bearer {args.token}"),)
+
+        class Details(collections.namedtuple("Details", ("method", "timeout", "metadata",
+                      "credentials", "wait_for_ready", "compression")), grpc.ClientCallDetails):
+            pass
+
+        class Token(grpc.UnaryUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+            def _with_token(self, details):
+                return Details(details.method, details.timeout,
+                               list(details.metadata or ()) + list(metadata),
+                               details.credentials, details.wait_for_ready, details.compression)
+
+            def intercept_unary_unary(self, continuation, details, request):
+                return continuation(self._with_token(details), request)
+
+            def intercept_stream_stream(self, continuation, details, requests):
+                return continuation(self._with_token(details), requests)
+
+        channel = grpc.intercept_channel(channel, Token())
+    return channel
 
 
 def log(text):
@@ -164,7 +215,7 @@ def run(args, pb, pb_grpc):
         lease_ms=args.lease_ms,
     )))
 
-    with grpc.insecure_channel(args.server) as channel:
+    with open_channel(args) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=args.connect_timeout)
         except grpc.FutureTimeoutError:

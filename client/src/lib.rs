@@ -107,7 +107,7 @@ pub mod worker;
 
 #[cfg(feature = "amqp")]
 pub use amqp::AmqpPublisher;
-pub use connect::connect;
+pub use connect::{connect, connect_with, BearerToken, Connection, Credentials};
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
 #[cfg(feature = "kafka")]

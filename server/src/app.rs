@@ -19,6 +19,9 @@ use crate::grpc::relay_service::RelayService;
 use crate::health;
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
+use crate::security::layer::AuthLayer;
+use crate::security::tls::ReloadingTls;
+use crate::security::{self, Access};
 use crate::storage::columns::Columns;
 use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
@@ -194,29 +197,55 @@ pub async fn run(
         .context("building the reflection service")?;
 
     let address = listener.local_addr()?;
+    let access = Arc::new(Access::from_config(&config.server.auth)?);
+    let tls = config
+        .server
+        .tls
+        .as_ref()
+        .map(ReloadingTls::load)
+        .transpose()
+        .context("server.tls")?;
     let stop_serving = CancellationToken::new();
-    let server = Server::builder()
+    let router = Server::builder()
         // Detects subscribers behind a cut network, so their leases come back promptly.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         // Streams per connection: a client opening more waits for one to end (tonic
         // passes "unlimited" to hyper otherwise).
         .max_concurrent_streams(config.server.max_streams_per_connection)
+        .layer(AuthLayer::new(Arc::clone(&access)))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RelayServer::new(RelayService::new(
             Arc::clone(&relay),
             drain.clone(),
         )))
-        .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))))
+        .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))));
+    let stopped = stop_serving.clone().cancelled_owned();
+    let mut server = match &tls {
+        Some(tls) => {
+            tokio::spawn(Arc::clone(tls).watch(stop_serving.clone()));
+            let incoming = security::tls::incoming(listener, Arc::clone(tls), stop_serving.clone());
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
         // Nagle would hold each small batch or confirmation back by tens of milliseconds.
-        .serve_with_incoming_shutdown(
+        None => tokio::spawn(router.serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stop_serving.clone().cancelled_owned(),
-        );
-    let mut server = tokio::spawn(server);
+            stopped,
+        )),
+    };
     let outboxes: Vec<&str> = relay.outboxes().map(|o| o.name.as_str()).collect();
-    tracing::info!(%address, outboxes = ?outboxes, "txoutboxd listening");
+    tracing::info!(
+        %address,
+        outboxes = ?outboxes,
+        tls = tls.is_some(),
+        mutual_tls = config.server.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
+        identities = config.server.auth.identities.len(),
+        "txoutboxd listening"
+    );
+    if !access.enabled() && !address.ip().is_loopback() {
+        tracing::warn!(%address, "serving without credentials on an address other machines can reach (server.allow_insecure = true): anyone who reaches it may read and purge every outbox");
+    }
 
     tokio::select! {
         () = shutdown => {}

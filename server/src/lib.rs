@@ -12,6 +12,7 @@
 //! - [`relay`]: outboxes, idle polling, retry policy, and the subscription loop behind
 //!   `Subscribe` (its claiming side a state machine, `relay/subscription/claiming.rs`);
 //! - [`grpc`]: the services, which only translate protobuf to relay calls;
+//! - [`security`]: TLS, credentials and scopes (one tower layer), limits per identity, audit;
 //! - [`health`] (verifies each table; ensures it where `create_schema` allows),
 //!   [`telemetry`]: operations.
 
@@ -21,6 +22,7 @@ pub mod config;
 pub mod grpc;
 pub mod health;
 pub mod relay;
+pub mod security;
 pub mod storage;
 pub mod telemetry;
 

@@ -16,6 +16,7 @@ pub mod journal;
 pub mod mariadb;
 pub mod outbox_db;
 pub mod pg_link;
+pub mod pki;
 pub mod relay_cli;
 pub mod server;
 pub mod sqlite_db;

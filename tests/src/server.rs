@@ -186,6 +186,11 @@ impl Server {
         self.signal("-TERM");
     }
 
+    /// Sends SIGHUP: the TLS certificates are read again.
+    pub fn hangup(&self) {
+        self.signal("-HUP");
+    }
+
     /// Sends SIGKILL: no drain, no goodbye.
     pub fn kill(&self) {
         self.signal("-KILL");

@@ -13,6 +13,7 @@ use rdkafka::mocking::MockCluster;
 use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
 use kafka_common::{by_key, consume, insert_keyed};
@@ -383,5 +384,74 @@ async fn relay_to_kafka_delivers_in_order_and_stops_on_sigterm() {
     for (key, seqs) in by_key(&records) {
         assert_eq!(seqs, (0..5).collect::<Vec<_>>(), "key {key}");
     }
+    db.drop().await;
+}
+
+/// Issue 12: `--tls-ca` and `--token` (or `TXOUTBOX_TOKEN`), and `--tls-cert`/`--tls-key`
+/// under mutual TLS; addresses default to https:// with any TLS option.
+#[tokio::test]
+async fn cli_speaks_tls_with_a_token_or_a_client_certificate() {
+    let db = TestDb::new().await;
+    let files = TlsFiles::new();
+    let identity = token_identity("ops", "ops-token", r#"{ "*" = ["admin"] }"#)
+        + "certificate_names = [\"ops.example\"]\n";
+    let config = format!("{}\n{}\n{identity}", db.config(""), files.config(true))
+        .replace("client_ca =", "client_cert_optional = true\nclient_ca =");
+    let server = Server::start(&config).await;
+    let ca = files.path("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let address = server.address.as_str();
+
+    let output = txoutbox(
+        address,
+        &[
+            "--tls-ca",
+            ca,
+            "--token",
+            "ops-token",
+            "--outbox",
+            "orders",
+            "stats",
+            "--format",
+            "json",
+        ],
+    )
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+    let stats: Value = serde_json::from_str(stdout(&output).trim()).unwrap();
+    assert_eq!(stats["outbox"], "orders", "{stats}");
+
+    let output = txoutbox(address, &["--tls-ca", ca, "--outbox", "orders", "stats"]).await;
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("credential"),
+        "{}",
+        stderr(&output)
+    );
+
+    let client = files.ca.client(files.dir.path(), "ops", "ops.example");
+    let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+    let output = txoutbox(
+        address,
+        &[
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+            "--outbox",
+            "orders",
+            "stats",
+        ],
+    )
+    .await;
+    assert!(output.status.success(), "{}", stderr(&output));
+
+    // A plain http:// address with TLS options says what to change.
+    let plain = format!("http://{address}");
+    let output = txoutbox(&plain, &["--tls-ca", ca, "stats"]).await;
+    assert_eq!(output.status.code(), Some(2), "{}", stderr(&output));
+    assert!(stderr(&output).contains("https://"), "{}", stderr(&output));
     db.drop().await;
 }

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
+use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{Server, TestDb};
 
 /// Generous: a first run makes the venv (from PyPI) and generates the stubs, and test
@@ -240,4 +241,70 @@ fn target_dir() -> PathBuf {
         .nth(3)
         .expect("target directory above target/<profile>/deps")
         .to_path_buf()
+}
+
+/// Issue 12: the example over TLS with a bearer token, and under mutual TLS with a client
+/// certificate naming its identity.
+#[tokio::test]
+async fn python_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
+    let db = TestDb::new().await;
+    let files = TlsFiles::new();
+    let identity = token_identity("py", "py-token", r#"{ orders = ["subscribe"] }"#)
+        + "certificate_names = [\"python.example\"]\n";
+    let config = format!("{}\n{}\n{identity}", db.config(""), files.config(true));
+    // TLS with client certificates optional, so the token alone may get in.
+    let config = config.replace("client_ca =", "client_cert_optional = true\nclient_ca =");
+    let server = Server::start(&config).await;
+    txoutbox_tests::eventually("the table created", txoutbox_tests::DEADLINE, || async {
+        db.table_exists().await.then_some(())
+    })
+    .await;
+    let ca = files.path("ca.pem");
+    let ca = ca.to_str().unwrap();
+
+    insert_rows(&db).await;
+    let lines = run_subscriber(
+        &server,
+        &["--count", "5", "--tls-ca", ca, "--token", "py-token"],
+    )
+    .await;
+    assert_eq!(lines.len(), 5);
+
+    let client = files
+        .ca
+        .client(files.dir.path(), "python", "python.example");
+    insert_rows(&db).await;
+    let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+    let lines = run_subscriber(
+        &server,
+        &[
+            "--count",
+            "5",
+            "--tls-ca",
+            ca,
+            "--tls-cert",
+            cert,
+            "--tls-key",
+            key,
+        ],
+    )
+    .await;
+    assert_eq!(lines.len(), 5);
+    assert_eq!(db.count("done").await, 10);
+
+    let (code, stderr) = run_failing(&[
+        "--server",
+        &server.address,
+        "--outbox",
+        "orders",
+        "--tls-ca",
+        ca,
+    ])
+    .await;
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("UNAUTHENTICATED") || stderr.contains("credential"),
+        "{stderr}"
+    );
+    db.drop().await;
 }

@@ -73,7 +73,7 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
 }
 
 async fn check(
-    client: &mut HealthClient<tonic::transport::Channel>,
+    client: &mut HealthClient<txoutbox_client::Connection>,
     service: &str,
 ) -> Result<ServingStatus, CliError> {
     let response = client

@@ -18,9 +18,11 @@ mod tail;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use tonic::transport::Channel;
+use std::path::PathBuf;
+
 use txoutbox_client::proto::v1::admin_client::AdminClient;
 use txoutbox_client::proto::v1::ListOutboxesRequest;
+use txoutbox_client::{Connection, Credentials};
 
 use exit::CliError;
 use output::Format;
@@ -75,6 +77,37 @@ struct Cli {
     /// Output format (default: table, except `tail`, which prints JSON lines).
     #[arg(long, value_enum, global = true)]
     format: Option<Format>,
+    /// Bearer token of an identity configured on the server (`server.auth`).
+    #[arg(
+        long,
+        env = "TXOUTBOX_TOKEN",
+        global = true,
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: Option<String>,
+    /// CA certificate (PEM) that signed the server's certificate; addresses default to
+    /// https:// with any --tls-* option (without this one: the system's roots).
+    #[arg(long, env = "TXOUTBOX_TLS_CA", global = true, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS, with --tls-key.
+    #[arg(
+        long,
+        env = "TXOUTBOX_TLS_CERT",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "TXOUTBOX_TLS_KEY",
+        global = true,
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -140,7 +173,15 @@ fn init_logging(default: &str) {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let mut context = Context::new(cli.servers, cli.outbox, cli.format)?;
+    let tls = cli.tls_ca.is_some() || cli.tls_cert.is_some();
+    let credentials = Credentials::from_files(
+        cli.tls_ca.as_deref(),
+        cli.tls_cert.as_deref(),
+        cli.tls_key.as_deref(),
+    )?
+    .bearer_token(cli.token.as_deref().unwrap_or_default())?;
+    let mut context = Context::new(cli.servers, cli.outbox, cli.format, tls)?;
+    context.credentials = credentials;
     match cli.command {
         Command::Tail(args) => tail::run(&mut context, args).await,
         Command::Stats => stats::run(&mut context).await,
@@ -158,7 +199,8 @@ pub(crate) struct Context {
     servers: Vec<String>,
     outbox: Option<String>,
     format: Option<Format>,
-    channel: Option<Channel>,
+    credentials: Credentials,
+    channel: Option<Connection>,
 }
 
 impl Context {
@@ -166,7 +208,9 @@ impl Context {
         servers: Vec<String>,
         outbox: Option<String>,
         format: Option<Format>,
+        tls: bool,
     ) -> Result<Self, CliError> {
+        let scheme = if tls { "https" } else { "http" };
         let servers: Vec<String> = servers
             .into_iter()
             .map(|s| s.trim().to_owned())
@@ -175,7 +219,7 @@ impl Context {
                 if s.contains("://") {
                     s
                 } else {
-                    format!("http://{s}")
+                    format!("{scheme}://{s}")
                 }
             })
             .collect();
@@ -188,6 +232,7 @@ impl Context {
             servers,
             outbox: outbox.filter(|o| !o.is_empty()),
             format,
+            credentials: Credentials::default(),
             channel: None,
         })
     }
@@ -198,16 +243,17 @@ impl Context {
     }
 
     /// A connection to the first server that answers (made once).
-    async fn channel(&mut self) -> Result<Channel, CliError> {
+    async fn channel(&mut self) -> Result<Connection, CliError> {
         if let Some(channel) = &self.channel {
             return Ok(channel.clone());
         }
-        let channel = txoutbox_client::connect(self.servers.clone()).await?;
+        let channel =
+            txoutbox_client::connect_with(self.servers.clone(), self.credentials.clone()).await?;
         self.channel = Some(channel.clone());
         Ok(channel)
     }
 
-    async fn admin(&mut self) -> Result<AdminClient<Channel>, CliError> {
+    async fn admin(&mut self) -> Result<AdminClient<Connection>, CliError> {
         Ok(AdminClient::new(self.channel().await?).max_decoding_message_size(usize::MAX))
     }
 
@@ -258,8 +304,10 @@ mod tests {
 
     #[test]
     fn addresses_without_a_scheme_get_http() {
-        let context = Context::new(vec!["127.0.0.1:7411".into()], None, None).unwrap();
+        let context = Context::new(vec!["127.0.0.1:7411".into()], None, None, false).unwrap();
         assert_eq!(context.servers, ["http://127.0.0.1:7411"]);
-        assert!(Context::new(vec![" ".into()], None, None).is_err());
+        let context = Context::new(vec!["relay:7411".into()], None, None, true).unwrap();
+        assert_eq!(context.servers, ["https://relay:7411"], "with TLS options");
+        assert!(Context::new(vec![" ".into()], None, None, false).is_err());
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Shared, Subscriber};
-use crate::connect::{ConnectOptions, Servers};
+use crate::connect::{ConnectOptions, Credentials, Servers};
 use crate::events::Reporter;
 use crate::{ClientError, Publisher};
 
@@ -57,6 +57,7 @@ pub(crate) struct Config {
 pub struct SubscriberBuilder {
     addresses: Vec<String>,
     config: Config,
+    credentials: Credentials,
 }
 
 impl SubscriberBuilder {
@@ -78,7 +79,14 @@ impl SubscriberBuilder {
                 stop_timeout: Duration::from_secs(30),
                 pipeline_keys: true,
             },
+            credentials: Credentials::default(),
         }
+    }
+
+    /// A bearer token and TLS settings for `https://` servers (default: none).
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
     }
 
     /// Whether a key's next message starts once the previous one was published (`true`,
@@ -178,6 +186,7 @@ impl SubscriberBuilder {
         validate(&config)?;
         let options = ConnectOptions {
             connect_timeout: config.connect_timeout,
+            credentials: self.credentials,
             ..ConnectOptions::default()
         };
         let servers = Servers::parse(self.addresses, options)?;

@@ -11,9 +11,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::broadcast;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
-use crate::connect::{ConnectOptions, Servers};
+use crate::connect::{ConnectOptions, Connection, Credentials, Servers};
 use crate::events::{Count, Counters, Event, Reporter};
 use crate::proto::v1;
 use crate::proto::v1::relay_client::RelayClient;
@@ -80,7 +79,7 @@ pub struct Worker {
     config: WorkerConfig,
     servers: Servers,
     /// The connection of earlier rounds; forgotten when a call fails on it.
-    channel: Mutex<Option<(String, Channel)>>,
+    channel: Mutex<Option<(String, Connection)>>,
     publisher: Arc<dyn Publisher>,
     reporter: Reporter,
 }
@@ -113,6 +112,7 @@ pub struct WorkerBuilder {
     addresses: Vec<String>,
     config: WorkerConfig,
     connect_timeout: Duration,
+    credentials: Credentials,
 }
 
 impl WorkerBuilder {
@@ -163,6 +163,12 @@ impl WorkerBuilder {
         self
     }
 
+    /// A bearer token and TLS settings for `https://` servers (default: none).
+    pub fn credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
     /// Checks the settings and builds the worker. Nothing is connected yet.
     pub fn build(self, publisher: impl Publisher) -> Result<Worker, ClientError> {
         let config = self.config;
@@ -184,6 +190,7 @@ impl WorkerBuilder {
         }
         let options = ConnectOptions {
             connect_timeout: self.connect_timeout,
+            credentials: self.credentials,
             ..ConnectOptions::default()
         };
         Ok(Worker {
@@ -221,6 +228,7 @@ impl Worker {
                 max_lease_extension: Duration::from_secs(300),
             },
             connect_timeout: Duration::from_secs(5),
+            credentials: Credentials::default(),
         }
     }
 
@@ -290,7 +298,7 @@ impl Worker {
         Ok(result)
     }
 
-    async fn client(&self) -> Result<(String, RelayClient<Channel>), ClientError> {
+    async fn client(&self) -> Result<(String, RelayClient<Connection>), ClientError> {
         let cached = self.channel.lock().unwrap().clone();
         let (address, channel) = match cached {
             Some(cached) => cached,

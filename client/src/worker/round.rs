@@ -4,8 +4,8 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
 
+use crate::connect::Connection;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
-use tonic::transport::Channel;
 
 use super::{RoundResult, Worker};
 use crate::events::{Count, Event};
@@ -24,7 +24,7 @@ pub(super) struct RoundState {
 
 pub(super) struct Round<'w> {
     pub worker: &'w Worker,
-    pub client: RelayClient<Channel>,
+    pub client: RelayClient<Connection>,
     pub state: Mutex<RoundState>,
 }
 
@@ -276,7 +276,7 @@ impl Round<'_> {
     /// Makes one bookkeeping call; `None` (logged) when it fails.
     async fn call<Req, Resp, F, Fut>(&self, call: F, request: Req) -> Option<Resp>
     where
-        F: FnOnce(RelayClient<Channel>, Req) -> Fut,
+        F: FnOnce(RelayClient<Connection>, Req) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         match call(self.client.clone(), request).await {

@@ -30,6 +30,9 @@ use self::embedded::{environment_declares_outboxes, sqlite_url};
 pub use self::embedded::{EMBEDDED_DEFAULT, EMBEDDED_NAME};
 pub use self::outbox::{BackoffConfig, OutboxConfig, PollConfig};
 
+mod security;
+pub use security::{AuthConfig, IdentityConfig, IdentityLimits, Scope, TlsConfig, EVERY_OUTBOX};
+
 /// Where `txoutboxd` listens when nothing says otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 
@@ -89,6 +92,12 @@ pub struct ServerConfig {
     /// HTTP/2 streams one client connection may have open at once (its
     /// `SETTINGS_MAX_CONCURRENT_STREAMS`); a client opening more waits for one to end.
     pub max_streams_per_connection: u32,
+    /// TLS (and mutual TLS) on the gRPC port; plain HTTP/2 when absent.
+    pub tls: Option<TlsConfig>,
+    /// Identities, their credentials, scopes and limits.
+    pub auth: AuthConfig,
+    /// Serve a non-loopback address without TLS or without credentials. Refused otherwise.
+    pub allow_insecure: bool,
 }
 
 impl Default for ServerConfig {
@@ -100,6 +109,9 @@ impl Default for ServerConfig {
             health_interval: Duration::from_secs(5),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_streams_per_connection: 1000,
+            tls: None,
+            auth: AuthConfig::default(),
+            allow_insecure: false,
         }
     }
 }
@@ -239,6 +251,15 @@ impl Config {
         if server.max_streams_per_connection == 0 {
             problems.push("server.max_streams_per_connection: must be at least 1".to_owned());
         }
+        let outboxes: Vec<&str> = self.outboxes.keys().map(String::as_str).collect();
+        security::validate(
+            server.listen,
+            server.allow_insecure,
+            server.tls.as_ref(),
+            &server.auth,
+            &outboxes,
+            &mut problems,
+        );
         if problems.is_empty() {
             Ok(())
         } else {

@@ -7,7 +7,9 @@ use tonic::{Request, Response, Status};
 use txoutbox_proto::v1;
 
 use super::convert;
+use crate::config::Scope;
 use crate::relay::Relay;
+use crate::security::{audit, Caller};
 use crate::storage::NewMessage;
 
 pub struct AdminService {
@@ -24,11 +26,13 @@ impl AdminService {
 impl v1::admin_server::Admin for AdminService {
     async fn list_outboxes(
         &self,
-        _request: Request<v1::ListOutboxesRequest>,
+        request: Request<v1::ListOutboxesRequest>,
     ) -> Result<Response<v1::ListOutboxesResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let outboxes = self
             .relay
             .outboxes()
+            .filter(|outbox| caller.sees(&outbox.name))
             .map(|outbox| convert::outbox_info(outbox))
             .collect();
         Ok(Response::new(v1::ListOutboxesResponse { outboxes }))
@@ -38,7 +42,8 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
-        let outbox = self.relay.outbox(&request.get_ref().outbox)?;
+        let caller = Caller::of(&request)?;
+        let outbox = caller.outbox(&self.relay, Scope::Admin, &request.get_ref().outbox)?;
         Ok(Response::new(convert::stats(outbox.stats().await?)))
     }
 
@@ -46,41 +51,73 @@ impl v1::admin_server::Admin for AdminService {
         &self,
         request: Request<v1::PurgeRequest>,
     ) -> Result<Response<v1::PurgeResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
-        let older_than = request.older_than.ok_or_else(|| {
-            Status::invalid_argument("older_than is required, for example 7 days")
-        })?;
-        let older_than = Duration::try_from(older_than)
-            .map_err(|_| Status::invalid_argument("older_than must not be negative"))?;
-        let deleted = outbox.purge(older_than).await?;
-        tracing::info!(outbox = %outbox.name, deleted, older_than = %humantime::format_duration(older_than), "purged delivered rows");
-        Ok(Response::new(v1::PurgeResponse { deleted }))
+        let arguments = match &request.older_than {
+            Some(older_than) => format!("older_than={}s", older_than.seconds),
+            None => "older_than=none".to_owned(),
+        };
+        let outcome = async {
+            let outbox = caller.outbox(&self.relay, Scope::Admin, &request.outbox)?;
+            let older_than = request.older_than.ok_or_else(|| {
+                Status::invalid_argument("older_than is required, for example 7 days")
+            })?;
+            let older_than = Duration::try_from(older_than)
+                .map_err(|_| Status::invalid_argument("older_than must not be negative"))?;
+            let deleted = outbox.purge(older_than).await?;
+            tracing::info!(outbox = %outbox.name, deleted, older_than = %humantime::format_duration(older_than), "purged delivered rows");
+            Ok(v1::PurgeResponse { deleted })
+        }
+        .await;
+        audit::record(&caller, "purge", &request.outbox, &arguments, &outcome);
+        outcome.map(Response::new)
     }
 
     async fn schema(
         &self,
         request: Request<v1::SchemaRequest>,
     ) -> Result<Response<v1::SchemaResponse>, Status> {
-        let outbox = self.relay.outbox(&request.get_ref().outbox)?;
-        Ok(Response::new(v1::SchemaResponse {
-            sql: outbox.storage().schema_sql(),
-        }))
+        let caller = Caller::of(&request)?;
+        let name = &request.get_ref().outbox;
+        let outcome = caller
+            .outbox(&self.relay, Scope::Admin, name)
+            .map(|outbox| v1::SchemaResponse {
+                sql: outbox.storage().schema_sql(),
+            });
+        audit::record(&caller, "schema", name, "", &outcome);
+        outcome.map(Response::new)
     }
 
     async fn insert_message(
         &self,
         request: Request<v1::InsertMessageRequest>,
     ) -> Result<Response<v1::InsertMessageResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
-        let message = NewMessage {
-            topic: request.topic,
-            key: request.key,
-            payload: request.payload,
-            headers: request.headers.into_iter().collect(),
-        };
-        let id = outbox.insert(message).await?;
-        Ok(Response::new(v1::InsertMessageResponse { id }))
+        let arguments = format!(
+            "topic={} key={} payload_bytes={} headers={}",
+            crate::relay::limits::echo(&request.topic),
+            request
+                .key
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), crate::relay::limits::echo),
+            request.payload.len(),
+            request.headers.len()
+        );
+        let outbox_name = request.outbox.clone();
+        let outcome = async {
+            let outbox = caller.outbox(&self.relay, Scope::Insert, &request.outbox)?;
+            let message = NewMessage {
+                topic: request.topic,
+                key: request.key,
+                payload: request.payload,
+                headers: request.headers.into_iter().collect(),
+            };
+            let id = outbox.insert(message).await?;
+            Ok(v1::InsertMessageResponse { id })
+        }
+        .await;
+        audit::record(&caller, "insert", &outbox_name, &arguments, &outcome);
+        outcome.map(Response::new)
     }
 }

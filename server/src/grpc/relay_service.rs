@@ -13,11 +13,14 @@ use txoutbox_proto::v1::{self, subscribe_request};
 
 use super::convert::{self, timestamp};
 use super::status::to_status;
+use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
 use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
+use crate::security::limits::WindowReservation;
+use crate::security::Caller;
 use crate::storage::NackResult;
 
 /// How long a new stream may take to send its `open` message.
@@ -47,6 +50,7 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<Streaming<v1::SubscribeRequest>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let caller = Caller::of(&request)?;
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
             .await
@@ -65,7 +69,7 @@ impl v1::relay_server::Relay for RelayService {
         if self.drain.is_started() {
             return Err(to_status(RelayError::ShuttingDown));
         }
-        let outbox = Arc::clone(self.relay.outbox(&open.outbox)?);
+        let outbox = Arc::clone(caller.outbox(&self.relay, Scope::Subscribe, &open.outbox)?);
         validate_subscriber(&open.subscriber)?;
         validate_topics(&open.topics)?;
         if open.max_in_flight == 0 || open.max_in_flight > MAX_WINDOW {
@@ -80,14 +84,28 @@ impl v1::relay_server::Relay for RelayService {
             topics: open.topics,
             max_in_flight: open.max_in_flight,
         };
+        let window = match caller.identity() {
+            Some(identity) => Some(Arc::new(
+                identity
+                    .budget
+                    .reserve_window(&identity.name, spec.max_in_flight)?,
+            )),
+            None => None,
+        };
         let (answers_tx, answers_rx) = answer_queue();
         let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
-        tokio::spawn(read_answers(inbound, answers_tx));
+        tokio::spawn(read_answers(inbound, answers_tx, window.clone()));
         let span =
             tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = ?spec.subscriber);
+        let subscription =
+            subscription::run(outbox, spec, answers_rx, events_tx, self.drain.clone());
         self.drain.spawn(
-            subscription::run(outbox, spec, answers_rx, events_tx, self.drain.clone())
-                .instrument(span),
+            async move {
+                subscription.await;
+                // The window's place in the identity's budget lasts as long as the stream.
+                drop(window);
+            }
+            .instrument(span),
         );
         let events = ReceiverStream::new(events_rx)
             .map(|event| event.map(convert::event).map_err(to_status));
@@ -98,8 +116,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::ClaimRequest>,
     ) -> Result<Response<v1::ClaimResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
         let claimed = outbox
             .claim(
@@ -119,8 +138,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::AckRequest>,
     ) -> Result<Response<v1::AckResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let (acked, fenced) = outbox.ack(&request.worker_id, &request.ids).await?;
         Ok(Response::new(v1::AckResponse { acked, fenced }))
     }
@@ -129,8 +149,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::NackRequest>,
     ) -> Result<Response<v1::NackResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let delay = request.retry_delay_ms.map(Duration::from_millis);
         let result = outbox
             .nack(&request.worker_id, request.id, &request.error, delay)
@@ -159,8 +180,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::ReleaseRequest>,
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
         let (released, fenced) = outbox
             .release(&request.worker_id, &request.ids, delay)
@@ -172,8 +194,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::DeadLetterRequest>,
     ) -> Result<Response<v1::DeadLetterResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let dead_lettered = outbox
             .dead_letter(&request.worker_id, request.id, &request.error)
             .await?;
@@ -184,8 +207,9 @@ impl v1::relay_server::Relay for RelayService {
         &self,
         request: Request<v1::ExtendLeaseRequest>,
     ) -> Result<Response<v1::ExtendLeaseResponse>, Status> {
+        let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = self.relay.outbox(&request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
         let (extended, fenced) = outbox
             .extend_lease(&request.worker_id, &request.ids, lease)
@@ -203,7 +227,14 @@ impl v1::relay_server::Relay for RelayService {
 /// unread count against HTTP/2's flood guard, which closes the whole connection). A
 /// malformed or undecodable request ends the subscription with INVALID_ARGUMENT, answers
 /// past the queue's bound with RESOURCE_EXHAUSTED; a broken or closed stream just ends it.
-async fn read_answers(mut inbound: Streaming<v1::SubscribeRequest>, answers: AnswerSender) {
+///
+/// A `set_window` past what the caller's identity may hold (its `max_messages_in_flight`)
+/// ends the subscription with RESOURCE_EXHAUSTED.
+async fn read_answers(
+    mut inbound: Streaming<v1::SubscribeRequest>,
+    answers: AnswerSender,
+    window: Option<Arc<WindowReservation>>,
+) {
     loop {
         // Stop reading once the subscription has ended, so the request stream is dropped
         // and the RPC completes (a graceful server shutdown waits for it).
@@ -225,7 +256,13 @@ async fn read_answers(mut inbound: Streaming<v1::SubscribeRequest>, answers: Ans
                 return;
             }
         };
-        let answer = answer(request);
+        let answer = answer(request).and_then(|answer| match (&answer, &window) {
+            (Answer::SetWindow(size), Some(window)) => window
+                .resize(*size)
+                .map(|()| answer)
+                .map_err(|status| RelayError::ResourceExhausted(status.message().to_owned())),
+            _ => Ok(answer),
+        });
         let malformed = answer.is_err();
         match answers.send(answer) {
             Ok(()) if !malformed => {}

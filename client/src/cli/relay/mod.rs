@@ -132,6 +132,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
         .topics(args.topics)
         .concurrency(args.concurrency)
         .max_in_flight(args.max_in_flight)
+        .credentials(context.credentials.clone())
         // Room for the broker's own timeout before the runtime gives up on a publish.
         .publish_timeout(args.delivery_timeout + Duration::from_secs(2))
         .build_shared(publisher)?;

@@ -1,0 +1,42 @@
+//! Admin actions as structured events on their own tracing target, `txoutbox::audit`,
+//! so they can be routed apart (`RUST_LOG=txoutbox::audit=info`, a JSON log shipper
+//! filtering on `target`). One event per action, after it ran: who, on which outbox,
+//! with which arguments, and how it ended.
+
+use tonic::Status;
+
+use super::Caller;
+
+pub const TARGET: &str = "txoutbox::audit";
+
+/// Records `action` by `caller` on `outbox`; `arguments` is a short `key=value` text.
+pub fn record<T>(
+    caller: &Caller,
+    action: &str,
+    outbox: &str,
+    arguments: &str,
+    outcome: &Result<T, Status>,
+) {
+    match outcome {
+        Ok(_) => tracing::info!(
+            target: TARGET,
+            identity = caller.name(),
+            action,
+            outbox = crate::relay::limits::echo(outbox),
+            arguments,
+            outcome = "ok",
+            "admin action"
+        ),
+        Err(status) => tracing::warn!(
+            target: TARGET,
+            identity = caller.name(),
+            action,
+            outbox = crate::relay::limits::echo(outbox),
+            arguments,
+            outcome = "refused",
+            code = ?status.code(),
+            message = status.message(),
+            "admin action"
+        ),
+    }
+}

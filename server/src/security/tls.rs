@@ -1,0 +1,226 @@
+//! TLS on the gRPC port (rustls, TLS 1.3 and 1.2), mutual TLS when `client_ca` is set.
+//!
+//! The handshake is done here, not by tonic, so that certificates can change under a
+//! running server: every connection is accepted with the configuration current at that
+//! moment, and the files are read again when their modification time or size changes
+//! (checked every `reload_interval`) or on SIGHUP. A rotation that leaves unreadable or
+//! mismatched files is logged and ignored: the previous certificates stay in use.
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use futures::Stream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::TlsConfig;
+
+/// Longest a client may take to finish its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the gRPC server to take them.
+const ACCEPTED_BACKLOG: usize = 64;
+
+/// The TLS configuration in use, replaced when the files change.
+pub struct ReloadingTls {
+    config: TlsConfig,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+/// What identifies a version of the files: a rotation changes one of these.
+type Stamp = Vec<Option<(SystemTime, u64)>>;
+
+impl ReloadingTls {
+    pub fn load(config: &TlsConfig) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Self {
+            current: RwLock::new(server_config(config)?),
+            config: config.clone(),
+        }))
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(&self.current.read().expect("tls config lock")))
+    }
+
+    fn files(&self) -> Vec<&PathBuf> {
+        let mut files = vec![&self.config.cert, &self.config.key];
+        files.extend(self.config.client_ca.as_ref());
+        files
+    }
+
+    fn stamp(&self) -> Stamp {
+        self.files()
+            .into_iter()
+            .map(|path| {
+                let meta = std::fs::metadata(path).ok()?;
+                Some((meta.modified().ok()?, meta.len()))
+            })
+            .collect()
+    }
+
+    fn reload(&self, why: &str) {
+        match server_config(&self.config) {
+            Ok(config) => {
+                *self.current.write().expect("tls config lock") = config;
+                tracing::info!(why, cert = %self.config.cert.display(), "TLS certificates reloaded");
+            }
+            Err(error) => tracing::error!(
+                why,
+                error = format!("{error:#}"),
+                "TLS certificates not reloaded; the previous ones stay in use"
+            ),
+        }
+    }
+
+    /// Reloads when the files change or on SIGHUP, until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|error| tracing::warn!(%error, "no SIGHUP handler; TLS reloads on file changes only"))
+            .ok();
+        let mut stamp = self.stamp();
+        let mut tick = tokio::time::interval(self.config.reload_interval);
+        loop {
+            let why = tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => "files changed",
+                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => "SIGHUP",
+            };
+            let now = self.stamp();
+            if why == "SIGHUP" || now != stamp {
+                stamp = now;
+                self.reload(why);
+            }
+        }
+    }
+}
+
+fn server_config(config: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&config.cert)
+        .and_then(|certs| certs.collect())
+        .with_context(|| format!("server.tls.cert = {}", config.cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "server.tls.cert = {}: no PEM certificate in it",
+        config.cert.display()
+    );
+    let key = PrivateKeyDer::from_pem_file(&config.key)
+        .with_context(|| format!("server.tls.key = {}", config.key.display()))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .context("TLS versions")?;
+    let builder = match &config.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for certificate in CertificateDer::pem_file_iter(path)
+                .with_context(|| format!("server.tls.client_ca = {}", path.display()))?
+            {
+                let certificate = certificate
+                    .with_context(|| format!("server.tls.client_ca = {}", path.display()))?;
+                roots
+                    .add(certificate)
+                    .with_context(|| format!("server.tls.client_ca = {}", path.display()))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = if config.client_cert_optional {
+                verifier.allow_unauthenticated()
+            } else {
+                verifier
+            };
+            builder.with_client_cert_verifier(
+                verifier
+                    .build()
+                    .with_context(|| format!("server.tls.client_ca = {}", path.display()))?,
+            )
+        }
+    };
+    let mut server = builder.with_single_cert(chain, key).with_context(|| {
+        format!(
+            "server.tls.key = {} does not go with server.tls.cert = {}",
+            config.key.display(),
+            config.cert.display()
+        )
+    })?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(server))
+}
+
+/// Connections on `listener`, each handshaken with the configuration current when it
+/// came, concurrently, so a slow or silent client holds up no other. Failed handshakes
+/// are logged and dropped. Ends when `stop` is cancelled or the stream is dropped.
+pub fn incoming(
+    listener: TcpListener,
+    tls: Arc<ReloadingTls>,
+    stop: CancellationToken,
+) -> impl Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
+    let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                () = stop.cancelled() => return,
+                () = tx.closed() => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors and the like: wait, as tonic's own loop does.
+                    tracing::warn!(%error, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            // Nagle would hold each small batch or confirmation back by tens of ms.
+            let _ = stream.set_nodelay(true);
+            let acceptor = tls.acceptor();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
+                    Err(_) => tracing::info!(%peer, "TLS handshake not finished within 10s"),
+                }
+            });
+        }
+    });
+    ReceiverStream::new(rx)
+}
+
+/// The names a client certificate carries, which `certificate_names` are matched against:
+/// subject common names, then DNS names, URIs and e-mail addresses of the
+/// subjectAltName extension. Empty when the certificate cannot be parsed (rustls
+/// verified it already).
+pub fn certificate_names(der: &CertificateDer<'_>) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, certificate)) = x509_parser::parse_x509_certificate(der.as_ref()) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = certificate
+        .subject()
+        .iter_common_name()
+        .filter_map(|cn| cn.as_str().ok().map(str::to_owned))
+        .collect();
+    if let Ok(Some(san)) = certificate.subject_alternative_name() {
+        for name in &san.value.general_names {
+            match name {
+                GeneralName::DNSName(n) | GeneralName::URI(n) | GeneralName::RFC822Name(n) => {
+                    names.push((*n).to_owned())
+                }
+                _ => {}
+            }
+        }
+    }
+    names
+}
