@@ -100,10 +100,10 @@ pub mod producer;
 pub mod publisher;
 #[cfg(feature = "redis")]
 pub mod redis_stream;
-pub mod run_once;
 pub mod subscriber;
 #[cfg(feature = "webhook")]
 pub mod webhook;
+pub mod worker;
 
 #[cfg(feature = "amqp")]
 pub use amqp::AmqpPublisher;
@@ -118,10 +118,10 @@ pub use nats::NatsPublisher;
 pub use publisher::{PublishError, Publisher};
 #[cfg(feature = "redis")]
 pub use redis_stream::RedisStreamPublisher;
-pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
 #[cfg(feature = "webhook")]
 pub use webhook::WebhookPublisher;
+pub use worker::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 
 /// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the
 /// runtime does not cover.

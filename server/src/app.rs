@@ -13,7 +13,7 @@ use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
 
-use crate::config::{is_mysql_url, is_sqlite_url, Config, OutboxConfig};
+use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
 use crate::health;
@@ -23,10 +23,10 @@ use crate::security::layer::AuthLayer;
 use crate::security::tls::ReloadingTls;
 use crate::security::{self, Access};
 use crate::storage::columns::Columns;
-use crate::storage::mysql::{self, MySqlOptions, MySqlStorage};
-use crate::storage::postgres::{self, PostgresOptions, PostgresStorage};
-use crate::storage::sqlite::{self, SqliteOptions, SqlitePools, SqliteStorage};
-use crate::storage::{Storage, StorageError};
+use crate::storage::mysql::{self, MySqlStorage};
+use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
+use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
+use crate::storage::{Storage, StorageError, TableOptions};
 
 /// Extra time, past the drain timeout, for subscriptions to give their leases back.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
@@ -65,12 +65,11 @@ fn open_storages_for(
             Purpose::Relay => database.max_connections,
             Purpose::Health => 1,
         };
-        let pool = if is_sqlite_url(&database.url) {
-            sqlite::lazy_pools(&database.url, size).map(Pools::Sqlite)
-        } else if is_mysql_url(&database.url) {
-            mysql::lazy_pool(&database.url, size).map(Pools::MySql)
-        } else {
-            postgres::lazy_pool(&database.url, size).map(Pools::Postgres)
+        let url = database.url.expose();
+        let pool = match database.url.backend() {
+            Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
+            Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
+            Backend::Postgres => postgres::lazy_pool(url, size).map(Pools::Postgres),
         }
         .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);
@@ -78,23 +77,36 @@ fn open_storages_for(
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
+        let options = table_options(outbox)?;
         let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
             Pools::Postgres(pool) => {
-                let mut options = postgres_options(outbox)?;
-                if purpose == Purpose::Health {
-                    options.notify_channel = None;
-                }
+                let extras = PostgresExtras {
+                    schema: outbox.schema.clone(),
+                    // The health checks' storages do not listen for inserts.
+                    notify_channel: outbox
+                        .notify_channel
+                        .clone()
+                        .filter(|_| purpose == Purpose::Relay),
+                };
                 Arc::new(
-                    PostgresStorage::from_pool(pool.clone(), Some(database.url.clone()), options)
-                        .with_context(|| format!("outboxes.{name}"))?,
+                    PostgresStorage::from_pool(
+                        pool.clone(),
+                        Some(database.url.expose()),
+                        options,
+                        extras,
+                    )
+                    .with_context(|| format!("outboxes.{name}"))?,
                 )
             }
+            // `schema` and `notify_channel` are refused for SQLite by configuration.
             Pools::Sqlite(pools) => Arc::new(
-                SqliteStorage::from_pools(pools.clone(), sqlite_options(outbox)?)
+                SqliteStorage::from_pools(pools.clone(), options)
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
+            // `schema` names the database holding the table; `notify_channel` is refused
+            // for MySQL by configuration.
             Pools::MySql(pool) => Arc::new(
-                MySqlStorage::from_pool(pool.clone(), mysql_options(outbox)?)
+                MySqlStorage::from_pool(pool.clone(), options, outbox.schema.clone())
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
@@ -103,44 +115,17 @@ fn open_storages_for(
     Ok(storages)
 }
 
-fn postgres_options(outbox: &OutboxConfig) -> anyhow::Result<PostgresOptions> {
-    Ok(PostgresOptions {
-        schema: outbox.schema.clone(),
+/// The table settings every backend takes; configuration validation reports a bad
+/// column mapping with its key.
+fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
+    let columns = Columns::from_mapping(&outbox.columns)
+        .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
+    Ok(TableOptions {
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
-        notify_channel: outbox.notify_channel.clone(),
-        columns: columns(outbox)?,
-    })
-}
-
-/// The outbox's column mapping; configuration validation reports a bad one with its key.
-fn columns(outbox: &OutboxConfig) -> anyhow::Result<Columns> {
-    Columns::from_mapping(&outbox.columns).map_err(|problems| anyhow::anyhow!(problems.join("; ")))
-}
-
-/// `schema` and `notify_channel` are refused for SQLite by configuration validation.
-fn sqlite_options(outbox: &OutboxConfig) -> anyhow::Result<SqliteOptions> {
-    Ok(SqliteOptions {
-        table: outbox.table.clone(),
-        strict_ordering: outbox.strict_ordering,
-        delete_on_ack: outbox.delete_on_ack,
-        visibility_delay: outbox.visibility_delay,
-        columns: columns(outbox)?,
-    })
-}
-
-/// `schema` names the database holding the table; `notify_channel` is refused for MySQL
-/// by configuration validation.
-fn mysql_options(outbox: &OutboxConfig) -> anyhow::Result<MySqlOptions> {
-    Ok(MySqlOptions {
-        database: outbox.schema.clone(),
-        table: outbox.table.clone(),
-        strict_ordering: outbox.strict_ordering,
-        delete_on_ack: outbox.delete_on_ack,
-        visibility_delay: outbox.visibility_delay,
-        columns: columns(outbox)?,
+        columns,
     })
 }
 
@@ -164,11 +149,11 @@ pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
 }
 
 /// Refuses to start when a reachable outbox table does not fit its column mapping (after
-/// `create_schema` added what it could), listing every problem of every outbox. A database that is down or a table not created yet is
-/// left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
+/// `create_schema` added what it could), listing every problem of every outbox. A database
+/// that is down or a table not created yet is left to the health watch (NOT_SERVING until it is fixed), so the server can start first.
 async fn check_tables(relay: &Relay) -> anyhow::Result<()> {
     let checks = relay.outboxes().map(|outbox| async move {
-        match health::check_table(outbox, true).await {
+        match health::verify_or_ensure_table(outbox, true).await {
             Err(error @ StorageError::MismatchedTable { .. }) => {
                 Some(format!("outboxes.{}: {error}", outbox.name))
             }

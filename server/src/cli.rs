@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{is_sqlite_url, Config, Overrides, EMBEDDED_NAME};
+use crate::config::{Backend, Config, Overrides, EMBEDDED_NAME};
 use crate::storage::{sqlite, StorageError};
 use crate::{app, telemetry};
 
@@ -120,12 +120,12 @@ async fn schema(config: &Config, outbox: &str) -> ExitCode {
             // Opening a SQLite file that does not exist would create it: not for a command
             // that only prints.
             let url = &config.databases[&config.outboxes[outbox].database].url;
-            let absent_file =
-                is_sqlite_url(url) && sqlite::database_file(url).is_ok_and(|file| !file.exists());
+            let absent_file = url.backend() == Backend::Sqlite
+                && sqlite::database_file(url.expose()).is_ok_and(|file| !file.exists());
             if absent_file {
                 return ExitCode::SUCCESS;
             }
-            match storage.ping().await {
+            match storage.verify_table().await {
                 Ok(()) => eprintln!("txoutboxd: the live table already fits outbox `{outbox}`"),
                 Err(
                     error @ (StorageError::MismatchedTable { .. }
@@ -177,7 +177,8 @@ fn announce_embedded_default(config: &Config, listener: &tokio::net::TcpListener
     let file = config
         .databases
         .get(&outbox.database)
-        .and_then(|database| sqlite::database_file(&database.url).ok());
+        .filter(|database| database.url.backend() == Backend::Sqlite)
+        .and_then(|database| sqlite::database_file(database.url.expose()).ok());
     let Some(file) = file.map(|file| file.display().to_string()) else {
         // The environment moved the default outbox off SQLite: nothing to demo here.
         tracing::info!(outbox = EMBEDDED_NAME, "serving the embedded default");

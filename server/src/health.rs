@@ -1,8 +1,12 @@
 //! Per-outbox health for `grpc.health.v1`: each outbox is a service named after it,
 //! SERVING while its database answers and its table exists, NOT_SERVING otherwise.
-//! With `create_schema = true`, a missing table is created here (and a mapped table gets
-//! the columns it lacks), so a server started before its database still comes up on its
-//! own.
+//! Each check verifies the table, changing nothing ([`Storage::verify_table`]); with
+//! `create_schema = true`, a check that finds the table missing ensures it
+//! ([`Storage::ensure_table`]: DDL), and one that finds a mapped table lacking columns
+//! does so once, so a server started before its database still comes up on its own.
+//!
+//! [`Storage::verify_table`]: crate::storage::Storage::verify_table
+//! [`Storage::ensure_table`]: crate::storage::Storage::ensure_table
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use tonic_health::ServingStatus;
 use crate::relay::{Outbox, Relay};
 use crate::storage::StorageError;
 
-/// Pings every outbox now and then every `interval` until `stop`.
+/// Checks every outbox now and then every `interval` until `stop`.
 pub async fn watch(
     relay: Arc<Relay>,
     reporter: HealthReporter,
@@ -29,7 +33,7 @@ pub async fn watch(
     loop {
         for outbox in relay.outboxes() {
             let may_alter = !altered.contains(&outbox.name);
-            let result = check_table(outbox, may_alter).await;
+            let result = verify_or_ensure_table(outbox, may_alter).await;
             if matches!(result, Err(StorageError::MismatchedTable { .. })) && may_alter {
                 altered.insert(outbox.name.clone());
             }
@@ -58,11 +62,11 @@ pub async fn watch(
     }
 }
 
-/// Pings the outbox's table (on the health checks' own connection); with
-/// `create_schema`, first creates it when it is missing, or (when `may_alter`) adds what
-/// its column mapping still lacks, and pings again.
-pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), StorageError> {
-    let result = outbox.health_storage().ping().await;
+/// Verifies the outbox's table (on the health checks' own connection); with
+/// `create_schema`, when it is missing, or (when `may_alter`) lacks what its column
+/// mapping needs, ensures it and verifies again.
+pub async fn verify_or_ensure_table(outbox: &Outbox, may_alter: bool) -> Result<(), StorageError> {
+    let result = outbox.health_storage().verify_table().await;
     let fixable = match result {
         Err(StorageError::MissingTable { .. }) => true,
         Err(StorageError::MismatchedTable { .. }) => may_alter,
@@ -71,7 +75,7 @@ pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), Storage
     if !(fixable && outbox.config.create_schema) {
         return result;
     }
-    outbox.storage().create_schema().await?;
+    outbox.storage().ensure_table().await?;
     if matches!(result, Err(StorageError::MismatchedTable { .. })) {
         tracing::warn!(
             outbox = %outbox.name,
@@ -81,7 +85,7 @@ pub async fn check_table(outbox: &Outbox, may_alter: bool) -> Result<(), Storage
     } else {
         tracing::info!(outbox = %outbox.name, "created the outbox table");
     }
-    outbox.health_storage().ping().await
+    outbox.health_storage().verify_table().await
 }
 
 /// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.

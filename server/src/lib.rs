@@ -1,12 +1,20 @@
 //! `txoutboxd`: a transactional-outbox relay served over gRPC.
 //!
 //! Start reading at [`app::run`], which assembles the pieces:
-//! - [`config`]: the TOML file, environment and flag overrides, validation;
-//! - [`storage`]: the [`storage::Storage`] trait and one module per backend;
-//! - [`relay`]: outboxes, retry policy, and the subscription loop behind `Subscribe`;
+//! - [`config`]: the TOML file, environment and flag overrides, validation; each
+//!   database's URL is a secret and names its [`config::Backend`] once; the embedded
+//!   default when there is no file;
+//! - [`storage`]: the [`storage::Storage`] trait and what every backend shares
+//!   ([`storage::TableOptions`], [`storage::names`], [`storage::rows`],
+//!   [`storage::nack`]), then one module per backend with the same files: `mod.rs` the
+//!   trait, `ops.rs` operations of several statements, `sql.rs` the statements,
+//!   `table.rs` DDL and the check of a live table, `convert.rs` errors and rows;
+//! - [`relay`]: outboxes, idle polling, retry policy, and the subscription loop behind
+//!   `Subscribe` (its claiming side a state machine, `relay/subscription/claiming.rs`);
 //! - [`grpc`]: the services, which only translate protobuf to relay calls;
 //! - [`security`]: TLS, credentials and scopes (one tower layer), limits per identity, audit;
-//! - [`health`], [`telemetry`]: operations.
+//! - [`health`] (verifies each table; ensures it where `create_schema` allows),
+//!   [`telemetry`]: operations.
 
 pub mod app;
 pub mod cli;

@@ -21,10 +21,14 @@
 // The crate root of a test resolves `mod x;` beside itself; these live in a folder.
 #[path = "storage_contract/cases.rs"]
 mod cases;
+#[path = "storage_contract/edge_cases.rs"]
+mod edge_cases;
 #[path = "storage_contract/mysql.rs"]
 mod mysql;
 #[path = "storage_contract/pg.rs"]
 mod pg;
+#[path = "storage_contract/pg_mapped.rs"]
+mod pg_mapped;
 #[path = "storage_contract/sqlite_file.rs"]
 mod sqlite_file;
 
@@ -32,6 +36,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::{
     ClaimRequest, FailureDecision, MessageId, NewMessage, OutboxMessage, RetryPolicy, Storage,
     StorageError, MAX_KEY_CHARS,
@@ -83,6 +88,36 @@ trait Backend {
     async fn open_late_nack(&self, id: MessageId) -> Box<dyn OpenWrite>;
     /// The row's `last_error`, as stored.
     async fn last_error(&self, id: MessageId) -> Option<String>;
+    /// The DDL of a team's own `table` on this backend, `{db}.` standing for where this
+    /// test's tables live (see [`Backend::produce`]).
+    fn team_ddl(&self, table: TeamTable) -> String;
+    /// Runs a producer's own `sql` on this test's database, with `{db}.` standing for
+    /// this test's schema or database (nothing on SQLite).
+    async fn produce(&self, sql: &str);
+    /// A storage on a team's own `table` (its [`Backend::team_ddl`] run first), mapped
+    /// with `mapping`; `ensure_table` adds the bookkeeping columns (twice: idempotent),
+    /// then `verify_table` passes.
+    async fn own_table(&self, table: TeamTable, mapping: ColumnMapping) -> Arc<dyn Storage>;
+}
+
+/// Tables of a team's own that each backend writes in its own DDL, for the cases of a
+/// mapped table that are the same everywhere.
+#[derive(Debug, Clone, Copy)]
+enum TeamTable {
+    /// `invoice_events`: key `invoice`, a JSON `document`, `logged_at`; no topic column
+    /// and no headers.
+    InvoiceEvents,
+    /// `notes`: topic, key, a text payload `note`, headers as JSON text, created_at.
+    Notes,
+}
+
+impl TeamTable {
+    fn name(self) -> &'static str {
+        match self {
+            Self::InvoiceEvents => "invoice_events",
+            Self::Notes => "notes",
+        }
+    }
 }
 
 /// Another session's write transaction, still open (see [`Backend::open_late_nack`]).
@@ -166,6 +201,8 @@ macro_rules! storage_contract {
                 answers_that_delay_a_row_need_a_live_lease,
                 a_row_claimed_max_attempts_times_is_dead_lettered_by_the_next_claim,
                 a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
+                a_fixed_topic_json_table_without_headers_round_trips,
+                a_text_payload_is_handed_out_as_its_utf8_bytes,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -332,11 +332,11 @@ impl Storage for FakeStorage {
         String::new()
     }
 
-    async fn create_schema(&self) -> StorageResult<()> {
+    async fn ensure_table(&self) -> StorageResult<()> {
         Ok(())
     }
 
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         Ok(())
     }
 

@@ -119,7 +119,7 @@ struct Schedule {
 impl PollGroup {
     fn start(config: PollConfig, insert_signal: Option<watch::Receiver<u64>>) -> Self {
         let mut poller = Poller::new(config);
-        let due = Instant::now() + poller.idle();
+        let due = Instant::now() + poller.wait_and_back_off();
         let shared = Arc::new(Shared {
             schedule: Mutex::new(Schedule {
                 poller,
@@ -201,7 +201,7 @@ impl PollGroup {
                     return;
                 }
             }
-            schedule.due = now + schedule.poller.idle();
+            schedule.due = now + schedule.poller.wait_and_back_off();
         }
         self.shared.rescheduled.notify_one();
         if turn.is_some() && got > 0 && got >= asked {

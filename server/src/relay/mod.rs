@@ -15,7 +15,7 @@ pub mod response_size;
 pub mod subscription;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,8 +103,6 @@ pub struct Outbox {
     /// Average encoded size of the rows of the latest claim, 0 before any: sizes the next
     /// claim to what one response holds (see [`Outbox::claim`]).
     row_bytes: AtomicUsize,
-    /// Answers about rows the caller no longer held: ignored, counted here.
-    fenced: AtomicU64,
 }
 
 impl Outbox {
@@ -125,7 +123,6 @@ impl Outbox {
             idle_polls,
             max_message_bytes,
             row_bytes: AtomicUsize::new(0),
-            fenced: AtomicU64::new(0),
         }
     }
 
@@ -150,14 +147,9 @@ impl Outbox {
         self.idle_polls.join(topics)
     }
 
-    /// Stale answers ignored so far.
-    pub fn fenced_count(&self) -> u64 {
-        self.fenced.load(Ordering::Relaxed)
-    }
-
-    fn count_fenced(&self, n: usize) {
+    /// Logs answers about rows the caller no longer held, which were ignored.
+    fn log_fenced(&self, n: usize) {
         if n > 0 {
-            self.fenced.fetch_add(n as u64, Ordering::Relaxed);
             tracing::debug!(outbox = %self.name, fenced = n, "stale answers ignored");
         }
     }
@@ -313,7 +305,7 @@ impl Outbox {
             .nack(id, owner, error, requested_delay, &self.backoff)
             .await?;
         if result == NackResult::Fenced {
-            self.count_fenced(1);
+            self.log_fenced(1);
         }
         Ok(result)
     }
@@ -337,7 +329,7 @@ impl Outbox {
         }
         let results = self.storage.nack_many(&cut, owner, &self.backoff).await?;
         let fenced = results.iter().filter(|r| **r == NackResult::Fenced).count();
-        self.count_fenced(fenced);
+        self.log_fenced(fenced);
         Ok(results)
     }
 
@@ -367,7 +359,7 @@ impl Outbox {
             .dead_letter(id, owner, limits::truncate_error(error))
             .await?;
         if !applied {
-            self.count_fenced(1);
+            self.log_fenced(1);
         }
         Ok(applied)
     }
@@ -418,7 +410,7 @@ impl Outbox {
         Ok(self.storage.purge(older_than).await?)
     }
 
-    /// Splits the requested ids into (applied, fenced), counting the fenced ones.
+    /// Splits the requested ids into (applied, fenced), logging the fenced ones.
     fn split_fenced(
         &self,
         requested: &[MessageId],
@@ -429,7 +421,7 @@ impl Outbox {
             .copied()
             .filter(|id| !applied.contains(id))
             .collect();
-        self.count_fenced(fenced.len());
+        self.log_fenced(fenced.len());
         (applied, fenced)
     }
 }

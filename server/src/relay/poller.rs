@@ -36,7 +36,7 @@ impl Poller {
     }
 
     /// The claim found nothing: returns how long to wait, and backs off for next time.
-    pub fn idle(&mut self) -> Duration {
+    pub fn wait_and_back_off(&mut self) -> Duration {
         let wait = self.current;
         self.current = self
             .current
@@ -57,9 +57,11 @@ mod tests {
             max: Duration::from_millis(300),
             factor: 2.0,
         });
-        let waits: Vec<u128> = (0..5).map(|_| poller.idle().as_millis()).collect();
+        let waits: Vec<u128> = (0..5)
+            .map(|_| poller.wait_and_back_off().as_millis())
+            .collect();
         assert_eq!(waits, [50, 100, 200, 300, 300]);
         poller.busy();
-        assert_eq!(poller.idle(), Duration::from_millis(50));
+        assert_eq!(poller.wait_and_back_off(), Duration::from_millis(50));
     }
 }

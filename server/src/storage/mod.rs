@@ -2,8 +2,9 @@
 //!
 //! The trait mirrors the seed's five storage methods (claim, ack, nack, release,
 //! dead-letter) plus what a server needs: lease extension, giving back the leases of a
-//! lost subscriber, stats, purge, the DDL, an insert for tests and demos, a health ping
-//! and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
+//! lost subscriber, stats, purge, the DDL ([`Storage::ensure_table`]) and a check of the
+//! live table that changes nothing ([`Storage::verify_table`]), an insert for tests and
+//! demos, and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
 //! by the given owner, and reports which ids it applied to so callers can count the rest
 //! as fenced.
 //!
@@ -13,19 +14,34 @@
 pub mod columns;
 pub mod ident;
 pub mod mysql;
-pub mod nack_plan;
+pub mod nack;
+pub mod names;
+pub mod options;
 pub mod postgres;
+pub mod rows;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+pub use self::nack::{NackRequest, NackResult};
+pub use self::options::TableOptions;
+
 /// Identifier of an outbox row. Insertion order is id order.
 pub type MessageId = i64;
+
+/// How long an operation waits for a pooled connection before the database counts as
+/// unreachable. Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Rows deleted per statement by `purge`, so it never holds a long transaction (or, on
+/// SQLite, the file's write lock) for long.
+pub const PURGE_BATCH: i64 = 10_000;
 
 /// Longest key, in characters, that every backend's own table holds and indexes: MySQL's
 /// `VARCHAR(255)`, and well within a PostgreSQL btree entry (2,704 bytes, with the id);
@@ -103,29 +119,6 @@ pub enum FailureDecision {
 /// the row's attempts are known.
 pub trait RetryPolicy: Send + Sync {
     fn on_failure(&self, attempts: u32, requested_delay: Option<Duration>) -> FailureDecision;
-}
-
-/// What a nack did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum NackResult {
-    /// Retry scheduled; `released` are the later rows of the same key the owner held,
-    /// given back untried with the same retry time.
-    Retried {
-        retry_at: DateTime<Utc>,
-        released: Vec<MessageId>,
-    },
-    /// The row used its last attempt and is dead-lettered; `released` as above, claimable now.
-    DeadLettered { released: Vec<MessageId> },
-    /// The owner does not hold the row: nothing changed.
-    Fenced,
-}
-
-/// One nack of a batch handed to [`Storage::nack_many`].
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct NackRequest<'a> {
-    pub id: MessageId,
-    pub error: &'a str,
-    pub requested_delay: Option<Duration>,
 }
 
 /// Rows whose lease was extended, and until when.
@@ -210,6 +203,31 @@ impl StorageError {
     }
 }
 
+/// Ids as every write-back returns them: in id order, each once (a statement returns a
+/// row once, but the order of `RETURNING` and of locked rows is the database's).
+pub fn sorted_unique(mut ids: Vec<MessageId>) -> Vec<MessageId> {
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// Runs `batch` (which deletes at most [`PURGE_BATCH`] rows and says how many it did)
+/// until one deletes fewer, and returns the total: no purge holds one long transaction.
+pub async fn in_batches<F, Fut>(mut batch: F) -> StorageResult<u64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = StorageResult<u64>>,
+{
+    let mut total = 0;
+    loop {
+        let deleted = batch().await?;
+        total += deleted;
+        if deleted < PURGE_BATCH as u64 {
+            return Ok(total);
+        }
+    }
+}
+
 /// An outbox table in some database. Implementations are cheap to share (`Arc`).
 #[async_trait]
 pub trait Storage: Send + Sync + 'static {
@@ -283,12 +301,16 @@ pub trait Storage: Send + Sync + 'static {
     /// The DDL of the outbox table (and its triggers), for a migration tool.
     fn schema_sql(&self) -> String;
 
-    /// Runs [`Storage::schema_sql`]; idempotent.
-    async fn create_schema(&self) -> StorageResult<()>;
+    /// Makes the table what [`Storage::schema_sql`] describes: creates what is missing
+    /// and adds what a mapped table lacks (DDL, possibly `ALTER TABLE`); idempotent. Run
+    /// at start and when a check found the table missing, never as a check.
+    async fn ensure_table(&self) -> StorageResult<()>;
 
-    /// Checks that the database answers, the table exists and its columns are what the
-    /// outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`] otherwise).
-    async fn ping(&self) -> StorageResult<()>;
+    /// Checks, changing nothing, that the database answers, the table exists and its
+    /// columns (types, defaults, what the backend needs besides: indexes, functions) are
+    /// what the outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`]
+    /// otherwise).
+    async fn verify_table(&self) -> StorageResult<()>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

@@ -11,9 +11,9 @@
 use super::*;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor};
-use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
-use txoutbox_server::storage::mysql::{self, MySqlOptions, MySqlStorage};
-use txoutbox_server::storage::StorageError;
+use txoutbox_server::storage::columns::{ColumnMapping, Columns};
+use txoutbox_server::storage::mysql::{self, MySqlStorage};
+use txoutbox_server::storage::{StorageError, TableOptions};
 
 pub fn url() -> String {
     std::env::var("TXOUTBOX_TEST_MYSQL_URL")
@@ -91,9 +91,13 @@ impl MySqlBackend {
         }
     }
 
-    pub fn options(&self, setup: &Setup) -> MySqlOptions {
-        MySqlOptions {
-            database: Some(self.database.clone()),
+    /// The database holding this test's table.
+    pub fn database(&self) -> Option<String> {
+        Some(self.database.clone())
+    }
+
+    pub fn options(&self, setup: &Setup) -> TableOptions {
+        TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
@@ -114,12 +118,47 @@ impl MySqlBackend {
 }
 
 impl Backend for MySqlBackend {
+    fn team_ddl(&self, table: TeamTable) -> String {
+        match table {
+            TeamTable::InvoiceEvents => {
+                "CREATE TABLE {db}.invoice_events (
+                id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                invoice   VARCHAR(64),
+                document  JSON NOT NULL,
+                logged_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+            )"
+            }
+            // A text payload in a latin1 column: the server converts it to the
+            // connection's UTF-8.
+            TeamTable::Notes => {
+                "CREATE TABLE {db}.notes (
+                id         INT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                topic      VARCHAR(64) NOT NULL,
+                `key`      VARCHAR(64),
+                note       TEXT CHARACTER SET latin1 NOT NULL,
+                headers    LONGTEXT,
+                created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
+            )"
+            }
+        }
+        .to_owned()
+    }
+
+    async fn produce(&self, sql: &str) {
+        self.execute(sql).await;
+    }
+
+    async fn own_table(&self, table: TeamTable, mapping: ColumnMapping) -> Arc<dyn Storage> {
+        Arc::new(own_table(self, &self.team_ddl(table), mapping).await)
+    }
+
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
         if let Some(own_table) = self.own_table {
             self.execute(own_table).await;
         }
-        let storage = MySqlStorage::connect(&url(), 4, self.options(&setup)).unwrap();
-        storage.create_schema().await.expect("create schema");
+        let storage =
+            MySqlStorage::connect(&url(), 4, self.options(&setup), self.database()).unwrap();
+        storage.ensure_table().await.expect("create schema");
         Arc::new(storage)
     }
 
@@ -133,17 +172,20 @@ impl Backend for MySqlBackend {
     }
 
     async fn missing_table(&self) -> Arc<dyn Storage> {
-        let options = MySqlOptions {
+        let options = TableOptions {
             table: "no_such_table".to_owned(),
             ..self.options(&Setup::default())
         };
-        Arc::new(MySqlStorage::connect(&url(), 1, options).unwrap())
+        Arc::new(MySqlStorage::connect(&url(), 1, options, self.database()).unwrap())
     }
 
     async fn unreachable(&self) -> Arc<dyn Storage> {
         // Port 1: nothing listens.
         let options = self.options(&Setup::default());
-        Arc::new(MySqlStorage::connect("mysql://root@127.0.0.1:1/test", 1, options).unwrap())
+        Arc::new(
+            MySqlStorage::connect("mysql://root@127.0.0.1:1/test", 1, options, self.database())
+                .unwrap(),
+        )
     }
 
     async fn until_listening(&self) {
@@ -247,11 +289,19 @@ impl Drop for DropDatabase {
 async fn servers_starting_together_create_the_schema_once() {
     let backend = MySqlBackend::new().await;
     let storages: Vec<MySqlStorage> = (0..3)
-        .map(|_| MySqlStorage::connect(&url(), 2, backend.options(&Setup::default())).unwrap())
+        .map(|_| {
+            MySqlStorage::connect(
+                &url(),
+                2,
+                backend.options(&Setup::default()),
+                backend.database(),
+            )
+            .unwrap()
+        })
         .collect();
-    let created = futures::future::join_all(storages.iter().map(|s| s.create_schema())).await;
+    let created = futures::future::join_all(storages.iter().map(|s| s.ensure_table())).await;
     assert!(created.iter().all(Result::is_ok), "{created:?}");
-    storages[0].ping().await.unwrap();
+    storages[0].verify_table().await.unwrap();
     let sql = storages[0].schema_sql();
     assert!(
         sql.contains(&format!("`{}`.`outbox`", backend.database)),
@@ -301,12 +351,9 @@ async fn rows_of_a_producer_in_another_time_zone_are_due_at_once() {
 /// like a missing table.
 #[tokio::test]
 async fn missing_database_is_reported_as_a_missing_table() {
-    let options = MySqlOptions {
-        database: Some("no_such_database_here".to_owned()),
-        ..MySqlOptions::default()
-    };
-    let storage = MySqlStorage::connect(&url(), 1, options).unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let database = Some("no_such_database_here".to_owned());
+    let storage = MySqlStorage::connect(&url(), 1, TableOptions::default(), database).unwrap();
+    let err = storage.verify_table().await.unwrap_err();
     assert!(
         matches!(
             err,
@@ -374,88 +421,19 @@ async fn own_table(backend: &MySqlBackend, ddl: &str, mapping: ColumnMapping) ->
         .and_then(|name| name.strip_prefix("{db}."))
         .expect("CREATE TABLE {db}.name")
         .to_owned();
-    let options = MySqlOptions {
+    let options = TableOptions {
         table,
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
-    let storage = MySqlStorage::connect(&url(), 2, options).unwrap();
-    storage.create_schema().await.expect("create schema");
-    storage.create_schema().await.expect("create schema again");
-    storage.ping().await.expect("the table fits its mapping");
+    let storage = MySqlStorage::connect(&url(), 2, options, backend.database()).unwrap();
+    storage.ensure_table().await.expect("create schema");
+    storage.ensure_table().await.expect("create schema again");
     storage
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_fixed_topic_json_table_without_headers_round_trips() {
-    let backend = MySqlBackend::new().await;
-    let ddl = "CREATE TABLE {db}.invoice_events (
-        id        BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-        invoice   VARCHAR(64),
-        document  JSON NOT NULL,
-        logged_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-    )";
-    let mapping = ColumnMapping {
-        fixed_topic: Some("invoices".into()),
-        key: "invoice".into(),
-        payload: "document".into(),
-        payload_format: PayloadFormat::Json,
-        headers: String::new(),
-        created_at: "logged_at".into(),
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, ddl, mapping).await;
-    let schema = storage.schema_sql();
-    assert!(
-        !schema.contains("topic") && !schema.contains("headers"),
-        "{schema}"
-    );
-
-    let first = storage
-        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
+        .verify_table()
         .await
-        .unwrap();
-    // The producer's own insert: message columns only, the relay's from their defaults.
-    backend
-        .execute(r#"INSERT INTO {db}.invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
-        .await;
-
-    fixed_topic_json_table_holds_two_invoices(&storage, first).await;
-}
-
-/// A text payload (here in a latin1 column: the server converts it to the connection's
-/// UTF-8) is handed out as its UTF-8 bytes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
-    let backend = MySqlBackend::new().await;
-    let ddl = "CREATE TABLE {db}.notes (
-        id         INT NOT NULL AUTO_INCREMENT PRIMARY KEY,
-        topic      VARCHAR(64) NOT NULL,
-        `key`      VARCHAR(64),
-        note       TEXT CHARACTER SET latin1 NOT NULL,
-        headers    LONGTEXT,
-        created_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6))
-    )";
-    let mapping = ColumnMapping {
-        payload: "note".into(),
-        payload_format: PayloadFormat::Text,
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, ddl, mapping).await;
-    let mut message = NewMessage::new("t", "grüße");
-    message.headers.insert("lang".into(), "de".into());
-    storage.insert(message.clone()).await.unwrap();
-    let got = claim(&storage, "w1", 10, LEASE).await;
-    assert_eq!(got[0].payload, "grüße".as_bytes());
-    assert_eq!(got[0].headers, message.headers);
-    let err = storage
-        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("payload_format = \"text\""),
-        "{err}"
-    );
+        .expect("the table fits its mapping");
+    storage
 }
 
 /// Every problem of a table that does not fit, at once: missing columns, types the
@@ -478,8 +456,14 @@ async fn ping_lists_every_missing_and_mistyped_column() {
             )",
         )
         .await;
-    let storage = MySqlStorage::connect(&url(), 1, backend.options(&Setup::default())).unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let storage = MySqlStorage::connect(
+        &url(),
+        1,
+        backend.options(&Setup::default()),
+        backend.database(),
+    )
+    .unwrap();
+    let err = storage.verify_table().await.unwrap_err();
     let StorageError::MismatchedTable { table, problems } = &err else {
         panic!("expected a mismatched table, got {err:?}");
     };
@@ -517,7 +501,7 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
         status: "state".into(),
         ..ColumnMapping::default()
     };
-    let options = |backend: &MySqlBackend| MySqlOptions {
+    let options = |backend: &MySqlBackend| TableOptions {
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
@@ -537,10 +521,10 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
     };
 
     let fresh = MySqlBackend::new().await;
-    let storage = MySqlStorage::connect(&url(), 1, options(&fresh)).unwrap();
+    let storage = MySqlStorage::connect(&url(), 1, options(&fresh), fresh.database()).unwrap();
     run(storage.schema_sql()).await;
     run(storage.schema_sql()).await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
 
     let existing = MySqlBackend::new().await;
     existing
@@ -553,15 +537,16 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
             )",
         )
         .await;
-    let storage = MySqlStorage::connect(&url(), 1, options(&existing)).unwrap();
-    let err = storage.ping().await.unwrap_err().to_string();
+    let storage =
+        MySqlStorage::connect(&url(), 1, options(&existing), existing.database()).unwrap();
+    let err = storage.verify_table().await.unwrap_err().to_string();
     assert!(
         err.contains("\"state\" (columns.status) is missing"),
         "{err}"
     );
     run(storage.schema_sql()).await;
     run(storage.schema_sql()).await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }

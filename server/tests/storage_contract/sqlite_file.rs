@@ -7,9 +7,9 @@ use std::str::FromStr;
 use super::*;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Executor;
-use txoutbox_server::storage::columns::{ColumnMapping, Columns, PayloadFormat};
-use txoutbox_server::storage::sqlite::{SqliteOptions, SqliteStorage, BUSY_TIMEOUT};
-use txoutbox_server::storage::StorageError;
+use txoutbox_server::storage::columns::{ColumnMapping, Columns};
+use txoutbox_server::storage::sqlite::{SqliteStorage, BUSY_TIMEOUT};
+use txoutbox_server::storage::{StorageError, TableOptions};
 
 /// The machine clock in epoch milliseconds, as a team's own table would default it.
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
@@ -75,9 +75,9 @@ impl SqliteBackend {
         self.dir.path().join("outbox.db")
     }
 
-    pub fn options(&self, setup: &Setup) -> SqliteOptions {
+    pub fn options(&self, setup: &Setup) -> TableOptions {
         assert!(!setup.notify, "SQLite has no insert notifications");
-        SqliteOptions {
+        TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
             delete_on_ack: setup.delete_on_ack,
@@ -101,6 +101,42 @@ impl SqliteBackend {
 }
 
 impl Backend for SqliteBackend {
+    fn team_ddl(&self, table: TeamTable) -> String {
+        match table {
+            TeamTable::InvoiceEvents => format!(
+                "CREATE TABLE invoice_events (
+                    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+                    invoice   TEXT,
+                    document  JSON NOT NULL,
+                    logged_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+                )"
+            ),
+            TeamTable::Notes => format!(
+                "CREATE TABLE notes (
+                    id         INTEGER PRIMARY KEY,
+                    topic      TEXT NOT NULL,
+                    key        TEXT,
+                    note       TEXT NOT NULL,
+                    headers    TEXT,
+                    created_at INTEGER NOT NULL DEFAULT ({NOW_MS})
+                )"
+            ),
+        }
+    }
+
+    async fn produce(&self, sql: &str) {
+        let producer = self.producer().await;
+        producer
+            .execute(sql.replace("{db}.", "").as_str())
+            .await
+            .unwrap();
+        producer.close().await;
+    }
+
+    async fn own_table(&self, table: TeamTable, mapping: ColumnMapping) -> Arc<dyn Storage> {
+        Arc::new(own_table(self, &self.team_ddl(table), mapping).await)
+    }
+
     async fn open(&self, setup: Setup) -> Arc<dyn Storage> {
         let setup = Setup {
             notify: false,
@@ -114,7 +150,7 @@ impl Backend for SqliteBackend {
         let storage = SqliteStorage::connect(&self.url, 4, self.options(&setup))
             .await
             .unwrap();
-        storage.create_schema().await.expect("create schema");
+        storage.ensure_table().await.expect("create schema");
         Arc::new(storage)
     }
 
@@ -127,7 +163,7 @@ impl Backend for SqliteBackend {
     }
 
     async fn missing_table(&self) -> Arc<dyn Storage> {
-        let options = SqliteOptions {
+        let options = TableOptions {
             table: "no_such_table".to_owned(),
             ..self.options(&Setup::default())
         };
@@ -374,7 +410,7 @@ async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -
         .nth(2)
         .expect("CREATE TABLE name")
         .to_owned();
-    let options = SqliteOptions {
+    let options = TableOptions {
         table,
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
@@ -382,87 +418,13 @@ async fn own_table(backend: &SqliteBackend, ddl: &str, mapping: ColumnMapping) -
     let storage = SqliteStorage::connect(&backend.url, 2, options)
         .await
         .unwrap();
-    storage.create_schema().await.expect("create schema");
-    storage.create_schema().await.expect("create schema again");
-    storage.ping().await.expect("the table fits its mapping");
+    storage.ensure_table().await.expect("create schema");
+    storage.ensure_table().await.expect("create schema again");
     storage
-}
-
-#[tokio::test]
-async fn a_fixed_topic_json_table_without_headers_round_trips() {
-    let backend = SqliteBackend::new().await;
-    let ddl = format!(
-        "CREATE TABLE invoice_events (
-            id        INTEGER PRIMARY KEY AUTOINCREMENT,
-            invoice   TEXT,
-            document  JSON NOT NULL,
-            logged_at INTEGER NOT NULL DEFAULT ({NOW_MS})
-        )"
-    );
-    let mapping = ColumnMapping {
-        fixed_topic: Some("invoices".into()),
-        key: "invoice".into(),
-        payload: "document".into(),
-        payload_format: PayloadFormat::Json,
-        headers: String::new(),
-        created_at: "logged_at".into(),
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, &ddl, mapping).await;
-    let schema = storage.schema_sql();
-    assert!(
-        !schema.contains("topic") && !schema.contains("headers"),
-        "{schema}"
-    );
-
-    let first = storage
-        .insert(NewMessage::new("invoices", r#"{"total": 12}"#).with_key("inv-1"))
+        .verify_table()
         .await
-        .unwrap();
-    // The producer's own insert: message columns only, the relay's from their defaults.
-    let producer = backend.producer().await;
-    producer
-        .execute(r#"INSERT INTO invoice_events (invoice, document) VALUES ('inv-2', '["x"]')"#)
-        .await
-        .unwrap();
-    producer.close().await;
-
-    fixed_topic_json_table_holds_two_invoices(&storage, first).await;
-}
-
-#[tokio::test]
-async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
-    let backend = SqliteBackend::new().await;
-    let ddl = format!(
-        "CREATE TABLE notes (
-            id         INTEGER PRIMARY KEY,
-            topic      TEXT NOT NULL,
-            key        TEXT,
-            note       TEXT NOT NULL,
-            headers    TEXT,
-            created_at INTEGER NOT NULL DEFAULT ({NOW_MS})
-        )"
-    );
-    let mapping = ColumnMapping {
-        payload: "note".into(),
-        payload_format: PayloadFormat::Text,
-        ..ColumnMapping::default()
-    };
-    let storage = own_table(&backend, &ddl, mapping).await;
-    let mut message = NewMessage::new("t", "grüße");
-    message.headers.insert("lang".into(), "de".into());
-    storage.insert(message.clone()).await.unwrap();
-    let got = claim(&storage, "w1", 10, LEASE).await;
-    assert_eq!(got[0].payload, "grüße".as_bytes());
-    assert_eq!(got[0].headers, message.headers);
-    let err = storage
-        .insert(NewMessage::new("t", vec![0xff, 0xfe]))
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string().contains("payload_format = \"text\""),
-        "{err}"
-    );
+        .expect("the table fits its mapping");
+    storage
 }
 
 /// Every problem of a table that does not fit, at once: missing columns, types the
@@ -471,7 +433,12 @@ async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
 async fn ping_lists_every_missing_and_mistyped_column() {
     let backend = SqliteBackend::new().await;
     // The relay's own table passes the same check.
-    backend.open(Setup::default()).await.ping().await.unwrap();
+    backend
+        .open(Setup::default())
+        .await
+        .verify_table()
+        .await
+        .unwrap();
 
     let producer = backend.producer().await;
     producer
@@ -489,14 +456,14 @@ async fn ping_lists_every_missing_and_mistyped_column() {
         .await
         .unwrap();
     producer.close().await;
-    let options = SqliteOptions {
+    let options = TableOptions {
         table: "legacy".to_owned(),
         ..backend.options(&Setup::default())
     };
     let storage = SqliteStorage::connect(&backend.url, 1, options)
         .await
         .unwrap();
-    let err = storage.ping().await.unwrap_err();
+    let err = storage.verify_table().await.unwrap_err();
     let StorageError::MismatchedTable { table, problems } = &err else {
         panic!("expected a mismatched table, got {err:?}");
     };
@@ -537,7 +504,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
         status: "state".into(),
         ..ColumnMapping::default()
     };
-    let options = |backend: &SqliteBackend| SqliteOptions {
+    let options = |backend: &SqliteBackend| TableOptions {
         columns: Columns::from_mapping(&mapping).unwrap(),
         ..backend.options(&Setup::default())
     };
@@ -551,7 +518,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     producer.execute(schema.as_str()).await.unwrap();
     producer.execute(schema.as_str()).await.expect("idempotent");
     producer.close().await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
 
     let existing = SqliteBackend::new().await;
     let producer = existing.producer().await;
@@ -571,7 +538,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     let storage = SqliteStorage::connect(&existing.url, 1, options(&existing))
         .await
         .unwrap();
-    let err = storage.ping().await.unwrap_err().to_string();
+    let err = storage.verify_table().await.unwrap_err().to_string();
     assert!(
         err.contains("\"state\" (columns.status) is missing"),
         "{err}"
@@ -590,7 +557,7 @@ async fn the_printed_schema_creates_a_table_and_its_alters_fit_an_existing_one()
     }
     producer.execute(script.as_str()).await.unwrap();
     producer.close().await;
-    storage.ping().await.unwrap();
+    storage.verify_table().await.unwrap();
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }
@@ -606,7 +573,7 @@ async fn a_read_only_file_is_reported_by_ping_and_writes() {
     let options = backend.options(&Setup::default());
     let read_only = SqliteStorage::connect(&url, 1, options).await.unwrap();
     for result in [
-        read_only.ping().await.map(drop),
+        read_only.verify_table().await.map(drop),
         read_only.claim(request("w")).await.map(drop),
     ] {
         let error = result.unwrap_err();

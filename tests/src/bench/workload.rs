@@ -8,8 +8,8 @@ use std::time::Duration;
 use anyhow::Context;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
-use txoutbox_server::storage::postgres::{PostgresOptions, PostgresStorage};
-use txoutbox_server::storage::Storage;
+use txoutbox_server::storage::postgres::{PostgresExtras, PostgresStorage};
+use txoutbox_server::storage::{Storage, TableOptions};
 
 /// Topic of every benchmark row.
 pub const TOPIC: &str = "bench";
@@ -95,18 +95,17 @@ impl BenchSchema {
     }
 
     /// The storage options of the outbox table in this schema.
-    pub fn options(
-        &self,
-        strict_ordering: bool,
-        notify_channel: Option<String>,
-    ) -> PostgresOptions {
-        PostgresOptions {
-            schema: Some(self.name.clone()),
+    pub fn options(&self, strict_ordering: bool) -> (TableOptions, PostgresExtras) {
+        let table = TableOptions {
             table: TABLE.to_owned(),
             strict_ordering,
-            notify_channel,
-            ..PostgresOptions::default()
-        }
+            ..TableOptions::default()
+        };
+        let extras = PostgresExtras {
+            schema: Some(self.name.clone()),
+            notify_channel: None,
+        };
+        (table, extras)
     }
 
     /// Creates txoutboxd's table (and, if strict, its key-heads table and trigger) the way
@@ -117,9 +116,9 @@ impl BenchSchema {
         strict_ordering: bool,
         connections: u32,
     ) -> anyhow::Result<Arc<PostgresStorage>> {
-        let storage =
-            PostgresStorage::connect(url, connections, self.options(strict_ordering, None)).await?;
-        storage.create_schema().await?;
+        let (options, extras) = self.options(strict_ordering);
+        let storage = PostgresStorage::connect(url, connections, options, extras).await?;
+        storage.ensure_table().await?;
         Ok(Arc::new(storage))
     }
 

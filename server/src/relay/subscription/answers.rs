@@ -221,15 +221,41 @@ fn nack_settlement(id: MessageId, result: NackResult) -> (Settlement, Vec<Messag
     (settlement, finished)
 }
 
-/// Applies one answer other than an ack, a nack or a new window (the loop handles
-/// those). An answer refused as sent (the caller's fault: a delay or lease out of bounds,
-/// a NUL in an error text) is rejected alone; other errors end the stream.
+/// An answer applied on its own, one storage call and one settlement: what is left once
+/// the loop has taken acks and nacks (coalesced) and new windows (its own state).
+#[derive(Debug)]
+pub(super) enum Single {
+    Release {
+        ids: Vec<MessageId>,
+        delay: Duration,
+    },
+    DeadLetter {
+        id: MessageId,
+        error: String,
+    },
+    ExtendLease {
+        ids: Vec<MessageId>,
+        lease: Duration,
+    },
+}
+
+impl Single {
+    fn ids(&self) -> Vec<MessageId> {
+        match self {
+            Self::Release { ids, .. } | Self::ExtendLease { ids, .. } => ids.clone(),
+            Self::DeadLetter { id, .. } => vec![*id],
+        }
+    }
+}
+
+/// Applies one [`Single`] answer. An answer refused as sent (the caller's fault: a delay
+/// or lease out of bounds) is rejected alone; other errors end the stream.
 /// `default_lease` is the stream's lease, for extensions that ask for none.
 pub(super) async fn apply(
     outbox: Arc<Outbox>,
     owner: Arc<str>,
     default_lease: Duration,
-    answer: Answer,
+    answer: Single,
 ) -> RelayResult<Applied> {
     let ids = answer.ids();
     match apply_one(outbox, owner, default_lease, answer).await {
@@ -245,26 +271,20 @@ async fn apply_one(
     outbox: Arc<Outbox>,
     owner: Arc<str>,
     default_lease: Duration,
-    answer: Answer,
+    answer: Single,
 ) -> RelayResult<Applied> {
     let owner = &*owner;
     let mut settlement = Settlement::default();
     let mut finished = Vec::new();
     let mut extended = None;
     match answer {
-        Answer::Ack(ids) => return apply_acks(outbox, owner.into(), vec![ids]).await,
-        Answer::Nack { id, error, delay } => {
-            limits::text("error", &error)?;
-            let result = outbox.nack(owner, id, &error, delay).await?;
-            (settlement, finished) = nack_settlement(id, result);
-        }
-        Answer::Release { ids, delay } => {
+        Single::Release { ids, delay } => {
             let (released, fenced) = outbox.release(owner, &ids, delay).await?;
             finished = ids;
             settlement.released = released;
             settlement.fenced = fenced;
         }
-        Answer::DeadLetter { id, error } => {
+        Single::DeadLetter { id, error } => {
             let applied = outbox.dead_letter(owner, id, &error).await?;
             finished.push(id);
             if applied {
@@ -273,7 +293,7 @@ async fn apply_one(
                 settlement.fenced = vec![id];
             }
         }
-        Answer::ExtendLease { ids, lease } => {
+        Single::ExtendLease { ids, lease } => {
             let lease = if lease.is_zero() {
                 default_lease
             } else {
@@ -286,8 +306,6 @@ async fn apply_one(
             settlement.lease_expires_at = Some(done.lease_expires_at);
             settlement.fenced = fenced;
         }
-        // Applied by the loop, which owns the window; nothing to store.
-        Answer::SetWindow(window) => check_window(window)?,
     }
     Ok(Applied {
         settlements: vec![settlement],

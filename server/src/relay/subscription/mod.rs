@@ -4,7 +4,9 @@
 //!
 //! The loop owns all state of the stream (the held rows and their deadlines, the window),
 //! so there is no locking: answers, claims, wake-ups and the drain are events of one
-//! `select!`. The storage calls run on tasks of their own, so a claim and an answer of one
+//! `select!`. The claiming side is a state machine of its own ([`claiming`]: `Ready`,
+//! `Running`, `InTransit`, and in `Ready` whether the next claim waits for a time or for
+//! the group's turn), so each arm of the `select!` is guarded by the state it belongs to. The storage calls run on tasks of their own, so a claim and an answer of one
 //! stream run at the same time: a claim woken by an insert does not wait behind an ack
 //! transaction, and acks arriving during a claim do not wait for it. At most one claim and
 //! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
@@ -46,6 +48,7 @@
 //! ends the stream with its status.
 
 mod answers;
+mod claiming;
 mod held;
 pub mod queue;
 #[cfg(test)]
@@ -60,8 +63,9 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
-use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack};
+use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack, Single};
 pub use self::answers::{Answer, Rejection, Settlement};
+use self::claiming::{progress, Asked, ClaimRun, Claiming, NextClaim, Progress};
 use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::drain::Drain;
@@ -141,14 +145,13 @@ pub async fn run(
         owner,
         held: Held::default(),
         events,
-        claim: None,
+        // The first claim goes through the group (see `PollGroup::wake`).
+        claiming: Claiming::Ready(NextClaim::Idle {
+            short_while_holding: false,
+        }),
         answer: None,
         next_answer: None,
-        // The first claim goes through the group (see `PollGroup::wake`).
-        next_claim_at: None,
-        short_while_holding: false,
-        freed_during_claim: false,
-        in_transit: None,
+        draining_until: None,
         claim_failures: 0,
     };
     state.idle.wake();
@@ -175,32 +178,17 @@ struct Subscription {
     idle: Arc<PollGroup>,
     /// The group's "a poll found more than a batch" counter.
     found: Option<watch::Receiver<u64>>,
-    /// The claim running on its own task, if any.
-    claim: Option<ClaimRun>,
-    /// The answer (or the coalesced acks) being applied on its own task, if any.
+    /// What the claiming side waits for.
+    claiming: Claiming,
+    /// The answer (or the coalesced acks or nacks) being applied on its own task, if any.
     answer: Option<AnswerRun>,
     /// An answer taken from the channel that has not started: it waits for the answer in
     /// flight, or for the claim in flight (see [`Answer::waits_for_claims`]).
     next_answer: Option<RelayResult<Answer>>,
-    /// When this stream claims next on its own account; `None` while it waits for its
-    /// group's poll turn, an insert signal, or its own answers.
-    next_claim_at: Option<Instant>,
-    /// The last claim returned fewer rows than asked while the stream held some.
-    short_while_holding: bool,
-    /// Answers settled while the claim in flight ran made rows free: its keys may have
-    /// been unblocked after the claim looked.
-    freed_during_claim: bool,
-    /// The last batch sent, until the transport takes it: no claim starts meanwhile.
-    in_transit: Option<oneshot::Receiver<()>>,
+    /// Once the drain has begun: when the subscriber's time to answer runs out.
+    draining_until: Option<Instant>,
     /// Claims failed in a row, for the pause before the next.
     claim_failures: u32,
-}
-
-struct ClaimRun {
-    task: JoinHandle<RelayResult<Claimed>>,
-    asked: usize,
-    /// Claiming in a turn of its group.
-    turn: Option<Turn>,
 }
 
 struct AnswerRun {
@@ -209,13 +197,8 @@ struct AnswerRun {
     gives_back: bool,
 }
 
-/// Why the loop stopped without an error.
-enum Stop {
-    SubscriberGone,
-    Drained,
-}
-
 impl Subscription {
+    /// Runs the stream until the subscriber goes away or the drain completes.
     async fn serve(&mut self, answers: &mut AnswerReceiver, drain: &Drain) -> RelayResult<()> {
         tracing::info!(
             outbox = %self.outbox.name,
@@ -230,77 +213,75 @@ impl Subscription {
             max_in_flight: self.spec.max_in_flight,
             max_attempts: self.outbox.config.max_attempts,
         })
-        .await?;
+        .await;
         if drain.is_started() {
             return Err(RelayError::ShuttingDown);
         }
-        match self.event_loop(answers, drain).await? {
-            Stop::SubscriberGone | Stop::Drained => Ok(()),
-        }
-    }
-
-    async fn event_loop(
-        &mut self,
-        answers: &mut AnswerReceiver,
-        drain: &Drain,
-    ) -> RelayResult<Stop> {
-        let mut drain_deadline: Option<Instant> = None;
         loop {
             self.start_next_answer(answers).await?;
-            let quiet = self.claim.is_none() && self.answer.is_none() && self.next_answer.is_none();
-            if drain_deadline.is_some() && self.held.len() == 0 && quiet {
-                return Ok(Stop::Drained);
+            let quiet = matches!(
+                self.claiming,
+                Claiming::Ready(_) | Claiming::InTransit { .. }
+            ) && self.answer.is_none()
+                && self.next_answer.is_none();
+            if self.draining_until.is_some() && self.held.len() == 0 && quiet {
+                return Ok(());
             }
-            let claim_size = self.claim_size(drain);
-            let can_claim = claim_size.is_some();
-            let count = claim_size.unwrap_or(0);
-            let waiting = can_claim && self.next_claim_at.is_none();
+            let claim = self.claim_size(drain);
+            let claim_at = match claim {
+                Some((count, NextClaim::At(at))) => Some((count, at)),
+                _ => None,
+            };
+            let claim_idle = match claim {
+                Some((count, NextClaim::Idle { .. })) => Some(count),
+                _ => None,
+            };
+            let claim_running = matches!(self.claiming, Claiming::Running(_));
             let take_answer = self.answer.is_none() && self.next_answer.is_none();
             let expiry = self.held.next_deadline();
             tokio::select! {
                 biased;
-                result = joined(self.claim.as_mut().map(|run| &mut run.task)) => {
-                    let run = self.claim.take().expect("a claim was in flight");
-                    self.claimed(run, result).await?;
+                progress = progress(&mut self.claiming) => {
+                    if let Progress::Claimed { result, asked, freed_rows } = progress {
+                        self.claimed(result, asked, freed_rows).await?;
+                    }
                 }
                 result = joined(self.answer.as_mut().map(|run| &mut run.task)) => {
                     self.answer = None;
                     self.answered(result.map_err(task_failed)?).await?;
                 }
                 answer = answers.recv(), if take_answer => {
-                    let Some(answer) = answer else { return Ok(Stop::SubscriberGone) };
+                    let Some(answer) = answer else { return Ok(()) };
                     // Started at the top of the loop, which also merges the acks behind it.
                     self.next_answer = Some(answer);
                 }
-                _ = self.events.closed() => return Ok(Stop::SubscriberGone),
-                _ = drain.started(), if drain_deadline.is_none() && self.claim.is_none() => {
-                    let deadline = Instant::now() + drain.timeout();
-                    drain_deadline = Some(deadline);
+                _ = self.events.closed() => return Ok(()),
+                _ = drain.started(), if self.draining_until.is_none() && !claim_running => {
+                    self.draining_until = Some(Instant::now() + drain.timeout());
                     let wall = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
                     tracing::info!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "draining");
-                    self.send(Event::Draining { deadline: wall }).await?;
+                    self.send(Event::Draining { deadline: wall }).await;
                 }
-                _ = sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
+                _ = sleep_until(self.draining_until.unwrap_or_else(Instant::now)), if self.draining_until.is_some() => {
                     tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "drain timeout; giving back unanswered messages");
-                    return Ok(Stop::Drained);
+                    return Ok(());
                 }
                 _ = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
                     let expired = self.held.take_expired(Instant::now());
                     if !expired.is_empty() {
                         tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, count = expired.len(), "leases expired before the subscriber answered");
-                        self.send(Event::LeasesExpired(expired)).await?;
+                        self.send(Event::LeasesExpired(expired)).await;
                     }
                 }
-                _ = taken(&mut self.in_transit), if self.in_transit.is_some() => {
-                    self.in_transit = None;
+                _ = sleep_until(claim_at.map_or_else(Instant::now, |(_, at)| at)), if claim_at.is_some() => {
+                    self.start_claim(claim_at.map_or(0, |(count, _)| count), None);
                 }
-                _ = sleep_until(self.next_claim_at.unwrap_or_else(Instant::now)), if can_claim && !waiting => {
-                    self.start_claim(count, None);
+                turn = self.idle.turn(), if claim_idle.is_some() => {
+                    self.start_claim(claim_idle.unwrap_or(0), Some(turn));
                 }
-                turn = self.idle.turn(), if waiting => self.start_claim(count, Some(turn)),
-                changed = changed(&mut self.found), if waiting => {
+                changed = changed(&mut self.found), if claim_idle.is_some() => {
                     if changed {
-                        self.start_claim(count, None);
+                        self.start_claim(claim_idle.unwrap_or(0), None);
                     } else {
                         self.found = None;
                     }
@@ -309,14 +290,17 @@ impl Subscription {
         }
     }
 
-    /// How many rows a claim may ask for now, or `None` when no claim may start: one is
-    /// running, the last batch is not taken by the transport yet, an answer that gives
-    /// rows back is waiting or running, the drain has begun, or the window has too little
-    /// room.
-    fn claim_size(&self, drain: &Drain) -> Option<usize> {
+    /// How many rows a claim may ask for now, and when it starts; `None` when no claim
+    /// may start: one is running, the last batch is not taken by the transport yet, an
+    /// answer that gives rows back is waiting or running, the drain has begun, or the
+    /// window has too little room.
+    fn claim_size(&self, drain: &Drain) -> Option<(usize, NextClaim)> {
+        let Claiming::Ready(next) = self.claiming else {
+            return None;
+        };
         let gives_back = self.answer.as_ref().is_some_and(|run| run.gives_back)
             || matches!(&self.next_answer, Some(Ok(answer)) if answer.waits_for_claims());
-        if self.claim.is_some() || self.in_transit.is_some() || gives_back || drain.is_started() {
+        if gives_back || drain.is_started() {
             return None;
         }
         let window = self.spec.max_in_flight as usize;
@@ -329,7 +313,7 @@ impl Subscription {
         let low_water = batch_cap.div_ceil(2).max(1);
         let room = window.saturating_sub(self.held.len());
         let enough = room > 0 && (room >= low_water || self.held.len() == 0);
-        enough.then_some(room.min(batch_cap))
+        enough.then_some((room.min(batch_cap), next))
     }
 
     /// Starts a claim of up to `count` rows on its own task.
@@ -342,13 +326,11 @@ impl Subscription {
             async move { outbox.claim(&owner, count as u32, lease, &topics).await }
                 .in_current_span(),
         );
-        self.claim = Some(ClaimRun {
+        self.claiming = Claiming::Running(ClaimRun {
             task,
-            asked: count,
-            turn,
+            asked: Asked { count, turn },
+            freed_rows: false,
         });
-        self.freed_during_claim = false;
-        self.next_claim_at = None;
         // This claim answers whatever the group found before it started.
         if let Some(found) = &mut self.found {
             found.mark_unchanged();
@@ -358,10 +340,10 @@ impl Subscription {
     /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
     async fn claimed(
         &mut self,
-        run: ClaimRun,
         result: Result<RelayResult<Claimed>, JoinError>,
+        asked: Asked,
+        freed_rows: bool,
     ) -> RelayResult<()> {
-        let freed = std::mem::take(&mut self.freed_during_claim);
         let claimed = match result.map_err(task_failed)? {
             Ok(claimed) => claimed,
             // Retrying cannot heal the caller's own mistake: end with its status.
@@ -372,22 +354,28 @@ impl Subscription {
                     .saturating_mul(1 << self.claim_failures.min(5))
                     .min(MAX_STORAGE_ERROR_DELAY);
                 self.claim_failures += 1;
-                self.next_claim_at = Some(Instant::now() + pause);
+                self.claiming = Claiming::Ready(NextClaim::At(Instant::now() + pause));
                 return Ok(());
             }
             Err(error) => return Err(error),
         };
         self.claim_failures = 0;
         let got = claimed.messages.len();
-        let short = got < run.asked;
-        self.short_while_holding = short && self.held.len() > 0;
-        self.idle.record(run.turn, run.asked, got);
+        let short = got < asked.count;
+        self.idle.record(asked.turn, asked.count, got);
         // A full batch means there is probably more: claim again as soon as there is room.
         // A short one after answers freed rows of this stream during the claim: those may
         // have unblocked keys after the claim looked, so look again now too. Otherwise
         // wait for the group's poll, an insert signal, or this stream's own answers.
-        self.next_claim_at = (!short || freed).then(Instant::now);
+        let next = if !short || freed_rows {
+            NextClaim::At(Instant::now())
+        } else {
+            NextClaim::Idle {
+                short_while_holding: self.held.len() > 0,
+            }
+        };
         if got == 0 {
+            self.claiming = Claiming::Ready(next);
             return Ok(());
         }
         // The local deadline is measured after the claim returned, so it never runs out
@@ -397,12 +385,16 @@ impl Subscription {
             self.held.insert(message.id, deadline);
         }
         let (taken, in_transit) = oneshot::channel();
-        self.in_transit = Some(in_transit);
+        self.claiming = Claiming::InTransit {
+            taken: in_transit,
+            next,
+        };
         self.send(Event::Batch(Batch {
             claimed,
             _taken: Some(taken),
         }))
-        .await
+        .await;
+        Ok(())
     }
 
     /// Starts the answer taken from the channel, if nothing keeps it waiting.
@@ -414,7 +406,7 @@ impl Subscription {
             return Ok(());
         };
         let answer = next?;
-        if answer.waits_for_claims() && self.claim.is_some() {
+        if answer.waits_for_claims() && matches!(self.claiming, Claiming::Running(_)) {
             self.next_answer = Some(Ok(answer));
             return Ok(());
         }
@@ -422,7 +414,10 @@ impl Subscription {
         let owner = Arc::clone(&self.owner);
         let gives_back = answer.waits_for_claims();
         let task = match answer {
-            Answer::SetWindow(window) => return self.set_window(window).await,
+            Answer::SetWindow(window) => {
+                self.set_window(window).await;
+                return Ok(());
+            }
             Answer::Ack(ids) => {
                 let acks = self.acks_behind(ids, answers);
                 tokio::spawn(apply_acks(outbox, owner, acks).in_current_span())
@@ -431,13 +426,18 @@ impl Subscription {
                 let nacks = self.nacks_behind(Nack { id, error, delay }, answers);
                 tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span())
             }
-            answer => {
-                let lease = self.spec.lease;
-                tokio::spawn(apply(outbox, owner, lease, answer).in_current_span())
-            }
+            Answer::Release { ids, delay } => self.apply(Single::Release { ids, delay }),
+            Answer::DeadLetter { id, error } => self.apply(Single::DeadLetter { id, error }),
+            Answer::ExtendLease { ids, lease } => self.apply(Single::ExtendLease { ids, lease }),
         };
         self.answer = Some(AnswerRun { task, gives_back });
         Ok(())
+    }
+
+    /// Applies a [`Single`] answer on a task of its own.
+    fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
+        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
+        tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
     }
 
     /// `first` and the acks waiting right behind it, to apply in one storage call (a
@@ -488,19 +488,19 @@ impl Subscription {
 
     /// Applies a new window (never while a claim runs) and confirms it; a window out of
     /// bounds is rejected and the old one kept.
-    async fn set_window(&mut self, window: u32) -> RelayResult<()> {
+    async fn set_window(&mut self, window: u32) {
         if let Err(error) = check_window(window) {
-            return self
-                .send(Event::Settled(Settlement::rejected(Vec::new(), &error)))
+            self.send(Event::Settled(Settlement::rejected(Vec::new(), &error)))
                 .await;
+            return;
         }
         tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
         if window > self.spec.max_in_flight {
             // More room: look at once rather than at the next poll.
-            self.next_claim_at = Some(Instant::now());
+            self.claiming.claim_now();
         }
         self.spec.max_in_flight = window;
-        self.send(Event::Settled(Settlement::default())).await
+        self.send(Event::Settled(Settlement::default())).await;
     }
 
     /// Takes applied answers: their rows stop (or keep) being held, then each answer is
@@ -510,17 +510,22 @@ impl Subscription {
         let held_before = self.held.len();
         self.account(&applied);
         for settlement in applied.settlements {
-            self.send(Event::Settled(settlement)).await?;
+            self.send(Event::Settled(settlement)).await;
         }
         if self.held.len() < held_before {
             // A claim that came back short while this stream held rows may have been held
             // back by this stream's own keys: answering them can unblock work, so look
             // again now rather than at the next idle poll.
-            if self.claim.is_some() {
-                self.freed_during_claim = true;
-            } else if self.short_while_holding {
-                self.short_while_holding = false;
-                self.next_claim_at = Some(Instant::now());
+            match &mut self.claiming {
+                Claiming::Running(run) => run.freed_rows = true,
+                Claiming::InTransit { next, .. } | Claiming::Ready(next) => {
+                    if let NextClaim::Idle {
+                        short_while_holding: true,
+                    } = next
+                    {
+                        *next = NextClaim::At(Instant::now());
+                    }
+                }
             }
         }
         Ok(())
@@ -540,7 +545,10 @@ impl Subscription {
     /// they leased is held (and given back) and what they answered is not. Their events
     /// are not sent, except the answer's `settled` when there is room for it at once.
     async fn finish_in_flight(&mut self) {
-        if let Some(run) = self.claim.take() {
+        let idle = Claiming::Ready(NextClaim::Idle {
+            short_while_holding: false,
+        });
+        if let Claiming::Running(run) = std::mem::replace(&mut self.claiming, idle) {
             if let Ok(Ok(claimed)) = run.task.await {
                 let deadline = Instant::now() + self.spec.lease;
                 for message in &claimed.messages {
@@ -583,10 +591,9 @@ impl Subscription {
         self.held = Held::default();
     }
 
-    async fn send(&self, event: Event) -> RelayResult<()> {
+    async fn send(&self, event: Event) {
         // A closed channel means the subscriber is gone; the loop notices via `closed()`.
         let _ = self.events.send(Ok(event)).await;
-        Ok(())
     }
 }
 
@@ -603,16 +610,6 @@ fn task_failed(error: JoinError) -> RelayError {
     RelayError::Storage(StorageError::Other(anyhow::anyhow!(
         "a storage call of the subscription failed: {error}"
     )))
-}
-
-/// Completes when the batch in transit was taken by the transport (or the stream ended).
-async fn taken(in_transit: &mut Option<oneshot::Receiver<()>>) {
-    match in_transit {
-        Some(receiver) => {
-            let _ = receiver.await;
-        }
-        None => std::future::pending().await,
-    }
 }
 
 fn log_claim_error(outbox: &str, error: &StorageError) {

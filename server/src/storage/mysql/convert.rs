@@ -1,6 +1,5 @@
 //! Translations between the driver and the storage types: errors, rows, headers.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::anyhow;
@@ -8,7 +7,8 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::Row;
 
-use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::{OutboxMessage, StorageError, TopicStats};
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -77,25 +77,6 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
     }
 }
 
-/// Attempts as read (`CAST(... AS SIGNED)`, whatever the column's integer type) to the
-/// trait's count.
-pub(super) fn attempts(stored: i64) -> u32 {
-    u32::try_from(stored).unwrap_or(0)
-}
-
-/// JSON headers to strings; a non-string value becomes its JSON text.
-pub(super) fn headers_from_json(value: serde_json::Value) -> BTreeMap<String, String> {
-    let serde_json::Value::Object(map) = value else {
-        return BTreeMap::new();
-    };
-    map.into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(text) => (name, text),
-            other => (name, other.to_string()),
-        })
-        .collect()
-}
-
 /// A text column as a `String`. Columns with a binary collation (`utf8mb4_bin`, which the
 /// schema uses) carry the BINARY flag, which sqlx refuses to decode as a string; their
 /// bytes are UTF-8 all the same.
@@ -118,16 +99,6 @@ fn required_text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
     })
 }
 
-/// Headers as stored (JSON text) to strings. A team's own table may hold NULL or
-/// anything that is not a JSON object: that reads as no headers rather than failing every
-/// claim that meets the row.
-fn headers_from_bytes(stored: Option<&[u8]>) -> BTreeMap<String, String> {
-    stored
-        .and_then(|bytes| serde_json::from_slice(bytes).ok())
-        .map(headers_from_json)
-        .unwrap_or_default()
-}
-
 /// A candidate row of a claim, as the message it becomes once leased (attempt counted).
 pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
@@ -138,14 +109,14 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
         payload: row.try_get("payload")?,
-        headers: headers_from_bytes(headers.as_deref()),
+        headers: headers_from_text(headers.as_deref()),
         attempts: attempts(stored_attempts.saturating_add(1)),
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
     })
 }
 
 pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_us")?;
     Ok(TopicStats {
         topic: required_text(row, "topic")?,
@@ -158,30 +129,13 @@ pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Err
 
 /// `now + duration` on the database clock, clamped like every interval sent.
 pub(super) fn after(now: DateTime<Utc>, duration: Duration) -> DateTime<Utc> {
-    let duration = duration.min(super::sql::MAX_INTERVAL);
+    let duration = rows::clamped(duration);
     now + chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX)
-}
-
-pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
-    ids.sort_unstable();
-    ids.dedup();
-    ids
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_keep_strings_and_render_other_values_as_json() {
-        let headers = headers_from_json(serde_json::json!({"a": "x", "n": 1}));
-        assert_eq!(headers["a"], "x");
-        assert_eq!(headers["n"], "1");
-        assert!(headers_from_json(serde_json::json!([1])).is_empty());
-        assert!(headers_from_bytes(None).is_empty());
-        assert!(headers_from_bytes(Some(b"not json")).is_empty());
-        assert_eq!(headers_from_bytes(Some(br#"{"a":"x"}"#))["a"], "x");
-    }
 
     #[test]
     fn far_deadlines_are_clamped() {

@@ -49,68 +49,32 @@ use std::future::Future;
 use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::Executor;
 
-use self::convert::{classify, decode_topic_stats, sorted};
+use self::convert::{classify, decode_topic_stats};
 use self::sql::{Shape, Statements};
 
-use super::columns::{check_live_columns, insert_row, Columns, InsertPayload, LiveColumn};
+use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy,
-    Stats, Storage, StorageError, StorageResult,
+    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
+    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
+    ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
-/// How long an operation waits for a pooled connection before the database counts as
-/// unreachable. Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
 /// is 50): a write-back stuck behind a foreign transaction fails over to a retry instead
 /// of holding its caller for most of a minute.
 pub const LOCK_WAIT_TIMEOUT_SECS: u32 = 10;
-/// Rows deleted per statement by `purge`, so it never holds a long transaction.
-const PURGE_BATCH: i64 = 10_000;
-
-/// Per-outbox settings of the MySQL/MariaDB backend.
-#[derive(Debug, Clone)]
-pub struct MySqlOptions {
-    /// Database (MySQL's "schema") of the table; `None` uses the connection's, the one
-    /// named in the URL.
-    pub database: Option<String>,
-    pub table: String,
-    /// Hold a row back while an earlier pending row with the same key is leased or
-    /// waiting for its retry (see the module docs).
-    pub strict_ordering: bool,
-    /// Delete delivered rows instead of marking them `done`.
-    pub delete_on_ack: bool,
-    /// Claim only rows at least this old: ids are assigned at insert, not at commit, so a
-    /// slow producer transaction can commit a lower id after a higher one was delivered.
-    /// Zero disables it.
-    pub visibility_delay: Duration,
-    /// Column names of the table (see [`Columns`]).
-    pub columns: Columns,
-}
-
-impl Default for MySqlOptions {
-    fn default() -> Self {
-        Self {
-            database: None,
-            table: "outbox".to_owned(),
-            strict_ordering: true,
-            delete_on_ack: false,
-            visibility_delay: Duration::ZERO,
-            columns: Columns::default(),
-        }
-    }
-}
-
 /// An outbox table in MySQL or MariaDB.
 pub struct MySqlStorage {
     pool: MySqlPool,
-    options: MySqlOptions,
+    options: TableOptions,
+    /// The database (MySQL's "schema") holding the table; `None`: the URL's.
+    database: Option<String>,
     sql: Statements,
 }
 
@@ -119,40 +83,49 @@ impl fmt::Debug for MySqlStorage {
         f.debug_struct("MySqlStorage")
             .field("table", &self.sql.display_table)
             .field("options", &self.options)
+            .field("database", &self.database)
             .finish_non_exhaustive()
     }
 }
 
 impl MySqlStorage {
     /// A storage with a pool of its own (see [`lazy_pool`]). Identifiers are checked here;
-    /// the database is not contacted until first use (see [`Storage::ping`]), so a server
+    /// the database is not contacted until first use (see [`Storage::verify_table`]), so a server
     /// can start while its database is still coming up.
-    pub fn connect(url: &str, max_connections: u32, options: MySqlOptions) -> anyhow::Result<Self> {
-        Self::from_pool(lazy_pool(url, max_connections)?, options)
+    /// `database` holds the table (MySQL's "schema"); `None`: the one the URL names.
+    pub fn connect(
+        url: &str,
+        max_connections: u32,
+        options: TableOptions,
+        database: Option<String>,
+    ) -> anyhow::Result<Self> {
+        Self::from_pool(lazy_pool(url, max_connections)?, options, database)
     }
 
     /// A storage on a pool made by [`lazy_pool`] (its sessions' settings are what the
     /// backend relies on), for example one shared by the outboxes of a database.
-    pub fn from_pool(pool: MySqlPool, options: MySqlOptions) -> anyhow::Result<Self> {
+    pub fn from_pool(
+        pool: MySqlPool,
+        options: TableOptions,
+        database: Option<String>,
+    ) -> anyhow::Result<Self> {
         let name = |option: &str, value: &str| {
             Ident::new(value).map_err(|err| anyhow!("invalid mysql `{option}`: {err}"))
         };
         let table = name("table", &options.table)?;
-        let database = options
-            .database
-            .as_deref()
-            .map(|d| name("schema", d))
-            .transpose()?;
+        // The configuration key that names the database is the outbox's `schema`.
+        let database_name = database.as_deref().map(|d| name("schema", d)).transpose()?;
         let sql = Statements::render(&Shape {
-            database: database.as_ref(),
+            database: database_name.as_ref(),
             table: &table,
             columns: &options.columns,
         });
-        Ok(Self { pool, options, sql })
-    }
-
-    pub fn options(&self) -> &MySqlOptions {
-        &self.options
+        Ok(Self {
+            pool,
+            options,
+            database,
+            sql,
+        })
     }
 
     /// Translates a driver error for `action`; see [`classify`].
@@ -181,7 +154,7 @@ impl MySqlStorage {
         &self,
         action: &'static str,
     ) -> StorageResult<(Vec<LiveColumn>, Vec<String>)> {
-        let database = self.options.database.as_deref();
+        let database = self.database.as_deref();
         let columns: Vec<(String, String, i64, i64)> = sqlx::query_as(&self.sql.live_columns)
             .bind(database)
             .bind(&self.options.table)
@@ -212,12 +185,9 @@ impl MySqlStorage {
 
 /// A pool that connects on first use, as every pool of this backend must be: sessions at
 /// READ COMMITTED with UTC time and a short lock wait (see the module docs), and a short
-/// acquire timeout, so a dead database surfaces as [`StorageError::Unavailable`] within
+/// acquire timeout ([`ACQUIRE_TIMEOUT`]), so a dead database surfaces as [`StorageError::Unavailable`] within
 /// seconds instead of hanging callers.
 pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<MySqlPool> {
-    if max_connections == 0 {
-        bail!("mysql max_connections must be at least 1");
-    }
     Ok(MySqlPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -277,7 +247,7 @@ impl Storage for MySqlStorage {
             return Ok(Vec::new());
         }
         let applied = self.retrying("ack", || self.ack_once(ids, owner)).await?;
-        Ok(sorted(applied))
+        Ok(sorted_unique(applied))
     }
 
     #[tracing::instrument(
@@ -317,7 +287,7 @@ impl Storage for MySqlStorage {
         let applied = self
             .retrying("release", || self.release_once(ids, owner, delay))
             .await?;
-        Ok(sorted(applied))
+        Ok(sorted_unique(applied))
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -342,7 +312,7 @@ impl Storage for MySqlStorage {
         let mut extended = self
             .retrying("extend lease", || self.extend_lease_once(ids, owner, lease))
             .await?;
-        extended.ids = sorted(extended.ids);
+        extended.ids = sorted_unique(extended.ids);
         Ok(extended)
     }
 
@@ -372,8 +342,7 @@ impl Storage for MySqlStorage {
         if self.options.delete_on_ack {
             return Ok(0);
         }
-        let mut purged = 0;
-        loop {
+        let purged = in_batches(|| async {
             let done = self
                 .retrying("purge", || {
                     sqlx::query(&self.sql.purge_batch)
@@ -382,12 +351,11 @@ impl Storage for MySqlStorage {
                         .execute(&self.pool)
                 })
                 .await?;
-            purged += done.rows_affected();
-            if done.rows_affected() < PURGE_BATCH as u64 {
-                tracing::debug!(purged, "purged delivered rows");
-                return Ok(purged);
-            }
-        }
+            Ok(done.rows_affected())
+        })
+        .await?;
+        tracing::debug!(purged, "purged delivered rows");
+        Ok(purged)
     }
 
     fn schema_sql(&self) -> String {
@@ -397,8 +365,8 @@ impl Storage for MySqlStorage {
     /// The database and table if missing, then what a table of the team's own lacks of
     /// the bookkeeping columns and indexes, each kind in one `ALTER TABLE` (see
     /// [`table`]).
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         // `CREATE ... IF NOT EXISTS` is atomic under MariaDB's metadata locks, so servers
         // starting together need no lock of their own. DDL commits implicitly: no
         // transaction around it.
@@ -427,7 +395,7 @@ impl Storage for MySqlStorage {
 
     /// The table answers, its columns are what the mapping needs (the relay's own table
     /// is checked too), and it has the index claims are pinned to.
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pool)
             .await
@@ -477,23 +445,18 @@ mod tests {
     #[tokio::test]
     async fn identifiers_are_checked_and_named() {
         let url = "mysql://root@127.0.0.1:1/none";
-        for (options, named) in [
+        for (options, database, named) in [
             (
-                MySqlOptions {
+                TableOptions {
                     table: "out-box".into(),
                     ..Default::default()
                 },
+                None,
                 "`table`",
             ),
-            (
-                MySqlOptions {
-                    database: Some("1st".into()),
-                    ..Default::default()
-                },
-                "`schema`",
-            ),
+            (TableOptions::default(), Some("1st".into()), "`schema`"),
         ] {
-            let err = MySqlStorage::connect(url, 1, options)
+            let err = MySqlStorage::connect(url, 1, options, database)
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{err}");

@@ -7,10 +7,11 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use super::convert::{self, after, attempts, decode_candidate};
+use super::convert::{self, after, decode_candidate};
 use super::sql::{self, ClaimShape};
 use super::MySqlStorage;
 use crate::storage::columns::TopicSource;
+use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, RetryPolicy,
 };
@@ -236,13 +237,7 @@ impl MySqlStorage {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(match decision {
-            FailureDecision::RetryAfter(_) => NackResult::Retried {
-                retry_at: successors_at,
-                released,
-            },
-            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
-        })
+        Ok(NackResult::applied(decision, successors_at, released))
     }
 
     pub(super) async fn release_once(

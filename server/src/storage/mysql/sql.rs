@@ -16,8 +16,10 @@
 use std::time::Duration;
 
 use super::table::Schema;
-use crate::storage::columns::{Columns, TopicSource};
+use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
+use crate::storage::names::{self, Dialect, Names};
+use crate::storage::rows;
 
 /// Statements for one outbox table.
 #[derive(Debug)]
@@ -57,66 +59,17 @@ pub(super) struct Shape<'a> {
     pub columns: &'a Columns,
 }
 
-/// The columns of the table as they appear in SQL. The relay's own names are written as
-/// they always were (bare, and `` `key` ``, a reserved word, quoted), so the DDL of a
-/// table the relay created stays what it was; a configured name is always quoted.
-#[derive(Debug)]
-pub(super) struct Names {
-    pub id: String,
-    /// `None`: every row has the fixed topic, the table has no topic column.
-    pub topic: Option<String>,
-    /// The fixed topic as a literal, when there is one.
-    fixed_topic: Option<String>,
-    pub key: String,
-    pub payload: String,
-    /// `None`: the table has no headers; messages carry none.
-    pub headers: Option<String>,
-    pub created_at: String,
-    pub status: String,
-    pub attempts: String,
-    pub available_at: String,
-    pub leased_by: String,
-    pub last_error: String,
-    pub processed_at: String,
-}
-
-impl Names {
-    pub fn new(columns: &Columns) -> Self {
-        let (topic, fixed_topic) = match &columns.topic {
-            TopicSource::Column(name) => (Some(column(name, "topic")), None),
-            TopicSource::Fixed(fixed) => (None, Some(string_literal(fixed))),
-        };
-        Self {
-            id: column(&columns.id, "id"),
-            topic,
-            fixed_topic,
-            key: column(&columns.key, "key"),
-            payload: column(&columns.payload, "payload"),
-            headers: columns.headers.as_ref().map(|name| column(name, "headers")),
-            created_at: column(&columns.created_at, "created_at"),
-            status: column(&columns.status, "status"),
-            attempts: column(&columns.attempts, "attempts"),
-            available_at: column(&columns.available_at, "available_at"),
-            leased_by: column(&columns.leased_by, "leased_by"),
-            last_error: column(&columns.last_error, "last_error"),
-            processed_at: column(&columns.processed_at, "processed_at"),
-        }
-    }
-
-    /// The topic as a value: the column (after `prefix`, a table alias and its dot), or
-    /// the fixed topic.
-    pub fn topic_of(&self, prefix: &str) -> String {
-        match (&self.topic, &self.fixed_topic) {
-            (Some(topic), _) => format!("{prefix}{topic}"),
-            (None, Some(fixed)) => fixed.clone(),
-            (None, None) => unreachable!("a topic column or a fixed topic"),
-        }
-    }
-}
+/// How MySQL writes names: the relay's own bare, as its tables always had them (but
+/// `` `key` ``, a reserved word), a configured one quoted; and the fixed topic as a value
+/// that reads the same under every `sql_mode`.
+pub(super) const DIALECT: Dialect = Dialect {
+    column,
+    literal: string_literal,
+};
 
 /// `name` as SQL: bare when it is the relay's own name `own` (but `` `key` ``), quoted
 /// otherwise.
-pub(super) fn column(name: &Ident, own: &str) -> String {
+fn column(name: &Ident, own: &str) -> String {
     if name.as_str() == own && own != "key" {
         own.to_owned()
     } else {
@@ -146,7 +99,7 @@ impl Statements {
             Some(database) => format!("{database}.{}", shape.table),
             None => shape.table.to_string(),
         };
-        let names = Names::new(shape.columns);
+        let names = Names::new(shape.columns, &DIALECT);
         let Names {
             id,
             key,
@@ -159,11 +112,8 @@ impl Statements {
             created_at,
             ..
         } = &names;
-        let topic = names.topic_of("");
-        let mut inserted: Vec<&str> = Vec::new();
-        inserted.extend(names.topic.as_deref());
-        inserted.extend([key.as_str(), &names.payload]);
-        inserted.extend(names.headers.as_deref());
+        let topic = names.topic("");
+        let inserted = names.inserted();
         Self {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
@@ -286,7 +236,7 @@ impl Statements {
             payload,
             ..
         } = c;
-        let topic = |alias: &str| c.topic_of(alias);
+        let topic = |alias: &str| c.topic(alias);
         let mut filters = String::new();
         if shape.visibility_delay {
             filters += &format!(" AND o.{created_at} <= ?");
@@ -509,32 +459,14 @@ impl Statements {
 /// Suffix of the claim's index, which [`Statements::claim_candidates`] names.
 pub(super) const PENDING_INDEX: &str = "_pending_idx";
 
-/// `table` + `suffix`, kept within MySQL's 64 characters. A long table name is cut and
-/// tagged with a hash of the full name, so two long tables sharing a prefix never
-/// truncate to the same name.
+/// `table` + `suffix`, kept within MySQL's 64 characters (see [`names::derived_name`]).
 pub(super) fn derived_name(table: &str, suffix: &str) -> String {
-    const MAX_LEN: usize = 64;
-    if table.len() + suffix.len() <= MAX_LEN {
-        return format!("{table}{suffix}");
-    }
-    let keep = MAX_LEN - suffix.len() - 9;
-    format!("{}_{:08x}{suffix}", &table[..keep], fnv1a32(table))
+    names::derived_name(table, suffix, 64)
 }
 
-/// FNV-1a: tiny and stable across Rust releases, unlike `DefaultHasher`.
-fn fnv1a32(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |hash: u32, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    })
-}
-
-/// Longest interval sent to the database; longer delays mean "practically never" and
-/// would otherwise overflow a `DATETIME`.
-pub(super) const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
-
-/// Microseconds for `INTERVAL ? MICROSECOND`, clamped to [`MAX_INTERVAL`].
+/// Microseconds for `INTERVAL ? MICROSECOND`, clamped (see [`rows::clamped`]).
 pub(super) fn micros(duration: Duration) -> i64 {
-    duration.min(MAX_INTERVAL).as_micros() as i64
+    rows::clamped(duration).as_micros() as i64
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! `CREATE INDEX IF NOT EXISTS`):
 //! - `(status, id)` serves the claim: pending rows in id order, stopping at the batch
 //!   size. The claim's scan is pinned to it (`FORCE INDEX`), so a table without it cannot
-//!   be claimed from: [`Storage::ping`](crate::storage::Storage::ping) reports it missing.
+//!   be claimed from: [`Storage::verify_table`](crate::storage::Storage::verify_table) reports it missing.
 //! - `(key, status, id)` serves strict ordering's predecessor tests and successors.
 //! - `(status, available_at)` finds the few rows that hold keys back (leased or
 //!   retrying): the predecessor test behind a blocked hot key probes it instead of the
@@ -24,14 +24,15 @@
 //!   fresh), then one `ALTER TABLE ... ADD COLUMN IF NOT EXISTS ...` of the bookkeeping
 //!   columns and one `ADD INDEX IF NOT EXISTS ...` of the indexes (MariaDB's syntax; the
 //!   whole output runs as printed on a fresh or an existing table, again and again).
-//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//! - [`Storage::ensure_table`](crate::storage::Storage::ensure_table) looks at the live
 //!   table and adds only what it lacks, without `IF NOT EXISTS`, which MySQL 8 does not
 //!   have.
 //!
 //! For the relay's own names the output is exactly what it always was: no `ALTER`s.
 
-use super::sql::{derived_name, quote, Names, Shape, PENDING_INDEX};
+use super::sql::{derived_name, quote, Shape, PENDING_INDEX};
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
+use crate::storage::names::Names;
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -337,7 +338,12 @@ mod tests {
             table: &table,
             columns,
         };
-        Schema::render(&t, table.as_str(), &shape, &Names::new(columns))
+        Schema::render(
+            &t,
+            table.as_str(),
+            &shape,
+            &Names::new(columns, &super::super::sql::DIALECT),
+        )
     }
 
     /// The DDL of the relay's own table, as it was before column mappings existed.

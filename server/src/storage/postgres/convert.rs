@@ -1,6 +1,5 @@
 //! Translations between the driver and the storage types: errors, intervals, rows.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::anyhow;
@@ -9,12 +8,8 @@ use sqlx::postgres::{types::PgInterval, PgRow};
 use sqlx::types::Json;
 use sqlx::Row;
 
-use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat};
+use crate::storage::rows::{self, attempts, count, headers_from_json};
 use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
-
-/// Longest interval sent to the database; longer delays mean "practically never" and
-/// would otherwise overflow a timestamp.
-const MAX_INTERVAL: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
 
 /// The one place driver errors become [`StorageError`]s: by kind, not by message.
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
@@ -60,30 +55,12 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
 }
 
 pub(super) fn interval(duration: Duration) -> PgInterval {
-    let microseconds = duration.min(MAX_INTERVAL).as_micros();
+    let microseconds = rows::clamped(duration).as_micros();
     PgInterval {
         months: 0,
         days: 0,
         microseconds: microseconds as i64,
     }
-}
-
-/// Attempts as stored (INTEGER) to the trait's count.
-pub(super) fn attempts(stored: i32) -> u32 {
-    u32::try_from(stored).unwrap_or(0)
-}
-
-/// JSONB headers to strings; a non-string value becomes its JSON text.
-pub(super) fn headers_from_json(value: serde_json::Value) -> BTreeMap<String, String> {
-    let serde_json::Value::Object(map) = value else {
-        return BTreeMap::new();
-    };
-    map.into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(text) => (name, text),
-            other => (name, other.to_string()),
-        })
-        .collect()
 }
 
 /// What a claim statement returned: the ids it leased, the ids it dead-lettered for having
@@ -127,13 +104,13 @@ pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> 
         key: row.try_get("key")?,
         payload: row.try_get("payload")?,
         headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
-        attempts: attempts(row.try_get("attempts")?),
+        attempts: attempts(row.try_get::<i32, _>("attempts")?),
         created_at: row.try_get("created_at")?,
     })
 }
 
 pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<f64> = row.try_get("oldest_pending_secs")?;
     Ok(TopicStats {
         topic: row.try_get("topic")?,
@@ -144,74 +121,9 @@ pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error>
     })
 }
 
-pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
-    ids.sort_unstable();
-    ids
-}
-
-/// One row of the live-columns query (`sql::LIVE_COLUMNS`).
-pub(super) fn live_column(row: &PgRow) -> Result<LiveColumn, sqlx::Error> {
-    Ok(LiveColumn {
-        name: row.try_get("name")?,
-        type_name: row.try_get("type_name")?,
-        nullable: row.try_get("nullable")?,
-        has_default: row.try_get("has_default")?,
-    })
-}
-
-/// The PostgreSQL types the relay can use for each kind of column; the error says which.
-/// Times must carry their zone (`timestamptz`): a `timestamp` would be read in the
-/// session's zone, and leases compare it with the database clock.
-pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'static str> {
-    let base = column
-        .type_name
-        .split('(')
-        .next()
-        .unwrap_or_default()
-        .trim();
-    let text = matches!(base, "text" | "character varying");
-    let (ok, wanted) = match kind {
-        ColumnKind::Id => (matches!(base, "bigint" | "integer"), "bigint or integer"),
-        ColumnKind::Text | ColumnKind::Status | ColumnKind::NullableText => {
-            (text, "text or character varying")
-        }
-        ColumnKind::Payload(PayloadFormat::Bytes) => {
-            (base == "bytea", "bytea (payload_format = \"bytes\")")
-        }
-        ColumnKind::Payload(PayloadFormat::Text) => (
-            text,
-            "text or character varying (payload_format = \"text\")",
-        ),
-        ColumnKind::Payload(PayloadFormat::Json) => (
-            matches!(base, "json" | "jsonb"),
-            "json or jsonb (payload_format = \"json\")",
-        ),
-        ColumnKind::Headers => (matches!(base, "json" | "jsonb"), "json or jsonb"),
-        ColumnKind::Counter => (base == "integer", "integer"),
-        ColumnKind::Timestamp | ColumnKind::DueAt | ColumnKind::NullableTimestamp => (
-            base == "timestamp with time zone",
-            "timestamp with time zone (timestamptz)",
-        ),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(wanted)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_keep_strings_and_render_other_values_as_json() {
-        let headers = headers_from_json(serde_json::json!({"a": "x", "n": 1, "o": {"k": true}}));
-        assert_eq!(headers["a"], "x");
-        assert_eq!(headers["n"], "1");
-        assert_eq!(headers["o"], r#"{"k":true}"#);
-        assert!(headers_from_json(serde_json::json!([1])).is_empty());
-    }
 
     #[test]
     fn intervals_are_clamped() {
@@ -221,7 +133,7 @@ mod tests {
         );
         assert_eq!(
             interval(Duration::MAX).microseconds,
-            MAX_INTERVAL.as_micros() as i64
+            rows::MAX_DELAY.as_micros() as i64
         );
     }
 }

@@ -43,7 +43,8 @@
 //! claimable or settled. The function returns ids only (the messages are read after it
 //! committed), so a slow reader never holds the lock either.
 
-use super::sql::{literal, Names, LOCK_CLASS_CLAIM};
+use super::sql::{literal, LOCK_CLASS_CLAIM};
+use crate::storage::names::Names;
 
 /// Suffix of the claim function's name, versioned: a server of another version on the
 /// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
@@ -194,7 +195,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
             "{alias}.{available_at} <= txo_now \
              AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
              AND (txo_topics IS NULL OR {} = ANY(txo_topics))",
-            n.topic(alias)
+            n.topic(&format!("{alias}."))
         )
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));

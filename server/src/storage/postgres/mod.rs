@@ -21,41 +21,34 @@
 mod convert;
 mod heads;
 mod listen;
+mod ops;
 mod sql;
+mod table;
 
-use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::types::PgInterval;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::Executor;
 use tokio::sync::watch;
 
-use self::convert::{
-    accepts, attempts, classify, decode_claim, decode_message, decode_topic_stats, interval,
-    live_column, sorted,
-};
+use self::convert::{classify, decode_topic_stats, interval};
 use self::listen::InsertSignal;
 use self::sql::{Shape, Statements};
-use super::columns::{check_live_columns, insert_row, Columns, InsertPayload};
+use self::table::{accepts, live_column};
+use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
-use super::nack_plan::{plan_nacks, HeldRow};
 use super::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
+    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
+    ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
-/// How long an operation waits for a pooled connection before the database counts as
-/// unreachable. Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-/// Rows deleted per statement by `purge`, so it never holds a long transaction.
-const PURGE_BATCH: i64 = 10_000;
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
 const STATEMENT_TIMEOUT: &str = "30s";
 /// Longest wait of a relay statement for a lock; then the call fails and is retried.
@@ -63,45 +56,20 @@ const LOCK_TIMEOUT: &str = "10s";
 /// The relay opens no transaction that waits on it; this ends one if that ever changes.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
 
-/// Per-outbox settings of the PostgreSQL backend.
-#[derive(Debug, Clone)]
-pub struct PostgresOptions {
+/// What only a PostgreSQL table has, besides its [`TableOptions`].
+#[derive(Debug, Clone, Default)]
+pub struct PostgresExtras {
     /// Schema of the table; `None` uses the connection's `search_path`.
     pub schema: Option<String>,
-    pub table: String,
-    /// Hold a row back while an earlier pending row with the same key is leased or
-    /// waiting for its retry. Serialises claims on the table (see the module docs).
-    pub strict_ordering: bool,
-    /// Delete delivered rows instead of marking them `done`.
-    pub delete_on_ack: bool,
-    /// Claim only rows at least this old: ids are assigned at insert, not at commit, so a
-    /// slow producer transaction can commit a lower id after a higher one was delivered.
-    /// Zero disables it.
-    pub visibility_delay: Duration,
     /// Channel the insert trigger notifies; enables [`Storage::insert_signal`].
     pub notify_channel: Option<String>,
-    /// Column names of the table (see [`Columns`]).
-    pub columns: Columns,
-}
-
-impl Default for PostgresOptions {
-    fn default() -> Self {
-        Self {
-            schema: None,
-            table: "outbox".to_owned(),
-            strict_ordering: true,
-            delete_on_ack: false,
-            visibility_delay: Duration::ZERO,
-            notify_channel: None,
-            columns: Columns::default(),
-        }
-    }
 }
 
 /// An outbox table in PostgreSQL. Dropping it stops its insert listener.
 pub struct PostgresStorage {
     pool: PgPool,
-    options: PostgresOptions,
+    options: TableOptions,
+    extras: PostgresExtras,
     sql: Statements,
     /// Present with `notify_channel`.
     signal: Option<InsertSignal>,
@@ -112,6 +80,7 @@ impl fmt::Debug for PostgresStorage {
         f.debug_struct("PostgresStorage")
             .field("table", &self.sql.display_table)
             .field("options", &self.options)
+            .field("extras", &self.extras)
             .field("listening", &self.signal.is_some())
             .finish_non_exhaustive()
     }
@@ -119,16 +88,17 @@ impl fmt::Debug for PostgresStorage {
 
 impl PostgresStorage {
     /// A storage with a pool of its own (see [`lazy_pool`]). Identifiers are checked here;
-    /// the database is not contacted until first use (see [`Storage::ping`]), so a server
+    /// the database is not contacted until first use (see [`Storage::verify_table`]), so a server
     /// can start while its database is still coming up.
     pub async fn connect(
         url: &str,
         max_connections: u32,
-        options: PostgresOptions,
+        options: TableOptions,
+        extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
         let pool = lazy_pool(url, max_connections)?;
         let listener_options = (*pool.connect_options()).clone();
-        Self::build(pool, listener_options, options)
+        Self::build(pool, listener_options, options, extras)
     }
 
     /// A storage on an existing pool, for example one [`lazy_pool`] shared by the outboxes
@@ -136,31 +106,33 @@ impl PostgresStorage {
     /// pool's connect options are used. Needs a Tokio runtime when `notify_channel` is set.
     pub fn from_pool(
         pool: PgPool,
-        url: Option<String>,
-        options: PostgresOptions,
+        url: Option<&str>,
+        options: TableOptions,
+        extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
         let listener_options = match url {
-            Some(url) => connect_options(&url)?,
+            Some(url) => connect_options(url)?,
             None => (*pool.connect_options()).clone(),
         };
-        Self::build(pool, listener_options, options)
+        Self::build(pool, listener_options, options, extras)
     }
 
     fn build(
         pool: PgPool,
         listener_options: PgConnectOptions,
-        options: PostgresOptions,
+        options: TableOptions,
+        extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
         let name = |option: &str, value: &str| {
             Ident::new(value).map_err(|err| anyhow!("invalid postgres `{option}`: {err}"))
         };
         let table = name("table", &options.table)?;
-        let schema = options
+        let schema = extras
             .schema
             .as_deref()
             .map(|s| name("schema", s))
             .transpose()?;
-        let channel = options
+        let channel = extras
             .notify_channel
             .as_deref()
             .map(|c| name("notify_channel", c))
@@ -185,51 +157,28 @@ impl PostgresStorage {
         Ok(Self {
             pool,
             options,
+            extras,
             sql,
             signal,
         })
     }
 
-    pub fn options(&self) -> &PostgresOptions {
-        &self.options
-    }
-
-    /// With strict ordering, after rows of these keys stopped being pending: moves the
-    /// keys' heads on (see `heads.rs`). A failure only leaves a head behind, which claims
-    /// look past and a later call moves: it is logged, never the answer's error.
-    async fn advance_heads(&self, keys: impl IntoIterator<Item = String>) {
-        let Some(strict) = &self.sql.strict else {
-            return;
-        };
-        let mut keys: Vec<String> = keys.into_iter().collect();
-        if keys.is_empty() {
-            return;
-        }
-        keys.sort_unstable();
-        keys.dedup();
-        if let Err(error) = sqlx::query(&strict.advance)
-            .bind(&keys)
-            .execute(&self.pool)
-            .await
-        {
-            tracing::warn!(table = %self.sql.display_table, %error, "could not move the heads of finished keys on; claims look past them");
-        }
-    }
-
     /// Translates a driver error for `action`; see [`classify`].
-    fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
+    pub(super) fn error(
+        &self,
+        action: &'static str,
+    ) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
         move |err| classify(err, &self.sql.display_table, action)
     }
 }
 
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
 /// (JIT-compiling the claim under a large backlog costs more than the claim itself),
-/// `synchronous_commit = off` (see `connect_options`), and a short acquire timeout, so a dead database surfaces as [`StorageError::Unavailable`]
-/// within seconds instead of hanging callers.
+/// `synchronous_commit = off` (see `connect_options`), and a short acquire timeout
+/// ([`ACQUIRE_TIMEOUT`]), so a dead
+/// database surfaces as [`StorageError::Unavailable`] within seconds instead of hanging
+/// callers. `max_connections` is at least 1 (configuration checks it).
 pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
-    if max_connections == 0 {
-        bail!("postgres max_connections must be at least 1");
-    }
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -275,66 +224,7 @@ impl Storage for PostgresStorage {
         fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        let err = || self.error("claim");
-        let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
-        let delay = (!self.options.visibility_delay.is_zero())
-            .then(|| interval(self.options.visibility_delay));
-        let query = match &self.sql.strict {
-            Some(strict) => sqlx::query(&strict.claim)
-                .bind(request.owner)
-                .bind(interval(request.lease))
-                .bind(i32::try_from(request.batch_size).unwrap_or(i32::MAX))
-                .bind((!request.topics.is_empty()).then_some(request.topics))
-                .bind(delay)
-                .bind(max_attempts),
-            None => {
-                let statement = match request.topics {
-                    [] => &self.sql.claim_all,
-                    _ => &self.sql.claim_topics,
-                };
-                let mut query = sqlx::query(statement)
-                    .bind(request.owner)
-                    .bind(interval(request.lease))
-                    .bind(i64::from(request.batch_size))
-                    .bind(max_attempts);
-                if !request.topics.is_empty() {
-                    query = query.bind(request.topics);
-                }
-                if let Some(delay) = delay {
-                    query = query.bind(delay);
-                }
-                query
-            }
-        };
-        let rows = query.fetch_all(&self.pool).await.map_err(err())?;
-        let outcome = decode_claim(&rows).map_err(err())?;
-        // Read once the claim committed: no lock waits on how fast this server reads.
-        let messages = if outcome.leased.is_empty() {
-            Vec::new()
-        } else {
-            let rows = sqlx::query(&self.sql.fetch)
-                .bind(&outcome.leased)
-                .fetch_all(&self.pool)
-                .await
-                .map_err(err())?;
-            rows.iter()
-                .map(decode_message)
-                .collect::<Result<_, _>>()
-                .map_err(err())?
-        };
-        if !outcome.exhausted.is_empty() {
-            tracing::warn!(
-                ids = ?outcome.exhausted,
-                max_attempts = request.max_attempts,
-                "dead-lettered rows claimed max_attempts times without an answer"
-            );
-        }
-        tracing::debug!(claimed = outcome.leased.len(), "claimed");
-        Ok(Claimed {
-            messages,
-            lease_expires_at: outcome.lease_expires_at,
-            exhausted: outcome.exhausted,
-        })
+        self.claim_rows(request).await
     }
 
     async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
@@ -354,7 +244,9 @@ impl Storage for PostgresStorage {
             .map_err(self.error("ack"))?;
         self.advance_heads(applied.iter().filter_map(|(_, key)| key.clone()))
             .await;
-        Ok(sorted(applied.into_iter().map(|(id, _)| id).collect()))
+        Ok(sorted_unique(
+            applied.into_iter().map(|(id, _)| id).collect(),
+        ))
     }
 
     #[tracing::instrument(
@@ -371,83 +263,7 @@ impl Storage for PostgresStorage {
         if nacks.is_empty() {
             return Ok(Vec::new());
         }
-        let err = || self.error("nack");
-        let ids: Vec<MessageId> = nacks.iter().map(|nack| nack.id).collect();
-        let held: Vec<(MessageId, i32, Option<String>)> = sqlx::query_as(&self.sql.nack_held)
-            .bind(&ids)
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(err())?;
-        let held: HashMap<MessageId, HeldRow> = held
-            .into_iter()
-            .map(|(id, stored, key)| {
-                let row = HeldRow {
-                    attempts: attempts(stored),
-                    key,
-                };
-                (id, row)
-            })
-            .collect();
-        let plan = plan_nacks(nacks, &held, policy);
-
-        let mut apply = NackBatch::default();
-        for (nack, decision) in nacks.iter().zip(&plan) {
-            let Some(decision) = decision else { continue };
-            apply.ids.push(nack.id);
-            apply.attempts.push(held[&nack.id].attempts as i32);
-            apply.delays.push(match decision {
-                FailureDecision::RetryAfter(delay) => Some(interval(*delay)),
-                FailureDecision::DeadLetter => None,
-            });
-            apply.errors.push(nack.error);
-        }
-        let rows: Vec<(MessageId, Option<String>, MessageId, bool, DateTime<Utc>)> =
-            if apply.ids.is_empty() {
-                Vec::new()
-            } else {
-                sqlx::query_as(&self.sql.nack_apply)
-                    .bind(&apply.ids)
-                    .bind(&apply.attempts)
-                    .bind(&apply.delays)
-                    .bind(&apply.errors)
-                    .bind(owner)
-                    .fetch_all(&self.pool)
-                    .await
-                    .map_err(err())?
-            };
-        self.advance_heads(
-            rows.iter()
-                .filter(|(id, _, cause, dead, _)| id == cause && *dead)
-                .filter_map(|(_, key, ..)| key.clone()),
-        )
-        .await;
-
-        let results = nacks
-            .iter()
-            .zip(&plan)
-            .map(|(nack, decision)| {
-                let applied = rows.iter().find(|row| row.0 == nack.id && row.2 == nack.id);
-                let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
-                    return NackResult::Fenced;
-                };
-                let released = sorted(
-                    rows.iter()
-                        .filter(|row| row.2 == nack.id && row.0 != nack.id)
-                        .map(|row| row.0)
-                        .collect(),
-                );
-                if *dead {
-                    NackResult::DeadLettered { released }
-                } else {
-                    NackResult::Retried {
-                        retry_at: *at,
-                        released,
-                    }
-                }
-            })
-            .collect();
-        Ok(results)
+        self.nack_batch(nacks, owner, policy).await
     }
 
     async fn release(
@@ -466,7 +282,7 @@ impl Storage for PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("release"))?;
-        Ok(sorted(applied))
+        Ok(sorted_unique(applied))
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -504,7 +320,7 @@ impl Storage for PostgresStorage {
                 "extend lease",
             )
         })?;
-        let ids = sorted(rows.into_iter().filter_map(|(id, _)| id).collect());
+        let ids = sorted_unique(rows.into_iter().filter_map(|(id, _)| id).collect());
         Ok(Extended {
             ids,
             lease_expires_at,
@@ -539,31 +355,32 @@ impl Storage for PostgresStorage {
 
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
-        let mut purged = 0;
         // With delete_on_ack there are no delivered rows to purge, only drained heads.
-        let mut more = !self.options.delete_on_ack;
-        while more {
-            let done = sqlx::query(&self.sql.purge_batch)
-                .bind(interval(older_than))
-                .bind(PURGE_BATCH)
-                .execute(&self.pool)
-                .await
-                .map_err(self.error("purge"))?;
-            purged += done.rows_affected();
-            more = done.rows_affected() == PURGE_BATCH as u64;
-        }
+        let purged = if self.options.delete_on_ack {
+            0
+        } else {
+            in_batches(|| async {
+                let done = sqlx::query(&self.sql.purge_batch)
+                    .bind(interval(older_than))
+                    .bind(PURGE_BATCH)
+                    .execute(&self.pool)
+                    .await
+                    .map_err(self.error("purge"))?;
+                Ok(done.rows_affected())
+            })
+            .await?
+        };
         if let Some(strict) = &self.sql.strict {
             // Drained keys' heads rows; a producer about to fill one keeps it (row lock).
-            loop {
+            in_batches(|| async {
                 let done = sqlx::query(&strict.purge_drained)
                     .bind(PURGE_BATCH)
                     .execute(&self.pool)
                     .await
                     .map_err(self.error("purge"))?;
-                if done.rows_affected() < PURGE_BATCH as u64 {
-                    break;
-                }
-            }
+                Ok(done.rows_affected())
+            })
+            .await?;
         }
         tracing::debug!(purged, "purged delivered rows");
         Ok(purged)
@@ -573,8 +390,8 @@ impl Storage for PostgresStorage {
         self.sql.schema.clone()
     }
 
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         // One simple query: one transaction, sent at once (see `Statements::schema_run`).
         // Servers starting together serialise on its advisory lock (tables in one schema
         // share its CREATE SCHEMA, so the lock is global, not per table).
@@ -585,7 +402,7 @@ impl Storage for PostgresStorage {
         Ok(())
     }
 
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pool)
             .await
@@ -643,15 +460,6 @@ impl Storage for PostgresStorage {
     }
 }
 
-/// The columns of a batch of nacks to apply (see `sql::nack_apply`).
-#[derive(Default)]
-struct NackBatch<'a> {
-    ids: Vec<MessageId>,
-    attempts: Vec<i32>,
-    delays: Vec<Option<PgInterval>>,
-    errors: Vec<&'a str>,
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -659,30 +467,33 @@ mod tests {
     #[tokio::test]
     async fn identifiers_are_checked_and_named() {
         let url = "postgres://postgres@127.0.0.1:1/none";
-        for (options, named) in [
+        for (options, extras, named) in [
             (
-                PostgresOptions {
+                TableOptions {
                     table: "out-box".into(),
                     ..Default::default()
                 },
+                PostgresExtras::default(),
                 "`table`",
             ),
             (
-                PostgresOptions {
+                TableOptions::default(),
+                PostgresExtras {
                     schema: Some("1st".into()),
                     ..Default::default()
                 },
                 "`schema`",
             ),
             (
-                PostgresOptions {
+                TableOptions::default(),
+                PostgresExtras {
                     notify_channel: Some("a b".into()),
                     ..Default::default()
                 },
                 "`notify_channel`",
             ),
         ] {
-            let err = PostgresStorage::connect(url, 1, options)
+            let err = PostgresStorage::connect(url, 1, options, extras)
                 .await
                 .unwrap_err()
                 .to_string();

@@ -14,8 +14,10 @@
 use std::time::Duration;
 
 use super::heads;
-use crate::storage::columns::{Columns, PayloadFormat, TopicSource};
-use crate::storage::ident::{self, Ident};
+use super::table::{qualified, schema, StrictObjects, LIVE_COLUMNS};
+use crate::storage::columns::{Columns, PayloadFormat};
+use crate::storage::ident::Ident;
+use crate::storage::names::{Dialect, Names, Placeholders};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -87,104 +89,69 @@ pub(super) struct Shape<'a> {
     pub notify_channel: Option<&'a Ident>,
 }
 
-/// The table's columns quoted for SQL text, with the expressions that turn a mapped row
-/// into the relay's message shape (see [`Columns`]).
-pub(super) struct Names {
-    pub id: String,
-    pub key: String,
-    pub payload: String,
-    pub created_at: String,
-    pub status: String,
-    pub attempts: String,
-    pub available_at: String,
-    pub leased_by: String,
-    pub last_error: String,
-    pub processed_at: String,
-    topic: TopicSource,
-    headers: Option<String>,
-    payload_format: PayloadFormat,
+/// How PostgreSQL writes names (every one quoted, so its case is kept) and the fixed
+/// topic (a `text` literal).
+pub(super) const DIALECT: Dialect = Dialect {
+    column: quoted_column,
+    literal: text_literal,
+};
+
+fn quoted_column(name: &Ident, _own: &str) -> String {
+    name.quoted()
 }
 
-impl Names {
-    pub fn new(columns: &Columns) -> Self {
-        Self {
-            id: columns.id.quoted(),
-            key: columns.key.quoted(),
-            payload: columns.payload.quoted(),
-            created_at: columns.created_at.quoted(),
-            status: columns.status.quoted(),
-            attempts: columns.attempts.quoted(),
-            available_at: columns.available_at.quoted(),
-            leased_by: columns.leased_by.quoted(),
-            last_error: columns.last_error.quoted(),
-            processed_at: columns.processed_at.quoted(),
-            topic: columns.topic.clone(),
-            headers: columns.headers.as_ref().map(Ident::quoted),
-            payload_format: columns.payload_format,
-        }
-    }
+fn text_literal(text: &str) -> String {
+    format!("{}::text", literal(text))
+}
 
-    /// The topic of row `alias`: its column, or the fixed topic as a literal.
-    pub fn topic(&self, alias: &str) -> String {
-        match &self.topic {
-            TopicSource::Column(column) => format!("{alias}.{}", column.quoted()),
-            TopicSource::Fixed(topic) => format!("{}::text", literal(topic)),
-        }
-    }
+/// The columns of row `alias` as a message: `id, topic, key, payload, headers,
+/// attempts, created_at`, named so for decoding whatever the table calls them.
+pub(super) fn message(n: &Names, alias: &str) -> String {
+    let payload = format!("{alias}.{}", n.payload);
+    let payload = match n.payload_format {
+        PayloadFormat::Bytes => payload,
+        PayloadFormat::Text => format!("convert_to({payload}, 'UTF8')"),
+        PayloadFormat::Json => format!("convert_to({payload}::text, 'UTF8')"),
+    };
+    let headers = match &n.headers {
+        // A team's own table may leave its headers NULL: no headers, as elsewhere.
+        Some(headers) => format!("coalesce({alias}.{headers}::jsonb, '{{}}'::jsonb)"),
+        None => "'{}'::jsonb".to_owned(),
+    };
+    format!(
+        "{alias}.{id}::int8 AS id, {topic} AS topic, {alias}.{key}::text AS key, \
+         {payload} AS payload, {headers} AS headers, {alias}.{attempts}::int4 AS attempts, \
+         {alias}.{created_at} AS created_at",
+        id = n.id,
+        topic = n.topic(&format!("{alias}.")),
+        key = n.key,
+        attempts = n.attempts,
+        created_at = n.created_at,
+    )
+}
 
-    /// The columns of row `alias` as a message: `id, topic, key, payload, headers,
-    /// attempts, created_at`, named so for decoding whatever the table calls them.
-    pub fn message(&self, alias: &str) -> String {
-        let payload = format!("{alias}.{}", self.payload);
-        let payload = match self.payload_format {
-            PayloadFormat::Bytes => payload,
-            PayloadFormat::Text => format!("convert_to({payload}, 'UTF8')"),
-            PayloadFormat::Json => format!("convert_to({payload}::text, 'UTF8')"),
-        };
-        let headers = match &self.headers {
-            // A team's own table may leave its headers NULL: no headers, as elsewhere.
-            Some(headers) => format!("coalesce({alias}.{headers}::jsonb, '{{}}'::jsonb)"),
-            None => "'{}'::jsonb".to_owned(),
-        };
-        format!(
-            "{alias}.{id}::int8 AS id, {topic} AS topic, {alias}.{key}::text AS key, \
-             {payload} AS payload, {headers} AS headers, {alias}.{attempts}::int4 AS attempts, \
-             {alias}.{created_at} AS created_at",
-            id = self.id,
-            topic = self.topic(alias),
-            key = self.key,
-            attempts = self.attempts,
-            created_at = self.created_at,
-        )
-    }
-
-    /// `INSERT` of one message; binds in order: the topic (only with a topic column), key,
-    /// payload (bytes, or a string for text and JSON), headers (only with a headers column).
-    fn insert(&self, t: &str) -> String {
-        let mut columns = Vec::new();
-        let mut values = Vec::new();
-        let mut value = |column: &str, cast: &str| {
-            columns.push(column.to_owned());
-            values.push(format!("${}{cast}", values.len() + 1));
-        };
-        if let TopicSource::Column(topic) = &self.topic {
-            value(&topic.quoted(), "");
-        }
-        value(&self.key, "");
-        match self.payload_format {
-            PayloadFormat::Json => value(&self.payload, "::jsonb"),
-            PayloadFormat::Bytes | PayloadFormat::Text => value(&self.payload, ""),
-        }
-        if let Some(headers) = &self.headers {
-            value(headers, "");
-        }
-        format!(
-            "INSERT INTO {t} ({}) VALUES ({}) RETURNING {}::int8",
-            columns.join(", "),
-            values.join(", "),
-            self.id
-        )
-    }
+/// `INSERT` of one message; binds in order: the topic (only with a topic column), key,
+/// payload (bytes, or a string for text and JSON), headers (only with a headers column).
+pub(super) fn insert(n: &Names, t: &str) -> String {
+    let values: Vec<String> = n
+        .inserted()
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let cast = if *column == n.payload && n.payload_format == PayloadFormat::Json {
+                "::jsonb"
+            } else {
+                ""
+            };
+            format!("${}{cast}", i + 1)
+        })
+        .collect();
+    format!(
+        "INSERT INTO {t} ({}) VALUES ({}) RETURNING {}::int8",
+        n.inserted().join(", "),
+        values.join(", "),
+        n.id
+    )
 }
 
 /// `text` as a SQL string literal (standard_conforming_strings, on since PostgreSQL 9.1).
@@ -199,7 +166,7 @@ impl Statements {
             Some(schema) => format!("{schema}.{}", shape.table),
             None => shape.table.to_string(),
         };
-        let n = Names::new(shape.columns);
+        let n = Names::new(shape.columns, &DIALECT);
         let Names {
             id,
             key,
@@ -234,7 +201,7 @@ impl Statements {
             claim_topics: claim(&t, shape, &n, true),
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
-                message = n.message("o")
+                message = message(&n, "o")
             ),
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \
@@ -284,7 +251,7 @@ impl Statements {
                      AS oldest_pending_secs \
                  FROM {t} o WHERE {status} = 'pending' OR {status} = 'dead' \
                  GROUP BY 1 ORDER BY 1",
-                topic = n.topic("o"),
+                topic = n.topic("o."),
             ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {id} IN (\
@@ -297,7 +264,7 @@ impl Statements {
                                 WHERE to_regprocedure(f.name) IS NOT NULL"
                 .to_owned(),
             functions,
-            insert: n.insert(&t),
+            insert: insert(&n, &t),
             // One simple query: the statements run in one implicit transaction, sent at
             // once, so no lock of the DDL waits on this server between them. An index
             // build may take long; a table lock that does not come within a second is
@@ -325,79 +292,15 @@ impl Statements {
     }
 }
 
-/// The names of a strict table's objects (see `heads.rs`), quoted and qualified.
-struct StrictObjects {
-    heads: String,
-    trigger_function: String,
-    trigger: String,
-    heads_index: String,
-    claim_function: String,
-    advance_function: String,
-    lock_key: String,
-}
-
-impl StrictObjects {
-    fn new(shape: &Shape<'_>) -> Self {
-        let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
-        let display_table = match shape.schema {
-            Some(schema) => format!("{schema}.{}", shape.table),
-            None => shape.table.to_string(),
-        };
-        Self {
-            heads: qualified(shape, &name("_heads")),
-            trigger_function: qualified(shape, &name("_heads_on_insert")),
-            trigger: name("_heads_on_insert"),
-            heads_index: name("_heads_idx"),
-            claim_function: qualified(shape, &name(heads::CLAIM_FUNCTION)),
-            advance_function: qualified(shape, &name(heads::ADVANCE_FUNCTION)),
-            lock_key: format!("txoutbox:{display_table}"),
-        }
-    }
-
-    fn objects<'a>(&'a self, table: &'a str) -> heads::Objects<'a> {
-        heads::Objects {
-            table,
-            heads: &self.heads,
-            trigger_function: &self.trigger_function,
-            trigger: &self.trigger,
-            heads_index: &self.heads_index,
-            claim_function: &self.claim_function,
-            advance_function: &self.advance_function,
-            lock_key: &self.lock_key,
-        }
-    }
-}
-
-/// `name` (quoted) in the table's schema, when one is configured.
-fn qualified(shape: &Shape<'_>, name: &str) -> String {
-    match shape.schema {
-        Some(schema) => format!("{}.{name}", schema.quoted()),
-        None => name.to_owned(),
-    }
-}
-
-/// The columns of the table named by `$1` (a quoted, possibly qualified name), resolved
-/// like the statements resolve it, through the search path.
-const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
-       format_type(a.atttypid, a.atttypmod) AS type_name, t.typname::text AS udt, \
-       NOT a.attnotnull AS nullable, a.atthasdef OR a.attidentity <> '' AS has_default \
-     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
-     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
-
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
 /// `$5` topics (with `topics`) and the visibility delay (when configured) as the next
 /// parameter. Rows `(id, spent, lease_expires_at)`: each leased id (`spent` false), each
 /// row dead-lettered for having used its attempts (true), and always a last row whose id
 /// is NULL, for the deadline from the database clock.
 fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
-    let mut next_param = 5;
-    let mut param = || {
-        let p = format!("${next_param}");
-        next_param += 1;
-        p
-    };
-    let topics_param = topics.then(&mut param);
-    let delay_param = (!shape.visibility_delay.is_zero()).then(&mut param);
+    let mut params = Placeholders::starting_at('$', 5);
+    let topics_param = topics.then(|| params.take());
+    let delay_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
         status,
@@ -414,7 +317,7 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
         filters += &format!(" AND o.{created_at} <= statement_timestamp() - {p}::interval");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND {} = ANY({p})", n.topic("o"));
+        filters += &format!(" AND {} = ANY({p})", n.topic("o."));
     }
     let exhausted = heads::exhausted_error(n, "u", "$4");
     format!(
@@ -491,159 +394,9 @@ fn nack_apply(t: &str, n: &Names) -> String {
     )
 }
 
-fn schema(t: &str, shape: &Shape<'_>, n: &Names, strict: &StrictObjects) -> String {
-    let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
-    let Names {
-        id,
-        key,
-        payload,
-        created_at,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        processed_at,
-        ..
-    } = n;
-    let columns = shape.columns;
-    let mut sql = String::new();
-    if let Some(schema) = shape.schema {
-        sql += &format!("CREATE SCHEMA IF NOT EXISTS {};\n", schema.quoted());
-    }
-    let topic = match &columns.topic {
-        TopicSource::Column(topic) => format!("\n    {:<12} TEXT        NOT NULL,", topic.quoted()),
-        TopicSource::Fixed(_) => String::new(),
-    };
-    let payload_type = match columns.payload_format {
-        PayloadFormat::Bytes => "BYTEA",
-        PayloadFormat::Text => "TEXT",
-        PayloadFormat::Json => "JSONB",
-    };
-    let headers = match &columns.headers {
-        Some(headers) => format!(
-            "\n    {:<12} JSONB       NOT NULL DEFAULT '{{}}',",
-            headers.quoted()
-        ),
-        None => String::new(),
-    };
-    // The relay's own columns, shared by the new table and the additions to a mapped one.
-    let bookkeeping = [
-        (
-            status,
-            format!(
-                "TEXT        NOT NULL DEFAULT 'pending'\n{:29}\
-                 CHECK ({status} IN ('pending', 'done', 'dead'))",
-                ""
-            ),
-        ),
-        (attempts, "INTEGER     NOT NULL DEFAULT 0".to_owned()),
-        (
-            available_at,
-            "TIMESTAMPTZ NOT NULL DEFAULT now()".to_owned(),
-        ),
-        (leased_by, "TEXT".to_owned()),
-        (last_error, "TEXT".to_owned()),
-        (processed_at, "TIMESTAMPTZ".to_owned()),
-    ];
-    let relay_columns: Vec<String> = bookkeeping
-        .iter()
-        .map(|(column, definition)| format!("    {column:<12} {definition}"))
-        .collect();
-    sql += &format!(
-        "CREATE TABLE IF NOT EXISTS {t} (
-    {id:<12} BIGINT      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,{topic}
-    {key:<12} TEXT        CHECK (char_length({key}) <= {max_key}),
-    {payload:<12} {payload_type:<11} NOT NULL,{headers}
-    {created_at:<12} TIMESTAMPTZ NOT NULL DEFAULT now(),
-{relay_columns}
-);
-",
-        relay_columns = relay_columns.join(",\n"),
-        max_key = crate::storage::MAX_KEY_CHARS,
-    );
-    if !columns.is_default() {
-        // A team's existing table: what the relay still needs, idempotently.
-        let additions: Vec<String> = bookkeeping
-            .iter()
-            .map(|(column, definition)| {
-                format!("    ADD COLUMN IF NOT EXISTS {column} {definition}")
-            })
-            .collect();
-        sql += &format!(
-            "-- The relay's bookkeeping columns, for a table that existed before. Rows already
--- in the table become pending and will be delivered: mark the ones published already
--- with UPDATE {t} SET {status} = 'done' WHERE ... before starting txoutboxd.
-ALTER TABLE {t}
-{};
-",
-            additions.join(",\n")
-        );
-    }
-    sql += &format!(
-        "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
-CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
-CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
-CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
-CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
-",
-        keyless = name("_keyless_idx"),
-        pending = name("_pending_idx"),
-        key_pending = name("_key_pending_idx"),
-        processed = name("_processed_idx"),
-        dead = name("_dead_idx"),
-    );
-    if shape.strict_ordering {
-        sql += &heads::schema(&strict.objects(t), n);
-    }
-    if let Some(channel) = shape.notify_channel {
-        let function = match shape.schema {
-            Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
-            None => name("_notify"),
-        };
-        // One notification per INSERT statement, not per row: a bulk insert wakes the
-        // relay once. The channel passed validation, so it is safe in a string literal.
-        sql += &format!(
-            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('{channel}', '');
-    RETURN NULL;
-END;
-$$;
-DROP TRIGGER IF EXISTS {trigger} ON {t};
-CREATE TRIGGER {trigger} AFTER INSERT ON {t}
-    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
-",
-            channel = channel.as_str(),
-            trigger = name("_notify"),
-        );
-    }
-    sql
-}
-
-/// `table` + `suffix`, kept within PostgreSQL's 63 bytes. A long table name is cut and
-/// tagged with a hash of the full name, so two long tables sharing a prefix, or two
-/// suffixes of one table, never truncate to the same name (`IF NOT EXISTS` would then
-/// silently skip an index).
-fn derived_name(table: &str, suffix: &str) -> String {
-    if table.len() + suffix.len() <= ident::MAX_LEN {
-        return format!("{table}{suffix}");
-    }
-    let keep = ident::MAX_LEN - suffix.len() - 9;
-    format!("{}_{:08x}{suffix}", &table[..keep], fnv1a32(table))
-}
-
-/// FNV-1a: tiny and stable across Rust releases, unlike `DefaultHasher`.
-fn fnv1a32(text: &str) -> u32 {
-    text.bytes().fold(0x811c_9dc5, |hash: u32, byte| {
-        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::ColumnMapping;
 
     fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
         Shape {
@@ -657,83 +410,16 @@ mod tests {
     }
 
     #[test]
-    fn derived_names_fit_and_stay_distinct() {
-        let long = "t".repeat(63);
-        let a = derived_name(&long, "_pending_idx");
-        let b = derived_name(&long, "_key_pending_idx");
-        assert!(a.len() <= 63 && b.len() <= 63);
-        assert_ne!(a, b);
-        assert_eq!(derived_name("outbox", "_pending_idx"), "outbox_pending_idx");
-    }
-
-    #[test]
     fn claim_parameters_are_numbered_in_order() {
         let table = Ident::new("outbox").unwrap();
         let columns = Columns::default();
         let mut s = shape(&table, &columns, None);
         s.visibility_delay = Duration::from_secs(1);
-        let n = Names::new(&columns);
+        let n = Names::new(&columns, &DIALECT);
         let sql = claim("\"outbox\"", &s, &n, true);
         assert!(sql.contains("o.\"topic\" = ANY($5)"), "{sql}");
         assert!(sql.contains("- $6::interval"));
         let sql = claim("\"outbox\"", &s, &n, false);
         assert!(sql.contains("- $5::interval") && !sql.contains("$6"));
-    }
-
-    #[test]
-    fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
-        let table = Ident::new("Outbox").unwrap();
-        let channel = Ident::new("outbox_inserted").unwrap();
-        let columns = Columns::default();
-        let n = Names::new(&columns);
-        let s = shape(&table, &columns, None);
-        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
-        assert!(!sql.contains("pg_notify"));
-        assert!(
-            !sql.contains("ALTER TABLE"),
-            "the relay's own table needs no additions"
-        );
-        let s = shape(&table, &columns, Some(&channel));
-        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
-        assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
-        assert!(sql.contains("pg_notify('outbox_inserted', '')"));
-        assert!(sql.contains("FOR EACH STATEMENT"));
-    }
-
-    #[test]
-    fn a_mapped_table_gets_its_names_and_the_bookkeeping_columns_it_lacks() {
-        let table = Ident::new("order_events").unwrap();
-        let columns = Columns::from_mapping(&ColumnMapping {
-            id: "event_id".to_owned(),
-            fixed_topic: Some("it's".to_owned()),
-            payload: "body".to_owned(),
-            payload_format: PayloadFormat::Json,
-            headers: String::new(),
-            status: "relay_status".to_owned(),
-            ..ColumnMapping::default()
-        })
-        .unwrap();
-        let n = Names::new(&columns);
-        let s = shape(&table, &columns, None);
-        let sql = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
-        assert!(sql.contains("\"body\"       JSONB"), "{sql}");
-        assert!(
-            sql.contains("ADD COLUMN IF NOT EXISTS \"relay_status\" TEXT"),
-            "{sql}"
-        );
-        assert!(sql.contains("WHERE \"relay_status\" = 'pending'"), "{sql}");
-        assert!(
-            !sql.contains("\"topic\"") && !sql.contains("\"headers\""),
-            "{sql}"
-        );
-        assert_eq!(n.topic("o"), "'it''s'::text");
-        assert!(n
-            .message("o")
-            .contains("convert_to(o.\"body\"::text, 'UTF8') AS payload"));
-        assert!(n.message("o").contains("'{}'::jsonb AS headers"));
-        assert_eq!(
-            n.insert("t"),
-            "INSERT INTO t (\"key\", \"body\") VALUES ($1, $2::jsonb) RETURNING \"event_id\"::int8"
-        );
     }
 }

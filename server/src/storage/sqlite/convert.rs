@@ -1,6 +1,5 @@
 //! Translations between the driver and the storage types: errors, times, rows.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::anyhow;
@@ -8,10 +7,8 @@ use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
-use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
-
-/// Longest delay added to a time; longer delays mean "practically never".
-const MAX_DELAY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::{OutboxMessage, StorageError, TopicStats};
 
 // Primary result codes (the low byte of an extended code), from sqlite3.h.
 const SQLITE_ERROR: i32 = 1;
@@ -108,7 +105,7 @@ pub(super) fn before(at: i64, delay: Duration) -> i64 {
 }
 
 fn millis(duration: Duration) -> i64 {
-    duration.min(MAX_DELAY).as_millis() as i64
+    rows::clamped(duration).as_millis() as i64
 }
 
 pub(super) fn datetime(ms: i64) -> Result<DateTime<Utc>, sqlx::Error> {
@@ -116,29 +113,9 @@ pub(super) fn datetime(ms: i64) -> Result<DateTime<Utc>, sqlx::Error> {
         .ok_or_else(|| sqlx::Error::Decode(format!("time out of range: {ms} ms").into()))
 }
 
-/// Attempts as stored to the trait's count.
-pub(super) fn attempts(stored: i64) -> u32 {
-    u32::try_from(stored).unwrap_or(0)
-}
-
 /// Ids (or topics) as the JSON array the statements read with `json_each`.
 pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
     serde_json::to_string(items).expect("a list of ids or strings serialises")
-}
-
-/// Headers as stored (JSON text) to strings; a non-string value becomes its JSON text.
-/// The schema checks `json_valid`, but a table made by hand may not: anything that is
-/// not a JSON object reads as no headers rather than failing every claim.
-pub(super) fn headers_from_text(text: &str) -> BTreeMap<String, String> {
-    let Ok(serde_json::Value::Object(map)) = serde_json::from_str(text) else {
-        return BTreeMap::new();
-    };
-    map.into_iter()
-        .map(|(name, value)| match value {
-            serde_json::Value::String(text) => (name, text),
-            other => (name, other.to_string()),
-        })
-        .collect()
 }
 
 /// Rows returned by a claim, in id order (`RETURNING` has no order of its own).
@@ -154,9 +131,9 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
                 // A table of the team's own may leave its headers column NULL.
                 headers: row
                     .try_get::<Option<String>, _>("headers")?
-                    .map(|text| headers_from_text(&text))
+                    .map(|text| headers_from_text(Some(text.as_bytes())))
                     .unwrap_or_default(),
-                attempts: attempts(row.try_get("attempts")?),
+                attempts: attempts(row.try_get::<i64, _>("attempts")?),
                 created_at: datetime(row.try_get("created_at")?)?,
             })
         })
@@ -166,7 +143,7 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
 }
 
 pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(|n| n.max(0) as u64);
+    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_created_at")?;
     Ok(TopicStats {
         topic: row.try_get("topic")?,
@@ -178,34 +155,15 @@ pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats
     })
 }
 
-pub(super) fn sorted(mut ids: Vec<MessageId>) -> Vec<MessageId> {
-    ids.sort_unstable();
-    ids
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn headers_keep_strings_and_tolerate_anything_else() {
-        let headers = headers_from_text(r#"{"a": "x", "n": 1, "o": {"k": true}}"#);
-        assert_eq!(headers["a"], "x");
-        assert_eq!(headers["n"], "1");
-        assert_eq!(headers["o"], r#"{"k":true}"#);
-        assert!(headers_from_text("[1]").is_empty());
-        assert!(headers_from_text("not json").is_empty());
-        assert_eq!(
-            headers_from_text(&serde_json::to_string(&headers).unwrap()),
-            headers
-        );
-    }
-
-    #[test]
     fn delays_are_clamped() {
         assert_eq!(after(1_000, Duration::from_millis(1500)), 2_500);
         assert_eq!(before(1_000, Duration::from_millis(1500)), -500);
-        assert_eq!(after(0, Duration::MAX), MAX_DELAY.as_millis() as i64);
+        assert_eq!(after(0, Duration::MAX), rows::MAX_DELAY.as_millis() as i64);
     }
 
     #[test]

@@ -27,6 +27,7 @@
 //! (SQLite's locks do not work across network file systems).
 
 mod convert;
+mod ops;
 mod sql;
 mod table;
 
@@ -35,7 +36,7 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{anyhow, Context};
 use async_trait::async_trait;
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
@@ -45,55 +46,25 @@ use sqlx::sqlite::{
 use sqlx::Executor;
 
 use self::convert::{
-    after, attempts, before, classify, datetime, decode_messages, decode_topic_stats, json_list,
-    now_ms, sorted, Place,
+    after, before, classify, datetime, decode_topic_stats, json_list, now_ms, Place,
 };
 use self::sql::{Shape, Statements};
 
-use super::columns::{
-    check_live_columns, insert_row, Columns, InsertPayload, LiveColumn, TopicSource,
-};
+use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
+    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
+    PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long an operation waits for a pooled connection. The writer pool has a single
+/// How long an operation waits for a pooled connection: longer than the servers'
+/// [`ACQUIRE_TIMEOUT`](crate::storage::ACQUIRE_TIMEOUT). The writer pool has a single
 /// connection, so writes queue here; past the busy timeout of the write ahead of them,
 /// plus a margin, the file counts as unavailable.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Rows deleted per statement by `purge`, so it never holds the write lock for long.
-const PURGE_BATCH: i64 = 10_000;
-
-/// Per-outbox settings of the SQLite backend.
-#[derive(Debug, Clone)]
-pub struct SqliteOptions {
-    pub table: String,
-    /// Hold a row back while an earlier pending row with the same key is leased or
-    /// waiting for its retry.
-    pub strict_ordering: bool,
-    /// Delete delivered rows instead of marking them `done`.
-    pub delete_on_ack: bool,
-    /// Claim only rows at least this old (ids are assigned at insert, not at commit).
-    pub visibility_delay: Duration,
-    /// Column names of the table (see [`Columns`]).
-    pub columns: Columns,
-}
-
-impl Default for SqliteOptions {
-    fn default() -> Self {
-        Self {
-            table: "outbox".to_owned(),
-            strict_ordering: true,
-            delete_on_ack: false,
-            visibility_delay: Duration::ZERO,
-            columns: Columns::default(),
-        }
-    }
-}
+const WRITE_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connections to one database file: a single writer, and readers for stats and
 /// health. Cheap to clone; share it between the outboxes of a file.
@@ -105,11 +76,9 @@ pub struct SqlitePools {
 }
 
 /// Pools that open the file on first use (creating it unless the URL sets `mode`).
-/// `max_connections` sizes the reader pool; there is always one writer.
+/// `max_connections` (at least 1: configuration checks it) sizes the reader pool; there
+/// is always one writer.
 pub fn lazy_pools(url: &str, max_connections: u32) -> anyhow::Result<SqlitePools> {
-    if max_connections == 0 {
-        bail!("sqlite max_connections must be at least 1");
-    }
     let file = database_file(url).map_err(|why| anyhow!("invalid sqlite url: {why}"))?;
     let options = SqliteConnectOptions::from_str(url)
         .context("invalid sqlite url")?
@@ -127,11 +96,11 @@ pub fn lazy_pools(url: &str, max_connections: u32) -> anyhow::Result<SqlitePools
     // switch needs an exclusive lock, and one connection cannot race itself for it.
     let writer = SqlitePoolOptions::new()
         .max_connections(1)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .acquire_timeout(WRITE_QUEUE_TIMEOUT)
         .connect_lazy_with(options.clone().journal_mode(SqliteJournalMode::Wal));
     let reader = SqlitePoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .acquire_timeout(WRITE_QUEUE_TIMEOUT)
         .connect_lazy_with(options);
     Ok(SqlitePools {
         writer,
@@ -170,7 +139,7 @@ fn has_mode(url: &str) -> bool {
 /// An outbox table in a SQLite file.
 pub struct SqliteStorage {
     pools: SqlitePools,
-    options: SqliteOptions,
+    options: TableOptions,
     sql: Statements,
     place: Place,
 }
@@ -187,17 +156,17 @@ impl fmt::Debug for SqliteStorage {
 
 impl SqliteStorage {
     /// A storage with pools of its own (see [`lazy_pools`]). The table name is checked
-    /// here; the file is not opened until first use (see [`Storage::ping`]).
+    /// here; the file is not opened until first use (see [`Storage::verify_table`]).
     pub async fn connect(
         url: &str,
         max_connections: u32,
-        options: SqliteOptions,
+        options: TableOptions,
     ) -> anyhow::Result<Self> {
         Self::from_pools(lazy_pools(url, max_connections)?, options)
     }
 
     /// A storage on existing pools, for example ones shared by the outboxes of a file.
-    pub fn from_pools(pools: SqlitePools, options: SqliteOptions) -> anyhow::Result<Self> {
+    pub fn from_pools(pools: SqlitePools, options: TableOptions) -> anyhow::Result<Self> {
         let table =
             Ident::new(&options.table).map_err(|err| anyhow!("invalid sqlite `table`: {err}"))?;
         let sql = Statements::render(&Shape {
@@ -219,18 +188,20 @@ impl SqliteStorage {
         })
     }
 
-    pub fn options(&self) -> &SqliteOptions {
-        &self.options
-    }
-
     /// Translates a driver error for `action`; see [`classify`].
-    fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
+    pub(super) fn error(
+        &self,
+        action: &'static str,
+    ) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
         move |err| classify(err, &self.place, action)
     }
 
     /// The writer connection, for one autocommit statement. Take "now" after this: the
     /// wait for the connection is not part of the operation's time.
-    async fn writer(&self, action: &'static str) -> StorageResult<PoolConnection<Sqlite>> {
+    pub(super) async fn writer(
+        &self,
+        action: &'static str,
+    ) -> StorageResult<PoolConnection<Sqlite>> {
         self.pools
             .writer
             .acquire()
@@ -253,7 +224,7 @@ impl SqliteStorage {
     }
 
     /// A write transaction holding the file's write lock from its first statement on.
-    async fn begin_immediate(
+    pub(super) async fn begin_immediate(
         &self,
         action: &'static str,
     ) -> StorageResult<sqlx::Transaction<'static, Sqlite>> {
@@ -262,71 +233,6 @@ impl SqliteStorage {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.error(action))
-    }
-
-    /// One nack of a batch, inside the batch's write transaction.
-    async fn nack_in(
-        &self,
-        tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
-        nack: &NackRequest<'_>,
-        owner: &str,
-        policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
-        let err = || self.error("nack");
-        let now = now_ms();
-        let held: Option<(i64, Option<String>)> = sqlx::query_as(&self.sql.nack_select)
-            .bind(nack.id)
-            .bind(owner)
-            .bind(now)
-            .fetch_optional(&mut **tx)
-            .await
-            .map_err(err())?;
-        let Some((stored_attempts, key)) = held else {
-            return Ok(NackResult::Fenced);
-        };
-
-        let decision = policy.on_failure(attempts(stored_attempts), nack.requested_delay);
-        // When the later rows of the key become claimable: the retry time, or now.
-        let successors_at = match decision {
-            FailureDecision::RetryAfter(delay) => {
-                let retry_at = after(now, delay);
-                sqlx::query(&self.sql.nack_retry)
-                    .bind(nack.id)
-                    .bind(retry_at)
-                    .bind(nack.error)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(err())?;
-                retry_at
-            }
-            FailureDecision::DeadLetter => {
-                sqlx::query(&self.sql.nack_dead)
-                    .bind(nack.id)
-                    .bind(now)
-                    .bind(nack.error)
-                    .execute(&mut **tx)
-                    .await
-                    .map_err(err())?;
-                now
-            }
-        };
-        let released = match key {
-            Some(key) => sqlx::query_scalar(&self.sql.release_successors)
-                .bind(key)
-                .bind(nack.id)
-                .bind(owner)
-                .bind(successors_at)
-                .fetch_all(&mut **tx)
-                .await
-                .map_err(err())?,
-            None => Vec::new(),
-        };
-        let retry_at = datetime(successors_at).map_err(err())?;
-        let released = sorted(released);
-        Ok(match decision {
-            FailureDecision::RetryAfter(_) => NackResult::Retried { retry_at, released },
-            FailureDecision::DeadLetter => NackResult::DeadLettered { released },
-        })
     }
 }
 
@@ -342,104 +248,7 @@ impl Storage for SqliteStorage {
         fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        let err = || self.error("claim");
-        // Every row of a fixed topic has it: a filter takes all of them or none.
-        let topics = match &self.options.columns.topic {
-            TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
-                if !request.topics.contains(fixed) {
-                    return Ok(Claimed {
-                        exhausted: Vec::new(),
-                        messages: Vec::new(),
-                        lease_expires_at: datetime(after(now_ms(), request.lease)).map_err(err())?,
-                    });
-                }
-                &[]
-            }
-            _ => request.topics,
-        };
-        let (statement, exhaust, probe) = match topics {
-            [] => (
-                &self.sql.claim_all,
-                &self.sql.exhaust_all,
-                &self.sql.probe_all,
-            ),
-            _ => (
-                &self.sql.claim_topics,
-                &self.sql.exhaust_topics,
-                &self.sql.probe_topics,
-            ),
-        };
-        let topics = (!topics.is_empty()).then(|| json_list(topics));
-        let delay = self.options.visibility_delay;
-
-        // The common idle case, answered by a read: no write lock taken.
-        let now = now_ms();
-        let mut query = sqlx::query_scalar(probe).bind(now);
-        if let Some(topics) = &topics {
-            query = query.bind(topics.as_str());
-        }
-        if !delay.is_zero() {
-            query = query.bind(before(now, delay));
-        }
-        let claimable: bool = query.fetch_one(&self.pools.reader).await.map_err(err())?;
-        if !claimable {
-            return Ok(Claimed {
-                exhausted: Vec::new(),
-                messages: Vec::new(),
-                lease_expires_at: datetime(after(now, request.lease)).map_err(err())?,
-            });
-        }
-
-        let mut tx = self.begin_immediate("claim").await?;
-        let now = now_ms();
-        let lease_until = after(now, request.lease);
-        let max_attempts = i64::from(request.max_attempts);
-        let mut query = sqlx::query_scalar(exhaust).bind(now);
-        if let Some(topics) = &topics {
-            query = query.bind(topics.as_str());
-        }
-        if !delay.is_zero() {
-            query = query.bind(before(now, delay));
-        }
-        let exhausted: Vec<MessageId> = query
-            .bind(i64::from(request.batch_size))
-            .bind(max_attempts)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err())?;
-        let mut query = sqlx::query(statement).bind(now);
-        if let Some(topics) = &topics {
-            query = query.bind(topics.as_str());
-        }
-        if !delay.is_zero() {
-            query = query.bind(before(now, delay));
-        }
-        let rows = query
-            .bind(request.owner)
-            .bind(lease_until)
-            .bind(i64::from(request.batch_size))
-            .bind(max_attempts)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(err())?;
-        // Decoded before the commit: a row that cannot be decoded fails the claim instead
-        // of being leased and lost from sight until its lease runs out.
-        let messages = decode_messages(rows).map_err(err())?;
-        let lease_expires_at = datetime(lease_until).map_err(err())?;
-        tx.commit().await.map_err(err())?;
-        if !exhausted.is_empty() {
-            tracing::warn!(
-                ids = ?exhausted,
-                max_attempts = request.max_attempts,
-                "dead-lettered rows claimed max_attempts times without an answer"
-            );
-        }
-        tracing::debug!(claimed = messages.len(), "claimed");
-        Ok(Claimed {
-            exhausted: sorted(exhausted),
-            messages,
-            lease_expires_at,
-        })
+        self.claim_rows(request).await
     }
 
     async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
@@ -462,7 +271,7 @@ impl Storage for SqliteStorage {
             .fetch_all(&mut *conn)
             .await
             .map_err(self.error("ack"))?;
-        Ok(sorted(applied))
+        Ok(sorted_unique(applied))
     }
 
     #[tracing::instrument(
@@ -508,7 +317,7 @@ impl Storage for SqliteStorage {
             .fetch_all(&mut *conn)
             .await
             .map_err(self.error("release"))?;
-        Ok(sorted(applied))
+        Ok(sorted_unique(applied))
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -550,7 +359,7 @@ impl Storage for SqliteStorage {
             .await
             .map_err(err())?;
         Ok(Extended {
-            ids: sorted(extended),
+            ids: sorted_unique(extended),
             lease_expires_at: datetime(until).map_err(err())?,
         })
     }
@@ -590,8 +399,7 @@ impl Storage for SqliteStorage {
         if self.options.delete_on_ack {
             return Ok(0);
         }
-        let mut purged = 0;
-        loop {
+        let purged = in_batches(|| async {
             // The writer is given back between batches, so claims interleave.
             let mut conn = self.writer("purge").await?;
             let done = sqlx::query(&self.sql.purge_batch)
@@ -600,12 +408,11 @@ impl Storage for SqliteStorage {
                 .execute(&mut *conn)
                 .await
                 .map_err(self.error("purge"))?;
-            purged += done.rows_affected();
-            if done.rows_affected() < PURGE_BATCH as u64 {
-                tracing::debug!(purged, "purged delivered rows");
-                return Ok(purged);
-            }
-        }
+            Ok(done.rows_affected())
+        })
+        .await?;
+        tracing::debug!(purged, "purged delivered rows");
+        Ok(purged)
     }
 
     fn schema_sql(&self) -> String {
@@ -614,8 +421,8 @@ impl Storage for SqliteStorage {
 
     /// The table if missing, the bookkeeping columns a table of the team's own lacks
     /// (see [`table`]: SQLite cannot add a column "if not exists"), then the indexes.
-    #[tracing::instrument(name = "storage.create_schema", skip_all, fields(table = %self.sql.display_table))]
-    async fn create_schema(&self) -> StorageResult<()> {
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
+    async fn ensure_table(&self) -> StorageResult<()> {
         let err = || self.error("create schema");
         let schema = &self.sql.schema;
         // Under the write lock, so servers starting together create it once.
@@ -640,7 +447,7 @@ impl Storage for SqliteStorage {
     /// is checked too), and the file takes writes: a write that changes nothing fails on
     /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
     /// writer proves nothing either way, and is left to the relay's own writes.
-    async fn ping(&self) -> StorageResult<()> {
+    async fn verify_table(&self) -> StorageResult<()> {
         sqlx::query(&self.sql.ping)
             .execute(&self.pools.reader)
             .await
@@ -710,7 +517,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_table_name_is_checked_and_named() {
-        let options = SqliteOptions {
+        let options = TableOptions {
             table: "out-box".into(),
             ..Default::default()
         };

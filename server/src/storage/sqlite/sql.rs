@@ -18,8 +18,9 @@
 use std::time::Duration;
 
 use super::table::Schema;
-use crate::storage::columns::{Columns, TopicSource};
+use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
+use crate::storage::names::{Dialect, Names, Placeholders};
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -71,59 +72,15 @@ pub(super) struct Shape<'a> {
     pub visibility_delay: Duration,
 }
 
-/// The columns of the table as they appear in SQL. The relay's own names are written as
-/// they always were (bare: none is a word SQLite reserves), so the statements of a table
-/// the relay created stay what they were; a configured name is always quoted.
-#[derive(Debug)]
-pub(super) struct Names {
-    pub id: String,
-    /// `None`: every row has the fixed topic, the table has no topic column.
-    pub topic: Option<String>,
-    pub key: String,
-    pub payload: String,
-    /// `None`: the table has no headers; messages carry none.
-    pub headers: Option<String>,
-    pub created_at: String,
-    pub status: String,
-    pub attempts: String,
-    pub available_at: String,
-    pub leased_by: String,
-    pub last_error: String,
-    pub processed_at: String,
-    /// The topic as a value: the column, or the fixed topic as a string literal.
-    pub topic_value: String,
-}
-
-impl Names {
-    pub fn new(columns: &Columns) -> Self {
-        let topic = match &columns.topic {
-            TopicSource::Column(name) => Some(column(name, "topic")),
-            TopicSource::Fixed(_) => None,
-        };
-        let topic_value = match &columns.topic {
-            TopicSource::Column(_) => topic.clone().expect("a topic column"),
-            TopicSource::Fixed(fixed) => string_literal(fixed),
-        };
-        Self {
-            id: column(&columns.id, "id"),
-            topic,
-            key: column(&columns.key, "key"),
-            payload: column(&columns.payload, "payload"),
-            headers: columns.headers.as_ref().map(|name| column(name, "headers")),
-            created_at: column(&columns.created_at, "created_at"),
-            status: column(&columns.status, "status"),
-            attempts: column(&columns.attempts, "attempts"),
-            available_at: column(&columns.available_at, "available_at"),
-            leased_by: column(&columns.leased_by, "leased_by"),
-            last_error: column(&columns.last_error, "last_error"),
-            processed_at: column(&columns.processed_at, "processed_at"),
-            topic_value,
-        }
-    }
-}
+/// How SQLite writes names: the relay's own bare, as its tables always had them (none is
+/// a word SQLite reserves), a configured one quoted; and the fixed topic as a literal.
+pub(super) const DIALECT: Dialect = Dialect {
+    column,
+    literal: string_literal,
+};
 
 /// `name` as SQL: bare when it is the relay's own name `own`, quoted otherwise.
-pub(super) fn column(name: &Ident, own: &str) -> String {
+fn column(name: &Ident, own: &str) -> String {
     if name.as_str() == own {
         own.to_owned()
     } else {
@@ -160,7 +117,7 @@ fn held(c: &Names) -> String {
 fn message(c: &Names) -> String {
     [
         aliased(&c.id, "id"),
-        aliased(&c.topic_value, "topic"),
+        aliased(&c.topic(""), "topic"),
         aliased(&c.key, "key"),
         format!("CAST({} AS BLOB) AS payload", c.payload),
         aliased(c.headers.as_deref().unwrap_or("'{}'"), "headers"),
@@ -173,7 +130,7 @@ fn message(c: &Names) -> String {
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
         let t = shape.table.quoted();
-        let c = Names::new(shape.columns);
+        let c = Names::new(shape.columns, &DIALECT);
         let held = held(&c);
         let Names {
             id,
@@ -185,13 +142,10 @@ impl Statements {
             last_error,
             processed_at,
             created_at,
-            topic_value,
             ..
         } = &c;
-        let mut inserted: Vec<&str> = Vec::new();
-        inserted.extend(c.topic.as_deref());
-        inserted.extend([key.as_str(), &c.payload]);
-        inserted.extend(c.headers.as_deref());
+        let topic_value = &c.topic("");
+        let inserted = c.inserted();
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
         // A fixed topic is never filtered in SQL (see `candidates`): its "topics"
         // statements are the unfiltered ones, and unused.
@@ -293,23 +247,18 @@ impl Statements {
 /// A fixed topic has no topic filter: the backend decides in Rust whether a filter
 /// includes it (claim everything) or not (claim nothing).
 fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, usize) {
-    let mut next_param = 2;
-    let mut param = || {
-        let p = format!("?{next_param}");
-        next_param += 1;
-        p
-    };
-    let topics_param = topics.then(&mut param);
-    let cutoff_param = (!shape.visibility_delay.is_zero()).then(&mut param);
+    let mut params = Placeholders::starting_at('?', 2);
+    let topics_param = topics.then(|| params.take());
+    let cutoff_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
         key,
         status,
         available_at,
         created_at,
-        topic_value: topic,
         ..
     } = c;
+    let topic = c.topic("");
 
     let mut filters = String::new();
     if let Some(p) = &cutoff_param {
@@ -339,7 +288,7 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, u
         "SELECT o.{id} FROM {t} o \
          WHERE o.{status} = 'pending' AND o.{available_at} <= ?1{filters} ORDER BY o.{id}"
     );
-    (select, next_param)
+    (select, params.next_number())
 }
 
 /// Whether a claim would find anything: a read, answered without the write lock, so an

@@ -4,7 +4,7 @@
 //! A mapped table ("bring your own table") usually exists already, holding the producer's
 //! message columns but not the relay's bookkeeping columns. SQLite has no
 //! `ADD COLUMN IF NOT EXISTS`, so the two ways of getting them differ:
-//! - [`Storage::create_schema`](crate::storage::Storage::create_schema) looks at the live
+//! - [`Storage::ensure_table`](crate::storage::Storage::ensure_table) looks at the live
 //!   table and adds only the bookkeeping columns it lacks, then the indexes, in one write
 //!   transaction.
 //! - `txoutboxd schema` prints the `CREATE TABLE IF NOT EXISTS` (for a team starting
@@ -20,9 +20,10 @@
 //! `ADD COLUMN` cannot take an expression default, so an added `available_at` defaults to
 //! `0` (due since 1970: claimable at once, like the `CREATE TABLE` default of "now").
 
-use super::sql::{Names, NOW_MS};
+use super::sql::NOW_MS;
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::ident::{self, Ident};
+use crate::storage::names::Names;
 use crate::storage::MAX_KEY_CHARS;
 
 /// The DDL of one outbox table.
@@ -278,7 +279,12 @@ mod tests {
 
     fn schema(table: &str, columns: &Columns) -> Schema {
         let ident = Ident::new(table).unwrap();
-        Schema::render(&ident.quoted(), &ident, columns, &Names::new(columns))
+        Schema::render(
+            &ident.quoted(),
+            &ident,
+            columns,
+            &Names::new(columns, &super::super::sql::DIALECT),
+        )
     }
 
     fn columns(mapping: ColumnMapping) -> Columns {

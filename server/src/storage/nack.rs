@@ -1,10 +1,51 @@
-//! What each nack of a batch does, decided once, before any of it is written: for a
+//! Nacks: what one asks for ([`NackRequest`]), what it did ([`NackResult`]), and what each
+//! nack of a batch does, decided once, before any of it is written ([`plan_nacks`]): for a
 //! backend that applies a whole batch in one statement and must give the outcomes that
 //! nacks sent one by one would have had.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
-use super::{FailureDecision, MessageId, NackRequest, RetryPolicy};
+use chrono::{DateTime, Utc};
+
+use super::{FailureDecision, MessageId, RetryPolicy};
+
+/// One nack of a batch handed to [`Storage::nack_many`](super::Storage::nack_many).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NackRequest<'a> {
+    pub id: MessageId,
+    pub error: &'a str,
+    pub requested_delay: Option<Duration>,
+}
+
+/// What a nack did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NackResult {
+    /// Retry scheduled; `released` are the later rows of the same key the owner held,
+    /// given back untried with the same retry time.
+    Retried {
+        retry_at: DateTime<Utc>,
+        released: Vec<MessageId>,
+    },
+    /// The row used its last attempt and is dead-lettered; `released` as above, claimable now.
+    DeadLettered { released: Vec<MessageId> },
+    /// The owner does not hold the row: nothing changed.
+    Fenced,
+}
+
+impl NackResult {
+    /// What an applied nack did: per `decision`, retried at `at` or dead-lettered, with
+    /// the later rows of its key it gave back.
+    pub fn applied(decision: FailureDecision, at: DateTime<Utc>, released: Vec<MessageId>) -> Self {
+        match decision {
+            FailureDecision::RetryAfter(_) => Self::Retried {
+                retry_at: at,
+                released,
+            },
+            FailureDecision::DeadLetter => Self::DeadLettered { released },
+        }
+    }
+}
 
 /// A row a batch names, as the backend read it: held by the nacking owner, lease live.
 #[derive(Debug, Clone, PartialEq)]
@@ -47,8 +88,6 @@ pub fn plan_nacks(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     struct RetryTwice;

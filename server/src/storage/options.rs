@@ -1,0 +1,36 @@
+//! What every backend is told about its table, whatever the database.
+
+use std::time::Duration;
+
+use super::columns::Columns;
+
+/// Per-outbox settings of a table, the same on every backend. What only one backend has
+/// (PostgreSQL's schema and insert channel, MySQL's database) is an argument of its own
+/// constructor.
+#[derive(Debug, Clone)]
+pub struct TableOptions {
+    pub table: String,
+    /// Hold a row back while an earlier pending row with the same key is leased or
+    /// waiting for its retry.
+    pub strict_ordering: bool,
+    /// Delete delivered rows instead of marking them `done`.
+    pub delete_on_ack: bool,
+    /// Claim only rows at least this old: ids are assigned at insert, not at commit, so a
+    /// slow producer transaction can commit a lower id after a higher one was delivered.
+    /// Zero disables it.
+    pub visibility_delay: Duration,
+    /// Column names of the table (see [`Columns`]).
+    pub columns: Columns,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        Self {
+            table: "outbox".to_owned(),
+            strict_ordering: true,
+            delete_on_ack: false,
+            visibility_delay: Duration::ZERO,
+            columns: Columns::default(),
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! The operations of more than one statement: a claim and the read of its messages, a
+//! batch of nacks (read, plan, apply), and moving the heads of finished keys on. Each
+//! statement is a transaction of its own (see the module docs of `mod.rs`).
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::types::PgInterval;
+
+use super::convert::{decode_claim, decode_message, interval};
+use super::PostgresStorage;
+use crate::storage::nack::{plan_nacks, HeldRow};
+use crate::storage::rows::attempts;
+use crate::storage::{
+    sorted_unique, ClaimRequest, Claimed, FailureDecision, MessageId, NackRequest, NackResult,
+    RetryPolicy, StorageResult,
+};
+
+impl PostgresStorage {
+    pub(super) async fn claim_rows(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        let err = || self.error("claim");
+        let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
+        let delay = (!self.options.visibility_delay.is_zero())
+            .then(|| interval(self.options.visibility_delay));
+        let query = match &self.sql.strict {
+            Some(strict) => sqlx::query(&strict.claim)
+                .bind(request.owner)
+                .bind(interval(request.lease))
+                .bind(i32::try_from(request.batch_size).unwrap_or(i32::MAX))
+                .bind((!request.topics.is_empty()).then_some(request.topics))
+                .bind(delay)
+                .bind(max_attempts),
+            None => {
+                let statement = match request.topics {
+                    [] => &self.sql.claim_all,
+                    _ => &self.sql.claim_topics,
+                };
+                let mut query = sqlx::query(statement)
+                    .bind(request.owner)
+                    .bind(interval(request.lease))
+                    .bind(i64::from(request.batch_size))
+                    .bind(max_attempts);
+                if !request.topics.is_empty() {
+                    query = query.bind(request.topics);
+                }
+                if let Some(delay) = delay {
+                    query = query.bind(delay);
+                }
+                query
+            }
+        };
+        let rows = query.fetch_all(&self.pool).await.map_err(err())?;
+        let outcome = decode_claim(&rows).map_err(err())?;
+        // Read once the claim committed: no lock waits on how fast this server reads.
+        let messages = if outcome.leased.is_empty() {
+            Vec::new()
+        } else {
+            let rows = sqlx::query(&self.sql.fetch)
+                .bind(&outcome.leased)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(err())?;
+            rows.iter()
+                .map(decode_message)
+                .collect::<Result<_, _>>()
+                .map_err(err())?
+        };
+        if !outcome.exhausted.is_empty() {
+            tracing::warn!(
+                ids = ?outcome.exhausted,
+                max_attempts = request.max_attempts,
+                "dead-lettered rows claimed max_attempts times without an answer"
+            );
+        }
+        tracing::debug!(claimed = outcome.leased.len(), "claimed");
+        Ok(Claimed {
+            messages,
+            lease_expires_at: outcome.lease_expires_at,
+            exhausted: outcome.exhausted,
+        })
+    }
+
+    /// The nacks of a batch (at least one): the held rows read, the outcomes planned
+    /// ([`plan_nacks`]), then applied in one statement.
+    pub(super) async fn nack_batch(
+        &self,
+        nacks: &[NackRequest<'_>],
+        owner: &str,
+        policy: &dyn RetryPolicy,
+    ) -> StorageResult<Vec<NackResult>> {
+        let err = || self.error("nack");
+        let ids: Vec<MessageId> = nacks.iter().map(|nack| nack.id).collect();
+        let held: Vec<(MessageId, i32, Option<String>)> = sqlx::query_as(&self.sql.nack_held)
+            .bind(&ids)
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err())?;
+        let held: HashMap<MessageId, HeldRow> = held
+            .into_iter()
+            .map(|(id, stored, key)| {
+                let row = HeldRow {
+                    attempts: attempts(stored),
+                    key,
+                };
+                (id, row)
+            })
+            .collect();
+        let plan = plan_nacks(nacks, &held, policy);
+
+        let mut apply = NackBatch::default();
+        for (nack, decision) in nacks.iter().zip(&plan) {
+            let Some(decision) = decision else { continue };
+            apply.ids.push(nack.id);
+            apply.attempts.push(held[&nack.id].attempts as i32);
+            apply.delays.push(match decision {
+                FailureDecision::RetryAfter(delay) => Some(interval(*delay)),
+                FailureDecision::DeadLetter => None,
+            });
+            apply.errors.push(nack.error);
+        }
+        let rows: Vec<NackApplied> = if apply.ids.is_empty() {
+            Vec::new()
+        } else {
+            sqlx::query_as(&self.sql.nack_apply)
+                .bind(&apply.ids)
+                .bind(&apply.attempts)
+                .bind(&apply.delays)
+                .bind(&apply.errors)
+                .bind(owner)
+                .fetch_all(&self.pool)
+                .await
+                .map_err(err())?
+        };
+        self.advance_heads(
+            rows.iter()
+                .filter(|(id, _, cause, dead, _)| id == cause && *dead)
+                .filter_map(|(_, key, ..)| key.clone()),
+        )
+        .await;
+
+        let results = nacks
+            .iter()
+            .zip(&plan)
+            .map(|(nack, decision)| {
+                let applied = rows.iter().find(|row| row.0 == nack.id && row.2 == nack.id);
+                let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
+                    return NackResult::Fenced;
+                };
+                let released = sorted_unique(
+                    rows.iter()
+                        .filter(|row| row.2 == nack.id && row.0 != nack.id)
+                        .map(|row| row.0)
+                        .collect(),
+                );
+                if *dead {
+                    NackResult::DeadLettered { released }
+                } else {
+                    NackResult::Retried {
+                        retry_at: *at,
+                        released,
+                    }
+                }
+            })
+            .collect();
+        Ok(results)
+    }
+
+    /// With strict ordering, after rows of these keys stopped being pending: moves the
+    /// keys' heads on (see `heads.rs`). A failure only leaves a head behind, which claims
+    /// look past and a later call moves: it is logged, never the answer's error.
+    pub(super) async fn advance_heads(&self, keys: impl IntoIterator<Item = String>) {
+        let Some(strict) = &self.sql.strict else {
+            return;
+        };
+        let mut keys: Vec<String> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        if let Err(error) = sqlx::query(&strict.advance)
+            .bind(&keys)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!(table = %self.sql.display_table, %error, "could not move the heads of finished keys on; claims look past them");
+        }
+    }
+}
+
+/// A row of `sql::nack_apply`: `(id, key, cause, dead, at)`.
+type NackApplied = (MessageId, Option<String>, MessageId, bool, DateTime<Utc>);
+
+/// The columns of a batch of nacks to apply (see `sql::nack_apply`).
+#[derive(Default)]
+struct NackBatch<'a> {
+    ids: Vec<MessageId>,
+    attempts: Vec<i32>,
+    delays: Vec<Option<PgInterval>>,
+    errors: Vec<&'a str>,
+}

@@ -1,0 +1,344 @@
+//! The table itself: its DDL rendered from the column mapping (with the strict-ordering
+//! objects of `heads.rs` and the insert trigger), and the check of a live table against
+//! the mapping.
+
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use super::heads;
+use super::sql::Shape;
+use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat, TopicSource};
+use crate::storage::ident;
+use crate::storage::names::{self, Names};
+
+/// The names of a strict table's objects (see `heads.rs`), quoted and qualified.
+pub(super) struct StrictObjects {
+    pub heads: String,
+    pub trigger_function: String,
+    pub trigger: String,
+    pub heads_index: String,
+    pub claim_function: String,
+    pub advance_function: String,
+    pub lock_key: String,
+}
+
+impl StrictObjects {
+    pub fn new(shape: &Shape<'_>) -> Self {
+        let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
+        let display_table = match shape.schema {
+            Some(schema) => format!("{schema}.{}", shape.table),
+            None => shape.table.to_string(),
+        };
+        Self {
+            heads: qualified(shape, &name("_heads")),
+            trigger_function: qualified(shape, &name("_heads_on_insert")),
+            trigger: name("_heads_on_insert"),
+            heads_index: name("_heads_idx"),
+            claim_function: qualified(shape, &name(heads::CLAIM_FUNCTION)),
+            advance_function: qualified(shape, &name(heads::ADVANCE_FUNCTION)),
+            lock_key: format!("txoutbox:{display_table}"),
+        }
+    }
+
+    pub fn objects<'a>(&'a self, table: &'a str) -> heads::Objects<'a> {
+        heads::Objects {
+            table,
+            heads: &self.heads,
+            trigger_function: &self.trigger_function,
+            trigger: &self.trigger,
+            heads_index: &self.heads_index,
+            claim_function: &self.claim_function,
+            advance_function: &self.advance_function,
+            lock_key: &self.lock_key,
+        }
+    }
+}
+
+/// `name` (quoted) in the table's schema, when one is configured.
+pub(super) fn qualified(shape: &Shape<'_>, name: &str) -> String {
+    match shape.schema {
+        Some(schema) => format!("{}.{name}", schema.quoted()),
+        None => name.to_owned(),
+    }
+}
+
+/// The columns of the table named by `$1` (a quoted, possibly qualified name), resolved
+/// like the statements resolve it, through the search path.
+pub(super) const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
+       format_type(a.atttypid, a.atttypmod) AS type_name, t.typname::text AS udt, \
+       NOT a.attnotnull AS nullable, a.atthasdef OR a.attidentity <> '' AS has_default \
+     FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
+     WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
+
+/// The DDL of the table and what it needs: indexes, strict ordering's objects, the
+/// insert trigger; for a mapped table, the bookkeeping columns it lacks.
+pub(super) fn schema(t: &str, shape: &Shape<'_>, n: &Names, strict: &StrictObjects) -> String {
+    let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
+    let Names {
+        id,
+        key,
+        payload,
+        created_at,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        processed_at,
+        ..
+    } = n;
+    let columns = shape.columns;
+    let mut sql = String::new();
+    if let Some(schema) = shape.schema {
+        sql += &format!("CREATE SCHEMA IF NOT EXISTS {};\n", schema.quoted());
+    }
+    let topic = match &columns.topic {
+        TopicSource::Column(topic) => format!("\n    {:<12} TEXT        NOT NULL,", topic.quoted()),
+        TopicSource::Fixed(_) => String::new(),
+    };
+    let payload_type = match columns.payload_format {
+        PayloadFormat::Bytes => "BYTEA",
+        PayloadFormat::Text => "TEXT",
+        PayloadFormat::Json => "JSONB",
+    };
+    let headers = match &columns.headers {
+        Some(headers) => format!(
+            "\n    {:<12} JSONB       NOT NULL DEFAULT '{{}}',",
+            headers.quoted()
+        ),
+        None => String::new(),
+    };
+    // The relay's own columns, shared by the new table and the additions to a mapped one.
+    let bookkeeping = [
+        (
+            status,
+            format!(
+                "TEXT        NOT NULL DEFAULT 'pending'\n{:29}\
+                 CHECK ({status} IN ('pending', 'done', 'dead'))",
+                ""
+            ),
+        ),
+        (attempts, "INTEGER     NOT NULL DEFAULT 0".to_owned()),
+        (
+            available_at,
+            "TIMESTAMPTZ NOT NULL DEFAULT now()".to_owned(),
+        ),
+        (leased_by, "TEXT".to_owned()),
+        (last_error, "TEXT".to_owned()),
+        (processed_at, "TIMESTAMPTZ".to_owned()),
+    ];
+    let relay_columns: Vec<String> = bookkeeping
+        .iter()
+        .map(|(column, definition)| format!("    {column:<12} {definition}"))
+        .collect();
+    sql += &format!(
+        "CREATE TABLE IF NOT EXISTS {t} (
+    {id:<12} BIGINT      GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,{topic}
+    {key:<12} TEXT        CHECK (char_length({key}) <= {max_key}),
+    {payload:<12} {payload_type:<11} NOT NULL,{headers}
+    {created_at:<12} TIMESTAMPTZ NOT NULL DEFAULT now(),
+{relay_columns}
+);
+",
+        relay_columns = relay_columns.join(",\n"),
+        max_key = crate::storage::MAX_KEY_CHARS,
+    );
+    if !columns.is_default() {
+        // A team's existing table: what the relay still needs, idempotently.
+        let additions: Vec<String> = bookkeeping
+            .iter()
+            .map(|(column, definition)| {
+                format!("    ADD COLUMN IF NOT EXISTS {column} {definition}")
+            })
+            .collect();
+        sql += &format!(
+            "-- The relay's bookkeeping columns, for a table that existed before. Rows already
+-- in the table become pending and will be delivered: mark the ones published already
+-- with UPDATE {t} SET {status} = 'done' WHERE ... before starting txoutboxd.
+ALTER TABLE {t}
+{};
+",
+            additions.join(",\n")
+        );
+    }
+    sql += &format!(
+        "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
+CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
+CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
+",
+        keyless = name("_keyless_idx"),
+        pending = name("_pending_idx"),
+        key_pending = name("_key_pending_idx"),
+        processed = name("_processed_idx"),
+        dead = name("_dead_idx"),
+    );
+    if shape.strict_ordering {
+        sql += &heads::schema(&strict.objects(t), n);
+    }
+    if let Some(channel) = shape.notify_channel {
+        let function = match shape.schema {
+            Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
+            None => name("_notify"),
+        };
+        // One notification per INSERT statement, not per row: a bulk insert wakes the
+        // relay once. The channel passed validation, so it is safe in a string literal.
+        sql += &format!(
+            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END;
+$$;
+DROP TRIGGER IF EXISTS {trigger} ON {t};
+CREATE TRIGGER {trigger} AFTER INSERT ON {t}
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+",
+            channel = channel.as_str(),
+            trigger = name("_notify"),
+        );
+    }
+    sql
+}
+
+/// One row of the live-columns query (`sql::LIVE_COLUMNS`).
+pub(super) fn live_column(row: &PgRow) -> Result<LiveColumn, sqlx::Error> {
+    Ok(LiveColumn {
+        name: row.try_get("name")?,
+        type_name: row.try_get("type_name")?,
+        nullable: row.try_get("nullable")?,
+        has_default: row.try_get("has_default")?,
+    })
+}
+
+/// The PostgreSQL types the relay can use for each kind of column; the error says which.
+/// Times must carry their zone (`timestamptz`): a `timestamp` would be read in the
+/// session's zone, and leases compare it with the database clock.
+pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'static str> {
+    let base = column
+        .type_name
+        .split('(')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    let text = matches!(base, "text" | "character varying");
+    let (ok, wanted) = match kind {
+        ColumnKind::Id => (matches!(base, "bigint" | "integer"), "bigint or integer"),
+        ColumnKind::Text | ColumnKind::Status | ColumnKind::NullableText => {
+            (text, "text or character varying")
+        }
+        ColumnKind::Payload(PayloadFormat::Bytes) => {
+            (base == "bytea", "bytea (payload_format = \"bytes\")")
+        }
+        ColumnKind::Payload(PayloadFormat::Text) => (
+            text,
+            "text or character varying (payload_format = \"text\")",
+        ),
+        ColumnKind::Payload(PayloadFormat::Json) => (
+            matches!(base, "json" | "jsonb"),
+            "json or jsonb (payload_format = \"json\")",
+        ),
+        ColumnKind::Headers => (matches!(base, "json" | "jsonb"), "json or jsonb"),
+        ColumnKind::Counter => (base == "integer", "integer"),
+        ColumnKind::Timestamp | ColumnKind::DueAt | ColumnKind::NullableTimestamp => (
+            base == "timestamp with time zone",
+            "timestamp with time zone (timestamptz)",
+        ),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wanted)
+    }
+}
+
+/// `table` + `suffix`, kept within PostgreSQL's 63 bytes (see [`names::derived_name`]).
+fn derived_name(table: &str, suffix: &str) -> String {
+    names::derived_name(table, suffix, ident::MAX_LEN)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::columns::{ColumnMapping, Columns};
+    use crate::storage::ident::Ident;
+    use crate::storage::postgres::sql::{insert, message, DIALECT};
+    use std::time::Duration;
+
+    fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
+        Shape {
+            schema: None,
+            table,
+            columns,
+            strict_ordering: true,
+            visibility_delay: Duration::ZERO,
+            notify_channel: channel,
+        }
+    }
+
+    #[test]
+    fn derived_names_fit_and_stay_distinct() {
+        let long = "t".repeat(63);
+        let a = derived_name(&long, "_pending_idx");
+        let b = derived_name(&long, "_key_pending_idx");
+        assert!(a.len() <= 63 && b.len() <= 63);
+        assert_ne!(a, b);
+        assert_eq!(derived_name("outbox", "_pending_idx"), "outbox_pending_idx");
+    }
+
+    #[test]
+    fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
+        let table = Ident::new("Outbox").unwrap();
+        let channel = Ident::new("outbox_inserted").unwrap();
+        let columns = Columns::default();
+        let n = Names::new(&columns, &DIALECT);
+        let s = shape(&table, &columns, None);
+        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
+        assert!(!sql.contains("pg_notify"));
+        assert!(
+            !sql.contains("ALTER TABLE"),
+            "the relay's own table needs no additions"
+        );
+        let s = shape(&table, &columns, Some(&channel));
+        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
+        assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
+        assert!(sql.contains("pg_notify('outbox_inserted', '')"));
+        assert!(sql.contains("FOR EACH STATEMENT"));
+    }
+
+    #[test]
+    fn a_mapped_table_gets_its_names_and_the_bookkeeping_columns_it_lacks() {
+        let table = Ident::new("order_events").unwrap();
+        let columns = Columns::from_mapping(&ColumnMapping {
+            id: "event_id".to_owned(),
+            fixed_topic: Some("it's".to_owned()),
+            payload: "body".to_owned(),
+            payload_format: PayloadFormat::Json,
+            headers: String::new(),
+            status: "relay_status".to_owned(),
+            ..ColumnMapping::default()
+        })
+        .unwrap();
+        let n = Names::new(&columns, &DIALECT);
+        let s = shape(&table, &columns, None);
+        let sql = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
+        assert!(sql.contains("\"body\"       JSONB"), "{sql}");
+        assert!(
+            sql.contains("ADD COLUMN IF NOT EXISTS \"relay_status\" TEXT"),
+            "{sql}"
+        );
+        assert!(sql.contains("WHERE \"relay_status\" = 'pending'"), "{sql}");
+        assert!(
+            !sql.contains("\"topic\"") && !sql.contains("\"headers\""),
+            "{sql}"
+        );
+        assert_eq!(n.topic("o."), "'it''s'::text");
+        assert!(message(&n, "o").contains("convert_to(o.\"body\"::text, 'UTF8') AS payload"));
+        assert!(message(&n, "o").contains("'{}'::jsonb AS headers"));
+        assert_eq!(
+            insert(&n, "t"),
+            "INSERT INTO t (\"key\", \"body\") VALUES ($1, $2::jsonb) RETURNING \"event_id\"::int8"
+        );
+    }
+}
