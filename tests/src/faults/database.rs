@@ -197,7 +197,7 @@ impl Database {
                         .await?;
                 let mut ended = 0;
                 for session in sessions {
-                    let (id, host): (u64, String) = (session.get(0), session.get(1));
+                    let (id, host): (i64, String) = (session.get(0), session.get(1));
                     let port = host.rsplit_once(':').and_then(|(_, p)| p.parse().ok());
                     if port.is_some_and(|port: i32| ports.contains(&port)) {
                         // Gone already is fine: it ended by itself.
