@@ -126,9 +126,14 @@ pub fn render(outcome: &Outcome) -> String {
         .map(|(i, f)| (i, f.recovery_s.unwrap_or(f64::INFINITY)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     if let Some((index, seconds)) = worst_recovery {
+        let seconds = if seconds.is_finite() {
+            format!("{seconds:.1}s")
+        } else {
+            "not within 30s".to_owned()
+        };
         let _ = writeln!(
             out,
-            "worst time to 90% of the earlier throughput: {seconds:.1}s (fault #{})",
+            "worst time to 90% of the earlier throughput: {seconds} (fault #{})",
             index + 1
         );
     }
