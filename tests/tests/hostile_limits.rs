@@ -288,3 +288,62 @@ async fn a_connection_carries_at_most_max_streams_per_connection_streams() {
     assert!(opened.is_ok());
     db.drop().await;
 }
+
+/// Case 2: rows whose subscribers die or never answer were claimed a twelfth time with
+/// `max_attempts = 10`. The claim after the last attempt's lease ran out dead-letters the
+/// row with the reason instead of handing it out again.
+#[tokio::test]
+async fn a_row_claimed_max_attempts_times_without_an_answer_is_dead_lettered() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("max_attempts = 3")).await;
+    let id = db.insert("t", Some("k"), b"never answered").await;
+    let mut relay = server.relay().await;
+    let short_lease = |worker: &str| v1::ClaimRequest {
+        lease_ms: 100,
+        ..claim(worker, 10)
+    };
+
+    for attempt in 1..=3u32 {
+        // Each worker claims and goes silent; the next one gets the row once the lease ran out.
+        let worker = format!("silent-{attempt}");
+        let message = eventually("the row handed out again", DEADLINE, || {
+            let mut relay = relay.clone();
+            let request = short_lease(&worker);
+            async move {
+                let batch = relay.claim(request).await.unwrap().into_inner();
+                batch.messages.into_iter().next()
+            }
+        })
+        .await;
+        assert_eq!((message.id, message.attempts), (id, attempt));
+    }
+
+    let (status, attempts, error) = eventually("the row dead-lettered", DEADLINE, || {
+        let mut relay = relay.clone();
+        let db = &db;
+        async move {
+            let batch = relay.claim(short_lease("late")).await.unwrap().into_inner();
+            assert!(
+                batch.messages.is_empty(),
+                "claimed past max_attempts: {batch:?}"
+            );
+            let row = db.row(id).await;
+            (row.0 == "dead").then_some(row)
+        }
+    })
+    .await;
+    assert_eq!((status.as_str(), attempts), ("dead", 3));
+    let error = error.unwrap();
+    assert!(
+        error.contains("claimed 3 times without an answer"),
+        "{error}"
+    );
+    assert!(relay
+        .claim(short_lease("after"))
+        .await
+        .unwrap()
+        .into_inner()
+        .messages
+        .is_empty());
+    db.drop().await;
+}
