@@ -91,6 +91,20 @@ pub struct Outcome {
 impl Outcome {
     /// What breaks a guarantee: losses, order violations, unexplained duplicates.
     pub fn failures(&self) -> Vec<String> {
+        let mut failures = self.losses_and_reorders();
+        let findings = &self.findings;
+        if !findings.duplicates_unexplained.is_empty() {
+            failures.push(format!(
+                "{} duplicates no fault explains, first (id, subscriber, time): {:?}",
+                findings.duplicates_unexplained.len(),
+                head(&findings.duplicates_unexplained)
+            ));
+        }
+        failures
+    }
+
+    /// Losses and order violations only.
+    pub fn losses_and_reorders(&self) -> Vec<String> {
         let findings = &self.findings;
         let mut failures = Vec::new();
         if findings.lost() > 0 {
@@ -106,13 +120,6 @@ impl Outcome {
                 "{} per-key order violations, first: {:?}",
                 findings.order_violations.len(),
                 head(&findings.order_violations)
-            ));
-        }
-        if !findings.duplicates_unexplained.is_empty() {
-            failures.push(format!(
-                "{} duplicates no fault explains, first (id, subscriber, time): {:?}",
-                findings.duplicates_unexplained.len(),
-                head(&findings.duplicates_unexplained)
             ));
         }
         failures
