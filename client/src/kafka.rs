@@ -35,9 +35,8 @@
 //! # }
 //! ```
 
-use std::borrow::Cow;
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
@@ -51,70 +50,13 @@ use crate::{ClientError, Message, PublishError, Publisher};
 /// rdkafka itself, for [`KafkaPublisher::from_producer`] and the error types.
 pub use rdkafka;
 
-/// Header carrying the outbox message id (decimal): the deduplication key for consumers.
-pub const ID_HEADER: &str = "txoutbox-id";
-/// Header carrying the outbox topic, which the [`TopicMapping`] may have changed.
-pub const TOPIC_HEADER: &str = "txoutbox-topic";
+pub use crate::broker::{TopicMapping, ID_HEADER, TOPIC_HEADER};
 
 /// Default `message.timeout.ms`: below the subscriber's default `publish_timeout` (10s),
 /// so a broker outage comes back as Kafka's own error rather than a timeout.
 const DEFAULT_DELIVERY_TIMEOUT: Duration = Duration::from_secs(8);
 /// How long a publish waits for room in librdkafka's local queue.
 const DEFAULT_QUEUE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Which Kafka topic a message goes to.
-///
-/// ```
-/// use txoutbox_client::kafka::TopicMapping;
-/// use txoutbox_client::Message;
-///
-/// let message = Message::new(1, "orders.paid", "{}");
-/// assert_eq!(TopicMapping::Same.topic_for(&message), "orders.paid");
-/// assert_eq!(TopicMapping::prefix("prod.").topic_for(&message), "prod.orders.paid");
-/// let by_type = TopicMapping::function(|m: &Message| m.topic.replace('.', "-"));
-/// assert_eq!(by_type.topic_for(&message), "orders-paid");
-/// ```
-#[derive(Clone, Default)]
-pub enum TopicMapping {
-    /// The outbox topic, unchanged (the default).
-    #[default]
-    Same,
-    /// The outbox topic behind a prefix.
-    Prefix(String),
-    /// Any function of the message.
-    Function(Arc<dyn Fn(&Message) -> String + Send + Sync>),
-}
-
-impl TopicMapping {
-    /// The outbox topic behind `prefix`.
-    pub fn prefix(prefix: impl Into<String>) -> Self {
-        Self::Prefix(prefix.into())
-    }
-
-    /// A topic computed from the message.
-    pub fn function(f: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
-        Self::Function(Arc::new(f))
-    }
-
-    /// The Kafka topic of `message`.
-    pub fn topic_for<'m>(&self, message: &'m Message) -> Cow<'m, str> {
-        match self {
-            Self::Same => Cow::Borrowed(&message.topic),
-            Self::Prefix(prefix) => Cow::Owned(format!("{prefix}{}", message.topic)),
-            Self::Function(f) => Cow::Owned(f(message)),
-        }
-    }
-}
-
-impl fmt::Debug for TopicMapping {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Same => f.write_str("Same"),
-            Self::Prefix(prefix) => f.debug_tuple("Prefix").field(prefix).finish(),
-            Self::Function(_) => f.write_str("Function(..)"),
-        }
-    }
-}
 
 /// Configures a [`KafkaPublisher`]; start with [`KafkaPublisher::builder`].
 #[derive(Debug, Clone)]
@@ -126,29 +68,7 @@ pub struct KafkaPublisherBuilder {
 }
 
 impl KafkaPublisherBuilder {
-    /// Sends every message to the topic of the same name (the default).
-    pub fn same_topic(mut self) -> Self {
-        self.topics = TopicMapping::Same;
-        self
-    }
-
-    /// Sends each message to `prefix` followed by its outbox topic.
-    pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
-        self.topics = TopicMapping::prefix(prefix);
-        self
-    }
-
-    /// Chooses each message's topic with `f`.
-    pub fn topic_fn(mut self, f: impl Fn(&Message) -> String + Send + Sync + 'static) -> Self {
-        self.topics = TopicMapping::function(f);
-        self
-    }
-
-    /// Sets the topic mapping.
-    pub fn topics(mut self, topics: TopicMapping) -> Self {
-        self.topics = topics;
-        self
-    }
+    crate::broker::topic_mapping_methods!();
 
     /// How long librdkafka keeps trying to deliver one record (`message.timeout.ms`,
     /// default 8s) before the publish fails and the row is nacked for a later retry.

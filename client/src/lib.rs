@@ -12,7 +12,10 @@
 //! - [`producer`] (features `postgres`, on by default, `mysql` and `sqlite`): insert outbox
 //!   rows inside your own sqlx transaction, so they commit with your data.
 //! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
-//!   confirms delivery before the row is acked.
+//!   confirms delivery before the row is acked; likewise `nats` (`NatsPublisher`,
+//!   JetStream), `amqp` (`AmqpPublisher`, RabbitMQ), `webhook` (`WebhookPublisher`, signed
+//!   HTTP POSTs) and `redis_stream` (`RedisStreamPublisher`), each behind the feature of
+//!   its name (`redis` for Redis); [`broker`] holds what they share.
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
 //!   [`proto`] for the admin calls and the raw protocol.
 //!
@@ -81,27 +84,44 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
+pub mod broker;
 mod connect;
 mod error;
 pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod producer;
 pub mod publisher;
+#[cfg(feature = "redis")]
+pub mod redis_stream;
 pub mod run_once;
 pub mod subscriber;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
+#[cfg(feature = "amqp")]
+pub use amqp::AmqpPublisher;
 pub use connect::connect;
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
 #[cfg(feature = "kafka")]
 pub use kafka::KafkaPublisher;
 pub use message::Message;
+#[cfg(feature = "nats")]
+pub use nats::NatsPublisher;
 pub use publisher::{PublishError, Publisher};
+#[cfg(feature = "redis")]
+pub use redis_stream::RedisStreamPublisher;
 pub use run_once::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
+#[cfg(feature = "webhook")]
+pub use webhook::WebhookPublisher;
 
 /// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the
 /// runtime does not cover.

@@ -12,15 +12,18 @@
 
 pub mod bench;
 pub mod binaries;
+pub mod brokers;
 pub mod db;
 pub mod faults;
 pub mod journal;
 pub mod mariadb;
 pub mod outbox_db;
 pub mod pg_link;
+pub mod relay_cli;
 pub mod server;
 pub mod sqlite_db;
 pub mod subscriber;
+pub mod tcp_proxy;
 
 use std::future::Future;
 use std::time::Duration;
@@ -31,6 +34,7 @@ pub use outbox_db::{MappedPgDb, OutboxDb};
 pub use server::Server;
 pub use sqlite_db::SqliteDb;
 pub use subscriber::Subscriber;
+pub use tcp_proxy::TcpProxy;
 
 /// Deadline for conditions that should hold within a second on an idle machine.
 pub const DEADLINE: Duration = Duration::from_secs(30);

@@ -1,6 +1,6 @@
 //! The `txoutbox` command line: look at an outbox (`tail`, `stats`, `health`, `schema`),
-//! keep it small (`purge`), put a demo row in (`insert`), and run a ready relay to Kafka
-//! (`relay --kafka`).
+//! keep it small (`purge`), put a demo row in (`insert`), and run a ready relay to a
+//! broker (`relay --kafka`, `--nats`, `--amqp`, `--webhook`, `--redis`).
 //!
 //! One file per command, dispatched by [`Command`]; [`Context`] holds what every command
 //! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
@@ -40,6 +40,7 @@ Examples:
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
+  txoutbox --outbox orders relay --nats nats://127.0.0.1:4222
 
 Exit codes:
   0  success
@@ -53,7 +54,7 @@ Exit codes:
     name = "txoutbox",
     // The version and the git commit (`build.rs`).
     version = env!("TXOUTBOX_VERSION"),
-    about = "Command line of txoutboxd: look at outboxes, keep them small, relay them to Kafka",
+    about = "Command line of txoutboxd: look at outboxes, keep them small, relay them to a broker",
     after_help = EXAMPLES
 )]
 struct Cli {
@@ -98,8 +99,9 @@ enum Command {
     /// data they change (the producer helpers of the txoutbox-client crate, or a plain
     /// INSERT).
     Insert(insert::Args),
-    /// Relay the outbox to Kafka until SIGINT/SIGTERM (a ready publisher in one command).
-    Relay(relay::Args),
+    /// Relay the outbox to Kafka, NATS JetStream, RabbitMQ, a webhook or Redis Streams
+    /// until SIGINT/SIGTERM (a ready publisher in one command).
+    Relay(Box<relay::Args>),
 }
 
 pub fn main() -> ExitCode {
@@ -146,7 +148,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,
-        Command::Relay(args) => relay::run(&mut context, args).await,
+        Command::Relay(args) => relay::run(&mut context, *args).await,
     }
 }
 

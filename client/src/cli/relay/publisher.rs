@@ -1,0 +1,139 @@
+//! The publisher of the broker `relay` was given, built from its options. A broker whose
+//! cargo feature this binary lacks is a usage error that says how to rebuild.
+
+use std::sync::Arc;
+
+use txoutbox_client::Publisher;
+
+#[cfg(any(feature = "kafka", feature = "webhook"))]
+use super::name_value;
+use super::Args;
+use crate::cli::CliError;
+
+/// The publisher, and where it publishes (for the log).
+pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError> {
+    if let Some(brokers) = &args.kafka {
+        return Ok((kafka(brokers, args)?, format!("kafka {brokers}")));
+    }
+    if let Some(servers) = &args.nats {
+        return Ok((nats(servers, args)?, format!("nats {servers}")));
+    }
+    if let Some(uri) = &args.amqp {
+        return Ok((amqp(uri, args)?, "amqp".to_owned()));
+    }
+    if let Some(url) = &args.webhook {
+        return Ok((webhook(url, args)?, format!("webhook {url}")));
+    }
+    if let Some(url) = &args.redis {
+        return Ok((redis(url, args)?, "redis".to_owned()));
+    }
+    unreachable!("clap requires one broker")
+}
+
+#[cfg(not(all(
+    feature = "kafka",
+    feature = "nats",
+    feature = "amqp",
+    feature = "webhook",
+    feature = "redis"
+)))]
+fn missing(feature: &str) -> CliError {
+    CliError::Usage(format!(
+        "this txoutbox was built without the `{feature}` feature; rebuild it with it: \
+         cargo install --path client --features {feature}"
+    ))
+}
+
+#[cfg(feature = "kafka")]
+fn kafka(brokers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut kafka =
+        txoutbox_client::KafkaPublisher::builder(brokers).delivery_timeout(args.delivery_timeout);
+    if let Some(prefix) = &args.topic_prefix {
+        kafka = kafka.topic_prefix(prefix.clone());
+    }
+    for property in &args.kafka_properties {
+        let (name, value) = name_value("-X", property, "compression.type=zstd")?;
+        kafka = kafka.set(name, value);
+    }
+    Ok(Arc::new(kafka.build()?))
+}
+
+#[cfg(not(feature = "kafka"))]
+fn kafka(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("kafka"))
+}
+
+#[cfg(feature = "nats")]
+fn nats(servers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut nats = txoutbox_client::NatsPublisher::builder(servers)
+        .ack_timeout(args.delivery_timeout)
+        .name(args.name.clone());
+    if let Some(prefix) = &args.topic_prefix {
+        nats = nats.topic_prefix(prefix.clone());
+    }
+    if let Some(prefix) = &args.msg_id_prefix {
+        nats = nats.msg_id_prefix(prefix.clone());
+    }
+    Ok(Arc::new(nats.build()?))
+}
+
+#[cfg(not(feature = "nats"))]
+fn nats(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("nats"))
+}
+
+#[cfg(feature = "amqp")]
+fn amqp(uri: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let exchange = args.exchange.clone().unwrap_or_default();
+    let mut amqp = txoutbox_client::AmqpPublisher::builder(uri, exchange)
+        .confirm_timeout(args.delivery_timeout)
+        .retry_unroutable(args.retry_unroutable);
+    if let Some(prefix) = &args.topic_prefix {
+        amqp = amqp.topic_prefix(prefix.clone());
+    }
+    Ok(Arc::new(amqp.build()?))
+}
+
+#[cfg(not(feature = "amqp"))]
+fn amqp(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("amqp"))
+}
+
+#[cfg(feature = "webhook")]
+fn webhook(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut hook = txoutbox_client::WebhookPublisher::builder(url).timeout(args.delivery_timeout);
+    if let Some(secret) = &args.webhook_secret {
+        hook = hook.secret(secret.as_bytes());
+    }
+    for header in &args.webhook_headers {
+        let (name, value) = name_value("--webhook-header", header, "authorization=Bearer...")?;
+        hook = hook.header(name, value);
+    }
+    for status in &args.retry_statuses {
+        hook = hook.retry_status(*status);
+    }
+    Ok(Arc::new(hook.build()?))
+}
+
+#[cfg(not(feature = "webhook"))]
+fn webhook(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("webhook"))
+}
+
+#[cfg(feature = "redis")]
+fn redis(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut redis =
+        txoutbox_client::RedisStreamPublisher::builder(url).response_timeout(args.delivery_timeout);
+    if let Some(prefix) = &args.topic_prefix {
+        redis = redis.topic_prefix(prefix.clone());
+    }
+    if let Some(max_len) = args.max_len {
+        redis = redis.max_len(max_len);
+    }
+    Ok(Arc::new(redis.build()?))
+}
+
+#[cfg(not(feature = "redis"))]
+fn redis(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("redis"))
+}

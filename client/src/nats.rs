@@ -1,0 +1,356 @@
+//! Publishing to NATS JetStream (feature `nats`): [`NatsPublisher`] returns only once the
+//! stream that captures the subject acknowledged the message (its PubAck).
+//!
+//! | outbox | NATS |
+//! | --- | --- |
+//! | `topic` | the subject, through the [`TopicMapping`] (same name, a prefix, or a function) |
+//! | `key` | header `txoutbox-key` (NATS messages have no key: order comes from the runtime publishing one message of a key at a time) |
+//! | `payload` | the payload, byte for byte |
+//! | `headers` | the headers, plus `txoutbox-id`, `txoutbox-topic`, and `Nats-Msg-Id` = the message id, on which JetStream deduplicates: a retry whose PubAck was lost is stored once |
+//!
+//! Nothing is stored unless a stream captures the subject: create it first (`nats stream
+//! add ORDERS --subjects 'orders.>'`, or `jetstream.create_stream`), with a duplicate
+//! window (`--dupe-window`, default two minutes) longer than a retry takes.
+//!
+//! Errors (`classify`, the one place they are sorted):
+//!
+//! | failure | outcome |
+//! | --- | --- |
+//! | no stream captures the subject (no responders) | permanent: dead-lettered |
+//! | the stream rejected the message (too large for `max_msg_size`, other API errors), a payload over the server's `max_payload`, an invalid subject | permanent |
+//! | no PubAck within `ack_timeout` (default 5s), a lost connection, too many unacknowledged publishes | retried |
+//! | the stream is full (`discard new`) or the server lacks resources, no leader, JetStream disabled | retried |
+//!
+//! The client reconnects on its own (async-nats): publishes during an outage time out,
+//! are nacked and retried once the server is back.
+//!
+//! ```no_run
+//! use txoutbox_client::nats::NatsPublisher;
+//! use txoutbox_client::Subscriber;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let nats = NatsPublisher::builder("nats://127.0.0.1:4222")
+//!     .topic_prefix("outbox.") // orders.paid -> subject outbox.orders.paid
+//!     .build()?;
+//! Subscriber::builder(["http://127.0.0.1:7411"], "orders")
+//!     .build(nats)?
+//!     .run_until_signal()
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::jetstream::context::{PublishError as JsPublishError, PublishErrorKind};
+use async_nats::jetstream::{self, ErrorCode};
+use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
+use tokio::sync::OnceCell;
+
+use crate::broker::{carried_headers, TopicMapping};
+use crate::{ClientError, Message, PublishError, Publisher};
+
+/// async-nats itself, for [`NatsPublisher::from_client`] (TLS, credentials, ...).
+pub use async_nats;
+
+/// Header on which JetStream deduplicates.
+pub const MSG_ID_HEADER: &str = "Nats-Msg-Id";
+
+/// Default wait for a PubAck: below the subscriber's default `publish_timeout` (10s), so
+/// an outage comes back as this publisher's error rather than the runtime's timeout.
+const DEFAULT_ACK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Configures a [`NatsPublisher`]; start with [`NatsPublisher::builder`].
+#[must_use]
+pub struct NatsPublisherBuilder {
+    servers: String,
+    topics: TopicMapping,
+    ack_timeout: Duration,
+    msg_id_prefix: String,
+    name: String,
+}
+
+impl NatsPublisherBuilder {
+    crate::broker::topic_mapping_methods!();
+
+    /// How long a publish waits for the stream's PubAck (default 5s) before the row is
+    /// nacked and retried. Keep it below the subscriber's `publish_timeout` (default 10s).
+    pub fn ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// Puts `prefix` before the message id in `Nats-Msg-Id` (default none), for several
+    /// outboxes publishing into one stream: their ids would collide in its duplicate
+    /// window.
+    pub fn msg_id_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.msg_id_prefix = prefix.into();
+        self
+    }
+
+    /// The connection's name, in the server's monitoring (default `txoutbox`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Checks the server addresses. The connection is made by the first publish, in the
+    /// background: an unreachable server means nacked publishes, not an error here.
+    pub fn build(self) -> Result<NatsPublisher, ClientError> {
+        let mut addresses = Vec::new();
+        for server in self.servers.split(',').map(str::trim) {
+            let address: ServerAddr = server.parse().map_err(|error| {
+                ClientError::Config(format!(
+                    "invalid NATS server `{server}`: {error}; use for example nats://127.0.0.1:4222"
+                ))
+            })?;
+            addresses.push(address);
+        }
+        let options = ConnectOptions::new()
+            .name(self.name)
+            .retry_on_initial_connect()
+            .connection_timeout(Duration::from_secs(5))
+            // A connection that went silent (a dead link) is noticed within seconds.
+            .ping_interval(Duration::from_secs(5));
+        Ok(NatsPublisher {
+            jetstream: OnceCell::new(),
+            connect: Some((addresses, options)),
+            topics: self.topics,
+            ack_timeout: self.ack_timeout,
+            msg_id_prefix: self.msg_id_prefix,
+        })
+    }
+}
+
+/// Publishes outbox messages to NATS JetStream, returning once the stream acknowledged
+/// them; see the [module documentation](self) for the mapping and the errors.
+pub struct NatsPublisher {
+    /// Made by the first publish (connecting needs a runtime; `build` may run outside one).
+    jetstream: OnceCell<jetstream::Context>,
+    /// What the first publish connects with; `None` for a client given to `from_client`.
+    connect: Option<(Vec<ServerAddr>, ConnectOptions)>,
+    topics: TopicMapping,
+    ack_timeout: Duration,
+    msg_id_prefix: String,
+}
+
+impl fmt::Debug for NatsPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsPublisher")
+            .field("topics", &self.topics)
+            .field("ack_timeout", &self.ack_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsPublisher {
+    /// Starts configuring a publisher to the NATS servers at `servers`
+    /// (`nats://host:port`, several separated by commas).
+    pub fn builder(servers: impl Into<String>) -> NatsPublisherBuilder {
+        NatsPublisherBuilder {
+            servers: servers.into(),
+            topics: TopicMapping::Same,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            msg_id_prefix: String::new(),
+            name: "txoutbox".to_owned(),
+        }
+    }
+
+    /// Wraps a client you connected yourself (TLS, credentials, ...).
+    pub fn from_client(client: async_nats::Client, topics: TopicMapping) -> Self {
+        let mut context = jetstream::new(client);
+        context.set_timeout(DEFAULT_ACK_TIMEOUT);
+        Self {
+            jetstream: OnceCell::new_with(Some(context)),
+            connect: None,
+            topics,
+            ack_timeout: DEFAULT_ACK_TIMEOUT,
+            msg_id_prefix: String::new(),
+        }
+    }
+
+    /// The headers of the NATS message for `message`: [`carried_headers`] and
+    /// [`MSG_ID_HEADER`].
+    pub fn headers(&self, message: &Message) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in carried_headers(message) {
+            headers.insert(name, value.as_ref());
+        }
+        let msg_id = format!("{}{}", self.msg_id_prefix, message.id);
+        headers.insert(MSG_ID_HEADER, msg_id.as_str());
+        headers
+    }
+
+    async fn jetstream(&self) -> Result<&jetstream::Context, PublishError> {
+        self.jetstream
+            .get_or_try_init(|| async {
+                let Some((addresses, options)) = &self.connect else {
+                    unreachable!("a publisher from a client starts connected");
+                };
+                // Returns at once: the connection is made (and made again) in the
+                // background.
+                let client = options
+                    .clone()
+                    .connect(addresses.as_slice())
+                    .await
+                    .map_err(|error| PublishError::new(format!("nats: {error}")))?;
+                let mut context = jetstream::new(client);
+                context.set_timeout(self.ack_timeout);
+                Ok(context)
+            })
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for NatsPublisher {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        let subject = self.topics.topic_for(message);
+        if let Err(reason) = check_subject(&subject) {
+            return Err(PublishError::permanent(format!(
+                "nats subject `{subject}` {reason}"
+            )));
+        }
+        let jetstream = self.jetstream().await?;
+        let sent = jetstream
+            .publish_with_headers(
+                subject.to_string(),
+                self.headers(message),
+                message.payload.clone(),
+            )
+            .await;
+        let ack = match sent {
+            Ok(ack) => ack.await,
+            Err(error) => Err(error),
+        };
+        match ack {
+            Ok(ack) => {
+                tracing::trace!(id = message.id, %subject, stream = %ack.stream, sequence = ack.sequence, duplicate = ack.duplicate, "stored by jetstream");
+                Ok(())
+            }
+            Err(error) => Err(classify(&subject, error)),
+        }
+    }
+}
+
+/// A subject a message can be published to: not empty, no whitespace, no empty token,
+/// no wildcard.
+fn check_subject(subject: &str) -> Result<(), &'static str> {
+    if subject.is_empty() {
+        return Err("is empty");
+    }
+    if subject.chars().any(char::is_whitespace) {
+        return Err("contains whitespace");
+    }
+    if subject.split('.').any(|token| token.is_empty()) {
+        return Err("has an empty token");
+    }
+    if subject.split('.').any(|token| token == "*" || token == ">") {
+        return Err("has a wildcard");
+    }
+    Ok(())
+}
+
+/// The one place NATS errors are sorted into retried and permanent (the table of the
+/// module documentation).
+fn classify(subject: &str, error: JsPublishError) -> PublishError {
+    let text = format!("nats subject `{subject}`: {error}");
+    let permanent = match error.kind() {
+        PublishErrorKind::StreamNotFound | PublishErrorKind::MaxPayloadExceeded => true,
+        // The stream answered with an API error: it rejected this message, unless the
+        // error is about the server's state rather than the message.
+        PublishErrorKind::Other => std::error::Error::source(&error)
+            .and_then(|source| source.downcast_ref::<jetstream::Error>())
+            .is_some_and(|api| !is_transient(api.error_code())),
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::MaxAckPending
+        | PublishErrorKind::WrongLastMessageId
+        | PublishErrorKind::WrongLastSequence => false,
+    };
+    if permanent {
+        PublishError::permanent(text)
+    } else {
+        PublishError::new(text)
+    }
+}
+
+/// JetStream API errors that describe the server's state, not the message: worth a retry.
+fn is_transient(code: ErrorCode) -> bool {
+    [
+        ErrorCode::CLUSTER_NOT_AVAILABLE,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::CLUSTER_NOT_ACTIVE,
+        ErrorCode::CLUSTER_INCOMPLETE,
+        ErrorCode::CLUSTER_NO_PEERS,
+        ErrorCode::CLUSTER_NOT_ASSIGNED,
+        ErrorCode::INSUFFICIENT_RESOURCES,
+        ErrorCode::STORAGE_RESOURCES_EXCEEDED,
+        ErrorCode::MEMORY_RESOURCES_EXCEEDED,
+        ErrorCode::ACCOUNT_RESOURCES_EXCEEDED,
+        // Also a full stream with `discard new`: room comes back as consumers catch up.
+        ErrorCode::STREAM_STORE_FAILED,
+        ErrorCode::JETSTREAM_NOT_ENABLED,
+        ErrorCode::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+    ]
+    .contains(&code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_checked_before_publishing() {
+        assert!(check_subject("orders.paid").is_ok());
+        for bad in [
+            "",
+            "orders paid",
+            "orders..paid",
+            "orders.*",
+            "orders.>",
+            ".x",
+        ] {
+            assert!(check_subject(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn missing_streams_are_permanent_timeouts_retried() {
+        let missing = classify("s", JsPublishError::new(PublishErrorKind::StreamNotFound));
+        assert!(missing.is_permanent());
+        assert!(
+            missing.text().starts_with("nats subject `s`: "),
+            "{missing}"
+        );
+        for kind in [
+            PublishErrorKind::TimedOut,
+            PublishErrorKind::BrokenPipe,
+            PublishErrorKind::MaxAckPending,
+            PublishErrorKind::Other,
+        ] {
+            let error = classify("s", JsPublishError::new(kind));
+            assert!(!error.is_permanent(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn headers_carry_the_message_id_for_deduplication() {
+        let publisher = NatsPublisher::builder("nats://127.0.0.1:4222")
+            .msg_id_prefix("orders-")
+            .build()
+            .unwrap();
+        let message = Message::new(9, "t", "p").with_key("k");
+        let headers = publisher.headers(&message);
+        assert_eq!(headers.get(MSG_ID_HEADER).unwrap().as_str(), "orders-9");
+        assert_eq!(headers.get("txoutbox-id").unwrap().as_str(), "9");
+        assert_eq!(headers.get("txoutbox-key").unwrap().as_str(), "k");
+    }
+
+    #[test]
+    fn a_bad_address_is_a_configuration_error() {
+        let error = NatsPublisher::builder("nats://[::1").build().unwrap_err();
+        assert!(error.to_string().contains("invalid NATS server"), "{error}");
+    }
+}

@@ -1,0 +1,351 @@
+//! Publishing to an HTTP endpoint (feature `webhook`): [`WebhookPublisher`] POSTs each
+//! message and returns once the endpoint answered 2xx. reqwest with rustls (ring), no
+//! OpenSSL.
+//!
+//! | outbox | HTTP request |
+//! | --- | --- |
+//! | `payload` | the body, byte for byte (`content-type: application/octet-stream` unless the row has a `content-type` header) |
+//! | `id`, `topic`, `key` | headers `txoutbox-id`, `txoutbox-topic`, `txoutbox-key` (absent for keyless rows) |
+//! | `headers` | headers of the same names |
+//! | (the secret) | `txoutbox-signature: t=TIMESTAMP,v1=HMAC-SHA256(secret, "TIMESTAMP.BODY")` in hex, the Stripe/GitHub convention: see [`signature`] for how a receiver checks it |
+//!
+//! One URL for every message: the endpoint tells topics apart by `txoutbox-topic` (a
+//! topic mapping has nothing to choose here). Redirects are not followed: a POST turned
+//! into a GET would lose the body.
+//!
+//! Answers (`classify`, the one place they are sorted):
+//!
+//! | answer | outcome |
+//! | --- | --- |
+//! | 2xx | published: the row is acked |
+//! | 408, 429, 5xx, no answer within `timeout` (default 8s), no connection | retried, after `Retry-After` (seconds or an HTTP date) when the answer has one |
+//! | any other 4xx | permanent: dead-lettered, unless listed with [`WebhookPublisherBuilder::retry_status`] |
+//! | 1xx, 3xx | retried (the URL is wrong, not the message) |
+//!
+//! The endpoint must be idempotent on `txoutbox-id`: a message whose answer was lost is
+//! sent again.
+//!
+//! ```no_run
+//! use txoutbox_client::webhook::WebhookPublisher;
+//! use txoutbox_client::Subscriber;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let hook = WebhookPublisher::builder("https://example.com/hooks/orders")
+//!     .secret(std::env::var("WEBHOOK_SECRET")?)
+//!     .build()?;
+//! Subscriber::builder(["http://127.0.0.1:7411"], "orders")
+//!     .build(hook)?
+//!     .run_until_signal()
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod signature;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{StatusCode, Url};
+
+use crate::broker::carried_headers;
+use crate::{ClientError, Message, PublishError, Publisher};
+
+/// reqwest itself, for [`WebhookPublisher::from_client`].
+pub use reqwest;
+
+/// Default wait for an answer: below the subscriber's default `publish_timeout` (10s).
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(8);
+/// How much of an error answer's body goes into the row's error text.
+const ERROR_BODY_LIMIT: usize = 200;
+
+/// Configures a [`WebhookPublisher`]; start with [`WebhookPublisher::builder`].
+#[must_use]
+pub struct WebhookPublisherBuilder {
+    url: String,
+    secret: Option<Vec<u8>>,
+    timeout: Duration,
+    headers: Vec<(String, String)>,
+    retried_statuses: BTreeSet<u16>,
+    client: Option<reqwest::Client>,
+}
+
+impl WebhookPublisherBuilder {
+    /// Signs every request with this shared secret (header `txoutbox-signature`).
+    /// Without one, requests are not signed.
+    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
+        self.secret = Some(secret.into());
+        self
+    }
+
+    /// How long a request may take, connecting included (default 8s), before the row is
+    /// nacked and retried. Keep it below the subscriber's `publish_timeout` (10s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// A header sent with every request (for example `authorization`); a row's header of
+    /// the same name wins.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Retries a 4xx status that would otherwise dead-letter the message (for example
+    /// 404 while the endpoint is being deployed, or 409).
+    pub fn retry_status(mut self, status: u16) -> Self {
+        self.retried_statuses.insert(status);
+        self
+    }
+
+    /// Checks the URL and the headers and makes the HTTP client (no connection yet).
+    pub fn build(self) -> Result<WebhookPublisher, ClientError> {
+        let url = Url::parse(&self.url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https"))
+            .ok_or_else(|| {
+                ClientError::Config(format!(
+                    "invalid webhook URL `{}`: use for example https://example.com/hooks/orders",
+                    self.url
+                ))
+            })?;
+        let mut headers = HeaderMap::new();
+        for (name, value) in &self.headers {
+            let (name, value) = header(name, value).map_err(ClientError::Config)?;
+            headers.insert(name, value);
+        }
+        let client = match self.client {
+            Some(client) => client,
+            None => reqwest::Client::builder()
+                .timeout(self.timeout)
+                .connect_timeout(self.timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")))
+                .build()
+                .map_err(|error| {
+                    ClientError::Config(format!("cannot make the HTTP client: {error}"))
+                })?,
+        };
+        Ok(WebhookPublisher {
+            url,
+            secret: self.secret,
+            headers,
+            retried_statuses: self.retried_statuses,
+            client,
+        })
+    }
+}
+
+/// POSTs outbox messages to one URL, signed; see the [module documentation](self) for the
+/// request and how answers are sorted.
+pub struct WebhookPublisher {
+    url: Url,
+    secret: Option<Vec<u8>>,
+    headers: HeaderMap,
+    retried_statuses: BTreeSet<u16>,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for WebhookPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookPublisher")
+            .field("url", &self.url.as_str())
+            .field("signed", &self.secret.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WebhookPublisher {
+    /// Starts configuring a publisher that POSTs to `url` (`http://` or `https://`).
+    pub fn builder(url: impl Into<String>) -> WebhookPublisherBuilder {
+        WebhookPublisherBuilder {
+            url: url.into(),
+            secret: None,
+            timeout: DEFAULT_TIMEOUT,
+            headers: Vec::new(),
+            retried_statuses: BTreeSet::new(),
+            client: None,
+        }
+    }
+
+    /// Starts configuring a publisher with an HTTP client you made (proxies, client
+    /// certificates...); its own timeout applies, `timeout` does not.
+    pub fn from_client(url: impl Into<String>, client: reqwest::Client) -> WebhookPublisherBuilder {
+        WebhookPublisherBuilder {
+            client: Some(client),
+            ..Self::builder(url)
+        }
+    }
+
+    /// The headers of the request for `message`, signed at `timestamp` (Unix seconds).
+    /// A row header that is not a valid HTTP header is a permanent error.
+    pub fn headers(&self, message: &Message, timestamp: u64) -> Result<HeaderMap, PublishError> {
+        let mut headers = self.headers.clone();
+        for (name, value) in carried_headers(message) {
+            let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
+            headers.insert(name, value);
+        }
+        if !headers.contains_key(CONTENT_TYPE) {
+            headers.insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
+        }
+        if let Some(secret) = &self.secret {
+            let signed = signature::sign(secret, timestamp, &message.payload);
+            headers.insert(
+                signature::SIGNATURE_HEADER,
+                HeaderValue::try_from(signed).expect("hex and digits are a valid header value"),
+            );
+        }
+        Ok(headers)
+    }
+}
+
+#[async_trait::async_trait]
+impl Publisher for WebhookPublisher {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        let headers = self.headers(message, signature::unix_now())?;
+        let sent = self
+            .client
+            .post(self.url.clone())
+            .headers(headers)
+            .body(message.payload.clone())
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => return Err(PublishError::new(format!("webhook {}: {error}", self.url))),
+        };
+        let status = response.status();
+        if status.is_success() {
+            tracing::trace!(id = message.id, %status, "accepted by the webhook");
+            return Ok(());
+        }
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| retry_after(value, SystemTime::now()));
+        let body = response.bytes().await.unwrap_or_default();
+        let body = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);
+        let text = format!("webhook {} answered {status}: {}", self.url, body.trim());
+        Err(classify(status, &self.retried_statuses, retry_after, text))
+    }
+}
+
+/// The one place webhook answers are sorted into retried and permanent (the table of the
+/// module documentation).
+fn classify(
+    status: StatusCode,
+    retried_statuses: &BTreeSet<u16>,
+    retry_after: Option<Duration>,
+    text: String,
+) -> PublishError {
+    let code = status.as_u16();
+    let retried =
+        matches!(code, 408 | 429) || !status.is_client_error() || retried_statuses.contains(&code);
+    let error = PublishError::new(text);
+    match (retried, retry_after) {
+        (false, _) => error.into_permanent(),
+        (true, Some(delay)) => error.retry_after(delay),
+        (true, None) => error,
+    }
+}
+
+/// A `Retry-After` value: seconds, or an HTTP date (a date in the past is no delay).
+fn retry_after(value: &HeaderValue, now: SystemTime) -> Option<Duration> {
+    let value = value.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// A header name and value, or what is wrong with them.
+fn header(name: &str, value: &str) -> Result<(HeaderName, HeaderValue), String> {
+    let name = HeaderName::try_from(name)
+        .map_err(|_| format!("header name `{name}` is not a valid HTTP header name"))?;
+    let value = HeaderValue::try_from(value)
+        .map_err(|_| format!("header `{name}` has a value that is not valid in HTTP"))?;
+    Ok((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_are_sorted_by_status() {
+        let none = BTreeSet::new();
+        let sort = |code: u16, retried: &BTreeSet<u16>| {
+            classify(
+                StatusCode::from_u16(code).unwrap(),
+                retried,
+                None,
+                "x".into(),
+            )
+        };
+        for code in [408, 429, 500, 502, 503, 504, 302] {
+            assert!(!sort(code, &none).is_permanent(), "{code}");
+        }
+        for code in [400, 401, 403, 404, 409, 410, 413, 422] {
+            assert!(sort(code, &none).is_permanent(), "{code}");
+        }
+        let retried_404 = BTreeSet::from([404]);
+        assert!(!sort(404, &retried_404).is_permanent());
+        let later = classify(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &none,
+            Some(Duration::from_secs(7)),
+            "x".into(),
+        );
+        assert_eq!(later.retry_delay(), Some(Duration::from_secs(7)));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        let seconds = HeaderValue::from_static("120");
+        assert_eq!(retry_after(&seconds, now), Some(Duration::from_secs(120)));
+        let date = HeaderValue::from_static("Sun, 06 Nov 1994 08:50:07 GMT");
+        assert_eq!(retry_after(&date, now), Some(Duration::from_secs(30)));
+        let past = HeaderValue::from_static("Sun, 06 Nov 1994 08:00:00 GMT");
+        assert_eq!(retry_after(&past, now), Some(Duration::ZERO));
+        assert_eq!(retry_after(&HeaderValue::from_static("soon"), now), None);
+    }
+
+    #[test]
+    fn requests_carry_the_message_and_its_signature() {
+        let hook = WebhookPublisher::builder("http://127.0.0.1:1/hook")
+            .secret("s3cret")
+            .header("authorization", "Bearer t")
+            .build()
+            .unwrap();
+        let message = Message::new(3, "orders.paid", "{}")
+            .with_key("customer-1")
+            .with_header("content-type", "application/json");
+        let headers = hook.headers(&message, 1_700_000_000).unwrap();
+        assert_eq!(headers["txoutbox-id"], "3");
+        assert_eq!(headers["txoutbox-topic"], "orders.paid");
+        assert_eq!(headers["txoutbox-key"], "customer-1");
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(headers["authorization"], "Bearer t");
+        let signed = headers[signature::SIGNATURE_HEADER].to_str().unwrap();
+        assert!(signature::verify(b"s3cret", signed, b"{}", 1_700_000_000, 0).is_ok());
+
+        let bad = Message::new(4, "t", "p").with_header("bad header", "x");
+        assert!(hook.headers(&bad, 0).unwrap_err().is_permanent());
+    }
+
+    #[test]
+    fn a_bad_url_is_a_configuration_error() {
+        for url in ["", "ftp://x/y", "not a url"] {
+            let error = WebhookPublisher::builder(url).build().unwrap_err();
+            assert!(error.to_string().contains("invalid webhook URL"), "{error}");
+        }
+    }
+}

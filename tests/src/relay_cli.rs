@@ -1,0 +1,68 @@
+//! `txoutbox relay --BROKER ...` as a user runs it: the CLI binary of this build as a
+//! child process, stopped with SIGTERM.
+
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+
+use tokio::process::{Child, Command};
+
+use crate::{eventually, Server, TestDb, DEADLINE};
+
+/// The `txoutbox` binary of this build: `TXOUTBOX_BIN`, or the one cargo built next to
+/// the test executable (`cargo nextest run --workspace` builds it, with the features the
+/// tests crate turns on).
+pub fn binary() -> PathBuf {
+    if let Ok(path) = std::env::var("TXOUTBOX_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>")
+        .join("txoutbox");
+    assert!(
+        binary.exists(),
+        "{} is missing: run the tests with `cargo nextest run --workspace` (or `cargo build -p txoutbox-client --features kafka,nats,amqp,webhook,redis --bin txoutbox`)",
+        binary.display()
+    );
+    binary
+}
+
+/// Runs `txoutbox --server URL --outbox orders relay ARGS...` until every row of `db`
+/// is done (`rows` of them), then stops it with SIGTERM and returns how it exited.
+pub async fn relay_until_done(
+    server: &Server,
+    db: &TestDb,
+    rows: usize,
+    args: &[&str],
+) -> ExitStatus {
+    let mut relay = Command::new(binary())
+        .args(["--server", &server.url(), "--outbox", "orders", "relay"])
+        .args(args)
+        .env_remove("TXOUTBOX_SERVER")
+        .env_remove("TXOUTBOX_OUTBOX")
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    eventually("every row relayed", DEADLINE, || async {
+        (db.count("done").await == rows as i64).then_some(())
+    })
+    .await;
+    terminate(&relay);
+    tokio::time::timeout(DEADLINE, relay.wait())
+        .await
+        .expect("the relay did not stop on SIGTERM")
+        .unwrap()
+}
+
+fn terminate(child: &Child) {
+    let pid = child.id().expect("still running").to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
