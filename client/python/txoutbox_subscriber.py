@@ -44,6 +44,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -120,6 +121,8 @@ def parse_args():
                         help="exit after this many messages are acked; 0 runs until interrupted")
     parser.add_argument("--nack-first-attempt", action="store_true",
                         help="fail (nack) every message on its first attempt, to show retries")
+    parser.add_argument("--timestamps", action="store_true",
+                        help="add published_at_us (Unix time in microseconds) to each JSON line")
     parser.add_argument("--connect-timeout", type=float, default=10.0,
                         help="seconds to wait for the server to accept a connection")
     parser.add_argument("--proto-dir", type=Path, default=DEFAULT_PROTO_DIR,
@@ -182,8 +185,12 @@ def log(text):
     print(f"txoutbox_subscriber: {text}", file=sys.stderr, flush=True)
 
 
-def publish(message, answer):
-    """Stands in for publishing to a broker: one JSON line per message on stdout."""
+def publish(message, answer, timestamps=False):
+    """Stands in for publishing to a broker: one JSON line per message on stdout.
+
+    With ``timestamps``, the line carries the moment of the publish (the fault-injection
+    suite merges the lines of several subscribers into one history by it).
+    """
     line = {
         "id": message.id,
         "topic": message.topic,
@@ -194,6 +201,8 @@ def publish(message, answer):
         "created_at": message.created_at.ToJsonString(),
         "answer": answer,
     }
+    if timestamps:
+        line["published_at_us"] = time.time_ns() // 1000
     print(json.dumps(line), flush=True)
 
 
@@ -282,13 +291,13 @@ def handle_batch(batch, args, pb, outgoing, acks_sent):
             to_release.append(message.id)  # more than we were asked for: give it back untried
             continue
         if args.nack_first_attempt and message.attempts == 1:
-            publish(message, "nack")
+            publish(message, "nack", args.timestamps)
             outgoing.put(pb.SubscribeRequest(nack=pb.NackMessage(
                 id=message.id, error="nacked on purpose: first attempt (--nack-first-attempt)")))
             if key is not None:
                 failed_keys.add(key)
             continue
-        publish(message, "ack")
+        publish(message, "ack", args.timestamps)
         to_ack.append(message.id)
     if to_ack:
         outgoing.put(pb.SubscribeRequest(ack=pb.AckMessages(ids=to_ack)))

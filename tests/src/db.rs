@@ -18,13 +18,22 @@ pub struct TestDb {
 impl TestDb {
     /// Creates a uniquely named schema; the server creates the table in it.
     pub async fn new() -> Self {
+        Self::with_prefix("e2e").await
+    }
+
+    /// [`TestDb::new`] with the schema's name starting `PREFIX_` (tools of this crate
+    /// name what they create after themselves).
+    pub async fn with_prefix(prefix: &str) -> Self {
         let url = database_url();
         let pool = PgPoolOptions::new()
             .max_connections(4)
             .connect(&url)
             .await
             .unwrap_or_else(|e| panic!("cannot connect to {url} (is PostgreSQL running?): {e}"));
-        let schema = format!("e2e_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let schema = format!(
+            "{prefix}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         sqlx::query(&format!("CREATE SCHEMA {schema}"))
             .execute(&pool)
             .await

@@ -7,11 +7,14 @@
 //! Every wait is a condition polled against a generous deadline, never a bare sleep, so
 //! the suite stays reliable on a busy two-core machine.
 //!
-//! [`bench`] is the benchmark tool (`txoutbox-bench`) built on the same harness.
+//! [`bench`] is the benchmark tool (`txoutbox-bench`) built on the same harness, and
+//! [`faults`] the fault-injection suite (`txoutbox-faults`, `tests/tests/faults.rs`).
 
 pub mod bench;
+pub mod binaries;
 pub mod brokers;
 pub mod db;
+pub mod faults;
 pub mod journal;
 pub mod mariadb;
 pub mod outbox_db;

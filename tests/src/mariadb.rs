@@ -21,9 +21,17 @@ pub struct MariaDb {
 impl MariaDb {
     /// Creates a uniquely named database; the server creates the table in it.
     pub async fn new() -> Self {
+        Self::with_prefix("e2e").await
+    }
+
+    /// [`MariaDb::new`] with the database's name starting `PREFIX_`.
+    pub async fn with_prefix(prefix: &str) -> Self {
         let server = server_url();
         let admin: MySqlConnectOptions = server.parse().expect("mysql url");
-        let database = format!("e2e_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let database = format!(
+            "{prefix}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
         let admin_pool = MySqlPoolOptions::new()
             .max_connections(1)
             .connect_with(admin.clone())
@@ -53,6 +61,12 @@ impl MariaDb {
     /// the `[outboxes.orders]` table (for example `max_attempts = 3`). No notify channel:
     /// MySQL outboxes poll, here at most every 200ms.
     pub fn config(&self, extra: &str) -> String {
+        self.config_at(&self.url, extra)
+    }
+
+    /// [`MariaDb::config`] reaching the database at `url` (this database's URL with
+    /// another host and port, for example through a link of the fault suite).
+    pub fn config_at(&self, url: &str, extra: &str) -> String {
         format!(
             r#"
 [server]
@@ -72,7 +86,6 @@ create_schema = true
 poll.max = "200ms"
 {extra}
 "#,
-            url = self.url,
         )
     }
 

@@ -196,6 +196,16 @@ impl Server {
         self.signal("-KILL");
     }
 
+    /// Sends SIGSTOP: the process stops where it is, its sockets stay open.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Sends SIGCONT after [`Server::pause`].
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
     fn signal(&self, signal: &str) {
         let pid = self.child.id().expect("server still running").to_string();
         let status = std::process::Command::new("kill")

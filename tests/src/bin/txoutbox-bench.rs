@@ -6,11 +6,11 @@
 //! Full run: `cargo run --release -p txoutbox-tests --bin txoutbox-bench`.
 //! Quick run (what the test suite does): add `-- --quick`.
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
 use txoutbox_tests::bench::{self, Options, Plan};
+use txoutbox_tests::binaries::build_beside_self;
 
 fn main() -> ExitCode {
     let options = Options::parse();
@@ -52,41 +52,7 @@ async fn run(plan: &Plan) -> anyhow::Result<()> {
 }
 
 /// Points the harness at the `txoutboxd` to measure (`TXOUTBOXD_BIN`), before any thread
-/// starts. Without it: the `txoutboxd` next to this binary, of the same profile; under
-/// `cargo run` it is (re)built first, so the numbers are always of the current code.
+/// starts: the one next to this binary, (re)built first under `cargo run`.
 fn locate_server() -> anyhow::Result<()> {
-    if std::env::var_os("TXOUTBOXD_BIN").is_some() {
-        return Ok(());
-    }
-    let exe = std::env::current_exe()?;
-    let dir = exe.parent().map(PathBuf::from).unwrap_or_default();
-    let server = dir.join("txoutboxd");
-    if let Some(cargo) = std::env::var_os("CARGO") {
-        let mut build = std::process::Command::new(cargo);
-        build.args(["build", "-p", "txoutbox-server", "--bin", "txoutboxd"]);
-        if !cfg!(debug_assertions) {
-            build.arg("--release");
-        }
-        eprintln!(
-            "[bench] building txoutboxd ({})",
-            if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            }
-        );
-        let status = build.status()?;
-        anyhow::ensure!(status.success(), "building txoutboxd failed");
-    }
-    anyhow::ensure!(
-        server.exists(),
-        "{} is missing: build it with `cargo build --release -p txoutbox-server --bin txoutboxd`, \
-         or point TXOUTBOXD_BIN at a txoutboxd",
-        server.display()
-    );
-    if cfg!(debug_assertions) {
-        eprintln!("[bench] WARNING: a debug build measures nothing worth quoting; use --release");
-    }
-    std::env::set_var("TXOUTBOXD_BIN", &server);
-    Ok(())
+    build_beside_self("bench", &[("txoutbox-server", "txoutboxd")]).map(drop)
 }

@@ -1,0 +1,145 @@
+//! What a fault run records, and how the subscribers' journals are read back: every
+//! insert the producer committed (with its latency), every publish of every subscriber,
+//! and every fault with its start and end. Times are Unix microseconds from the one clock
+//! of the machine, so the journals of separate processes merge into one history.
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Now, in Unix microseconds.
+pub fn now_us() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock after 1970");
+    i64::try_from(since.as_micros()).expect("microseconds fit")
+}
+
+/// The payload of a row: `key:seq`, `-:n` for the n-th keyless row.
+pub fn payload(key: Option<&str>, seq: u64) -> String {
+    format!("{}:{seq}", key.unwrap_or("-"))
+}
+
+/// One insert of the producer.
+#[derive(Debug, Clone)]
+pub struct Insert {
+    /// When the transaction began.
+    pub at_us: i64,
+    /// From its start to its commit's confirmation (or its failure).
+    pub latency_us: i64,
+    pub key: Option<String>,
+    pub seq: u64,
+    /// The row's id once committed; `None` when the insert failed (its commit may or
+    /// may not have happened: the checker does not count on it either way).
+    pub id: Option<i64>,
+}
+
+/// One publish by one subscriber.
+#[derive(Debug, Clone)]
+pub struct Publish {
+    pub at_us: i64,
+    pub subscriber: String,
+    pub id: i64,
+    pub key: Option<String>,
+    pub seq: u64,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Default)]
+pub struct Journals {
+    pub publishes: Vec<Publish>,
+    /// Lines that were not a whole publish record (a process killed mid-write).
+    pub torn_lines: usize,
+}
+
+impl Journals {
+    /// Reads a Rust subscriber's journal (tab-separated, see `fault-subscriber`).
+    pub fn read_rust(&mut self, path: &Path) -> std::io::Result<()> {
+        for line in std::fs::read_to_string(path)?.lines() {
+            match parse_rust_line(line) {
+                Some(publish) => self.publishes.push(publish),
+                None => self.torn_lines += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads the Python example's stdout (`--timestamps` JSON lines) of subscriber `name`.
+    pub fn read_python(&mut self, path: &Path, name: &str) -> std::io::Result<()> {
+        for line in std::fs::read_to_string(path)?.lines() {
+            match parse_python_line(line, name) {
+                Some(Some(publish)) => self.publishes.push(publish),
+                Some(None) => {}
+                None => self.torn_lines += 1,
+            }
+        }
+        Ok(())
+    }
+
+    /// Every publish in the order it happened.
+    pub fn sorted(mut self) -> Self {
+        self.publishes.sort_by_key(|p| p.at_us);
+        self
+    }
+}
+
+fn parse_rust_line(line: &str) -> Option<Publish> {
+    let mut fields = line.split('\t');
+    let at_us = fields.next()?.parse().ok()?;
+    let subscriber = fields.next()?.to_owned();
+    let id = fields.next()?.parse().ok()?;
+    let key = match fields.next()? {
+        "-" => None,
+        key => Some(key.to_owned()),
+    };
+    let seq = fields.next()?.parse().ok()?;
+    let attempt = fields.next()?.parse().ok()?;
+    Some(Publish {
+        at_us,
+        subscriber,
+        id,
+        key,
+        seq,
+        attempt,
+    })
+}
+
+/// `Some(None)` for a line that is whole but no publish (an answer other than ack).
+fn parse_python_line(line: &str, name: &str) -> Option<Option<Publish>> {
+    let value: serde_json::Value = serde_json::from_str(line).ok()?;
+    if value["answer"].as_str()? != "ack" {
+        return Some(None);
+    }
+    let (key, seq) = value["payload"].as_str()?.rsplit_once(':')?;
+    Some(Some(Publish {
+        at_us: value["published_at_us"].as_i64()?,
+        subscriber: name.to_owned(),
+        id: value["id"].as_i64()?,
+        key: (key != "-").then(|| key.to_owned()),
+        seq: seq.parse().ok()?,
+        attempt: u32::try_from(value["attempts"].as_u64()?).ok()?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_both_journal_formats() {
+        let rust = parse_rust_line("1700000000000001\trust-1\t42\tk7\t3\t2").unwrap();
+        assert_eq!(
+            (rust.id, rust.key.as_deref(), rust.seq, rust.attempt),
+            (42, Some("k7"), 3, 2)
+        );
+        let keyless = parse_rust_line("1\trust-1\t43\t-\t9\t1").unwrap();
+        assert_eq!(keyless.key, None);
+        assert!(parse_rust_line("1\trust-1\t4").is_none());
+
+        let line = r#"{"id": 5, "key": "k1", "payload": "k1:8", "attempts": 1, "answer": "ack", "published_at_us": 17}"#;
+        let python = parse_python_line(line, "py-1").unwrap().unwrap();
+        assert_eq!((python.at_us, python.id, python.seq), (17, 5, 8));
+        let nack = r#"{"id": 5, "payload": "k1:8", "answer": "nack"}"#;
+        assert!(parse_python_line(nack, "py-1").unwrap().is_none());
+        assert!(parse_python_line(r#"{"id": 5, "pay"#, "py-1").is_none());
+    }
+}
