@@ -20,6 +20,8 @@ mod broker_nats;
 mod broker_redis;
 #[path = "broker_webhook.rs"]
 mod broker_webhook;
+#[path = "broker_webhook_batch.rs"]
+mod broker_webhook_batch;
 #[path = "cli.rs"]
 mod cli;
 #[path = "cli_client.rs"]
@@ -40,6 +42,8 @@ mod client_run_once;
 mod client_stop;
 #[path = "e2e.rs"]
 mod e2e;
+#[path = "faults.rs"]
+mod faults;
 #[path = "hostile_input.rs"]
 mod hostile_input;
 #[path = "hostile_limits.rs"]

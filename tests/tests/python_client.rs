@@ -5,7 +5,7 @@
 //! The script runs through `client/python/subscribe`, as a user runs it: that wrapper makes
 //! the venv the first time (`scripts/test` has it make the venv before the suite starts).
 
-mod client_common;
+use crate::client_common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
