@@ -20,16 +20,30 @@ the wrapper that makes its venv on first use:
 or, in a venv of your own with ``pip install -r client/python/requirements.txt``, as
 ``python client/python/txoutbox_subscriber.py`` with the same options.
 
+What it does besides printing and acking, as the Node example does:
+
+- acks each message as soon as it is published, and nacks a failure (with a retry
+  delay), publishing nothing more of that key from the batch (the server gives those
+  back, in order, listed as ``released`` in the nack's settlement);
+- publishes on a worker thread while the main thread keeps reading the stream, and
+  extends the leases of everything it still holds (``extend_lease`` every third of the
+  lease the ``subscribed`` response gave) while a publish is slow, so the server does
+  not hand those messages to someone else;
+- on ``draining`` (the server is shutting down) takes no new batch, finishes and
+  answers what it holds; when the stream ends or breaks it reconnects with exponential
+  backoff and jitter (100ms to 10s), like after a server restart.
+
 Options worth knowing: ``--count N`` stops after N messages are acked (and confirmed by
-the server); ``--nack-first-attempt`` fails every first attempt to show retries.
+the server); ``--nack-first-attempt`` fails every first attempt to show retries;
+``--publish-delay-ms MS`` makes each publish slow, to watch leases being extended.
 
 The shape of the conversation, in protocol terms:
 
     client -> open        (outbox, subscriber, window, lease)
     server <- subscribed  (effective lease, window, max_attempts)
     server <- batch       (messages, in id order)        whenever the window has room
-    client -> ack / nack  (answers)
-    server <- settled     (one per answer: acked, retried, released, fenced ids...)
+    client -> ack / nack / release / extend_lease / set_window
+    server <- settled     (one per answer: acked, retried, released, extended, fenced...)
     server <- draining    (the server is shutting down: answer what you hold)
 """
 
@@ -40,10 +54,12 @@ import importlib.metadata
 import json
 import os
 import queue
+import random
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -121,10 +137,14 @@ def parse_args():
                         help="exit after this many messages are acked; 0 runs until interrupted")
     parser.add_argument("--nack-first-attempt", action="store_true",
                         help="fail (nack) every message on its first attempt, to show retries")
+    parser.add_argument("--publish-delay-ms", type=int, default=0,
+                        help="make each publish this slow, to watch lease extension")
     parser.add_argument("--timestamps", action="store_true",
                         help="add published_at_us (Unix time in microseconds) to each JSON line")
     parser.add_argument("--connect-timeout", type=float, default=10.0,
-                        help="seconds to wait for the server to accept a connection")
+                        help="seconds to wait for the server to accept a connection at start")
+    parser.add_argument("--max-reconnects", type=int, default=-1,
+                        help="give up (exit 1) after this many reconnections in a row; -1 never")
     parser.add_argument("--proto-dir", type=Path, default=DEFAULT_PROTO_DIR,
                         help="directory holding txoutbox/v1/*.proto")
     parser.add_argument("--token", default=os.environ.get("TXOUTBOX_TOKEN"),
@@ -185,12 +205,14 @@ def log(text):
     print(f"txoutbox_subscriber: {text}", file=sys.stderr, flush=True)
 
 
-def publish(message, answer, timestamps=False):
+def publish(message, answer, delay_ms, timestamps=False):
     """Stands in for publishing to a broker: one JSON line per message on stdout.
 
     With ``timestamps``, the line carries the moment of the publish (the fault-injection
     suite merges the lines of several subscribers into one history by it).
     """
+    if delay_ms > 0:
+        time.sleep(delay_ms / 1000)  # a slow broker
     line = {
         "id": message.id,
         "topic": message.topic,
@@ -206,24 +228,21 @@ def publish(message, answer, timestamps=False):
     print(json.dumps(line), flush=True)
 
 
+# Errors a reconnection cannot fix: the request itself is wrong.
+PERMANENT = {grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT,
+             grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
+             grpc.StatusCode.UNIMPLEMENTED}
+
+
+class Totals:
+    """What outlives one stream: acks sent and confirmed, counted against --count."""
+
+    def __init__(self):
+        self.acks_sent = 0   # messages we answered with an ack
+        self.acked = set()   # ids the server confirmed as delivered
+
+
 def run(args, pb, pb_grpc):
-    # Requests are fed to gRPC through a queue: gRPC pulls them from the iterator on its
-    # own thread while this thread reads responses. `None` ends the request stream, which
-    # closes the subscription cleanly (the server gives back anything still held).
-    outgoing = queue.Queue()
-
-    def requests():
-        while (request := outgoing.get()) is not None:
-            yield request
-
-    outgoing.put(pb.SubscribeRequest(open=pb.OpenSubscription(
-        outbox=args.outbox,
-        subscriber=args.subscriber,
-        topics=args.topics,
-        max_in_flight=args.max_in_flight,
-        lease_ms=args.lease_ms,
-    )))
-
     with open_channel(args) as channel:
         try:
             grpc.channel_ready_future(channel).result(timeout=args.connect_timeout)
@@ -231,79 +250,192 @@ def run(args, pb, pb_grpc):
             log(f"cannot connect to {args.server} within {args.connect_timeout:g}s: "
                 "is txoutboxd running there? (--server host:port)")
             return 2
+        stub = pb_grpc.RelayStub(channel)
+        totals = Totals()
+        reconnects = 0
+        while True:
+            session = Session(args, pb, totals)
+            error = session.run(stub)
+            if args.count and len(totals.acked) >= args.count:
+                log("stream closed")
+                return 0
+            if error is not None and error.code() in PERMANENT:
+                log(f"the stream failed: {error.code().name}: {error.details()}")
+                return 1
+            if session.subscribed:
+                reconnects = 0  # it was connected: start again from a short delay
+            # A drain, a restart or a broken stream: reconnect with exponential backoff
+            # and jitter.
+            reconnects += 1
+            if 0 <= args.max_reconnects < reconnects:
+                log(f"giving up after {args.max_reconnects} reconnections")
+                return 1
+            delay = min(10.0, 0.1 * 2 ** (reconnects - 1)) * (0.5 + random.random() / 2)
+            why = (f"{error.code().name}: {error.details()}" if error is not None
+                   else "the server ended the stream")
+            log(f"{why}; reconnecting in {delay * 1000:.0f} ms")
+            time.sleep(delay)
 
-        responses = pb_grpc.RelayStub(channel).Subscribe(requests())
-        acks_sent = 0        # messages we answered with an ack (counted against --count)
-        acked = set()        # ids the server confirmed as delivered
-        closed = False
+
+class Session:
+    """One subscription, from ``open`` until the stream ends.
+
+    Three threads share it: the main thread reads responses (``run``), a worker publishes
+    batches in order (``work``), and a lease keeper extends the leases of what is held
+    (``keep_leases``). gRPC consumes the request iterator on a thread of its own; requests
+    reach it through a ``queue.Queue``, where ``None`` ends the request stream, which
+    closes the subscription cleanly (the server gives back anything still held).
+    """
+
+    def __init__(self, args, pb, totals):
+        self.args, self.pb, self.totals = args, pb, totals
+        self.outgoing = queue.Queue()
+        self.batches = queue.Queue()      # batches to publish, in order; None stops the worker
+        self.lock = threading.Lock()      # guards `held` and `publishing`
+        self.held = {}                    # id -> message: received, not answered yet
+        self.publishing = None            # id of the message being published
+        self.lease_ms = args.lease_ms
+        self.subscribed = False
+        self.draining = False
+        self.closing = False
+        self.ended = threading.Event()    # the stream is over: worker and keeper stop
+
+    def send(self, **request):
+        self.outgoing.put(self.pb.SubscribeRequest(**request))
+
+    def requests(self):
+        while (request := self.outgoing.get()) is not None:
+            yield request
+
+    def run(self, stub):
+        """Reads the stream until it ends; returns the gRPC error that ended it, if any."""
+        args, pb = self.args, self.pb
+        self.send(open=pb.OpenSubscription(
+            outbox=args.outbox,
+            subscriber=args.subscriber,
+            topics=args.topics,
+            max_in_flight=args.max_in_flight,
+            lease_ms=args.lease_ms,
+        ))
+        worker = threading.Thread(target=self.work, name="publisher", daemon=True)
+        keeper = threading.Thread(target=self.keep_leases, name="lease-keeper", daemon=True)
+        responses = stub.Subscribe(self.requests())
+        worker.start()
         try:
             for response in responses:
                 kind = response.WhichOneof("response")
                 if kind == "subscribed":
                     s = response.subscribed
+                    self.lease_ms = s.lease_ms
+                    self.subscribed = True
                     log(f"subscribed to {args.outbox!r} as {s.owner} "
                         f"(lease {s.lease_ms} ms, window {s.max_in_flight}, max attempts {s.max_attempts})")
+                    keeper.start()
                 elif kind == "batch":
-                    if closed:
-                        # Sent before the server saw our close; it gives them back itself.
+                    if self.closing or self.draining:
+                        # Sent before the server saw us close; it takes them back itself.
                         continue
-                    acks_sent += handle_batch(response.batch, args, pb, outgoing, acks_sent)
+                    with self.lock:
+                        self.held.update((m.id, m) for m in response.batch.messages)
+                    self.batches.put(response.batch)
                 elif kind == "settled":
-                    acked.update(report_settled(response.settled))
-                    if args.count and len(acked) >= args.count and not closed:
-                        log(f"{len(acked)} messages acked; closing the stream")
-                        outgoing.put(None)
-                        closed = True
+                    self.totals.acked.update(report_settled(response.settled))
+                    if args.count and len(self.totals.acked) >= args.count:
+                        self.close(f"{len(self.totals.acked)} messages acked; closing the stream")
                 elif kind == "leases_expired":
-                    log(f"leases ran out before we answered, stop publishing: {list(response.leases_expired.ids)}")
+                    ids = list(response.leases_expired.ids)
+                    log(f"leases ran out before we answered, stop publishing: {ids}")
+                    with self.lock:
+                        for id in ids:
+                            self.held.pop(id, None)
                 elif kind == "draining":
-                    log("the server is draining: it sends no more messages and ends the stream soon")
+                    self.draining = True
+                    log("the server is draining: answering what we hold, then reconnecting")
+            return None
         except grpc.RpcError as error:
-            log(f"the stream failed: {error.code().name}: {error.details()}")
-            return 1
+            return error
         except KeyboardInterrupt:
             responses.cancel()  # ends the stream at once; the server gives back what we held
             raise
         finally:
-            outgoing.put(None)  # lets gRPC's request thread finish in every case
+            self.ended.set()
+            self.batches.put(None)
+            self.outgoing.put(None)  # lets gRPC's request thread finish in every case
+            # A publish in progress finishes before the next stream starts, so a key's
+            # messages are never published by two streams at once.
+            worker.join()
 
-    if args.count and len(acked) < args.count:
-        log(f"the server ended the stream after {len(acked)} of {args.count} acks")
-        return 1
-    log("stream closed" if closed else "the server ended the stream")
-    return 0
+    def close(self, why):
+        """Takes nothing new, gives back what is untouched (attempt refunded) and ends the
+        request stream once the publish in progress is answered."""
+        with self.lock:
+            if self.closing:
+                return
+            # Under the lock: the worker starts no message once this is set.
+            self.closing = True
+            untouched = [id for id in self.held if id != self.publishing]
+        log(why)
+        self.send(set_window=self.pb.SetWindow(max_in_flight=0))
+        if untouched:
+            self.send(release=self.pb.ReleaseMessages(ids=untouched))
+        self.batches.put(None)  # the worker ends the request stream when it stops
 
+    def keep_leases(self):
+        """While anything is held, extends its lease every third of the lease: one request
+        for all ids, so a slow publish does not let the others' leases run out."""
+        interval = max(0.1, self.lease_ms / 3000)
+        while not self.ended.wait(interval):
+            with self.lock:
+                ids = list(self.held)
+            if ids and self.lease_ms > 0 and not self.closing:
+                self.send(extend_lease=self.pb.ExtendLeases(ids=ids, lease_ms=self.lease_ms))
 
-def handle_batch(batch, args, pb, outgoing, acks_sent):
-    """Publishes a batch in order and answers it; returns how many messages were acked.
+    def work(self):
+        """Publishes batches in order until told to stop."""
+        while (batch := self.batches.get()) is not None:
+            if self.closing or self.ended.is_set():
+                break
+            self.publish_batch(batch)
+        if self.closing and not self.ended.is_set():
+            self.outgoing.put(None)
 
-    Successes are acked together in one request after the batch; a failure is nacked at
-    once. After a failure, the later messages of the same key in this batch must not be
-    published: the server gives them back (they come back later, in order) and lists
-    them as `released` in the settlement of the nack.
-    """
-    to_ack, to_release, failed_keys = [], [], set()
-    for message in batch.messages:
-        key = message.key if message.HasField("key") else None
-        if key is not None and key in failed_keys:
-            continue
-        if args.count and acks_sent + len(to_ack) >= args.count:
-            to_release.append(message.id)  # more than we were asked for: give it back untried
-            continue
-        if args.nack_first_attempt and message.attempts == 1:
-            publish(message, "nack", args.timestamps)
-            outgoing.put(pb.SubscribeRequest(nack=pb.NackMessage(
-                id=message.id, error="nacked on purpose: first attempt (--nack-first-attempt)")))
-            if key is not None:
-                failed_keys.add(key)
-            continue
-        publish(message, "ack", args.timestamps)
-        to_ack.append(message.id)
-    if to_ack:
-        outgoing.put(pb.SubscribeRequest(ack=pb.AckMessages(ids=to_ack)))
-    if to_release:
-        outgoing.put(pb.SubscribeRequest(release=pb.ReleaseMessages(ids=to_release)))
-    return len(to_ack)
+    def publish_batch(self, batch):
+        """Publishes a batch in order, answering each message as soon as it is published.
+
+        After a failure, the later messages of the same key in this batch must not be
+        published: the server gives them back (they come back later, in order) and lists
+        them as ``released`` in the settlement of the nack.
+        """
+        args, pb = self.args, self.pb
+        failed_keys = set()
+        for message in batch.messages:
+            key = message.key if message.HasField("key") else None
+            with self.lock:
+                if self.closing or self.ended.is_set():
+                    return  # `close` gave back what is untouched; the server, after a break
+                if message.id not in self.held:
+                    continue  # its lease ran out: someone else may have it now
+                self.publishing = message.id
+            if key is not None and key in failed_keys:
+                pass  # the server releases it
+            elif args.count and self.totals.acks_sent >= args.count:
+                self.send(release=pb.ReleaseMessages(ids=[message.id]))  # more than asked for: untried
+            elif args.nack_first_attempt and message.attempts == 1:
+                publish(message, "nack", args.publish_delay_ms, args.timestamps)
+                self.send(nack=pb.NackMessage(
+                    id=message.id, retry_delay_ms=200,
+                    error="nacked on purpose: first attempt (--nack-first-attempt)"))
+                if key is not None:
+                    failed_keys.add(key)
+            else:
+                publish(message, "ack", args.publish_delay_ms, args.timestamps)
+                # At once, not after the batch: until its ack is sent a message stays held
+                # and its lease is extended, so a slow batch loses none of its messages.
+                self.send(ack=pb.AckMessages(ids=[message.id]))
+                self.totals.acks_sent += 1
+            with self.lock:
+                self.held.pop(message.id, None)
+                self.publishing = None
 
 
 def report_settled(settled):

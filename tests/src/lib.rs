@@ -25,6 +25,7 @@ pub mod server;
 pub mod sqlite_db;
 pub mod subscriber;
 pub mod tcp_proxy;
+pub mod webhook_receiver;
 
 use std::future::Future;
 use std::time::Duration;

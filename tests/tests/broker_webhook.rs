@@ -1,119 +1,21 @@
-//! `WebhookPublisher` against an HTTP server the test runs (axum on a port of its own),
-//! the whole path: a real `txoutboxd` on PostgreSQL, the subscriber runtime, signed POSTs
-//! whose signature the receiver checks with the HMAC crates, as a receiver would.
+//! `WebhookPublisher`, one POST per message, against an HTTP server the test runs
+//! (`txoutbox_tests::webhook_receiver`), the whole path: a real `txoutboxd` on PostgreSQL,
+//! the subscriber runtime, signed POSTs whose signature the receiver checks with the HMAC
+//! crates, as a receiver would. Batches: `broker_webhook_batch.rs`.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::{HeaderMap, StatusCode};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use axum::http::StatusCode;
 use txoutbox_client::webhook::WebhookPublisher;
 use txoutbox_tests::brokers::{
     assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, Cut,
-    Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    OUTAGE_PER_KEY, QUICK_RETRIES,
 };
 use txoutbox_tests::relay_cli::relay_until_done;
+use txoutbox_tests::webhook_receiver::{always_ok, Answer, Receiver, SECRET};
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
-
-const SECRET: &str = "whsec-test";
-
-/// What the receiver answers a request with: a status and a `Retry-After`, if any.
-type Answer = Arc<dyn Fn(&Delivered) -> (StatusCode, Option<&'static str>) + Send + Sync>;
-
-/// An HTTP server that records every request it accepts (2xx) after checking its
-/// signature, and answers as the test says.
-struct Receiver {
-    address: String,
-    accepted: Arc<Mutex<Vec<Delivered>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Receiver {
-    async fn start(answer: Answer) -> Self {
-        let accepted = Arc::new(Mutex::new(Vec::new()));
-        let handler = {
-            let accepted = Arc::clone(&accepted);
-            move |headers: HeaderMap, body: Bytes| {
-                let accepted = Arc::clone(&accepted);
-                let answer = Arc::clone(&answer);
-                async move {
-                    let delivered = check(&headers, &body);
-                    let (status, retry_after) = answer(&delivered);
-                    if status.is_success() {
-                        accepted.lock().unwrap().push(delivered);
-                    }
-                    let mut reply = HeaderMap::new();
-                    if let Some(delay) = retry_after {
-                        reply.insert("retry-after", delay.parse().unwrap());
-                    }
-                    (status, reply, "answer from the test")
-                }
-            }
-        };
-        let app = axum::Router::new().route("/hook", axum::routing::post(handler));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap().to_string();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
-        Self {
-            address,
-            accepted,
-            task,
-        }
-    }
-
-    fn accepted(&self) -> Vec<Delivered> {
-        self.accepted.lock().unwrap().clone()
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// The request as a message, after checking its signature the way the client's README
-/// tells receivers to: HMAC-SHA256 of `t.body`, hex, and a timestamp close to now.
-fn check(headers: &HeaderMap, body: &[u8]) -> Delivered {
-    let header = |name: &str| headers.get(name).map(|v| v.to_str().unwrap().to_owned());
-    let signature = header("txoutbox-signature").expect("signed");
-    let fields: BTreeMap<&str, &str> = signature
-        .split(',')
-        .map(|part| part.split_once('=').unwrap())
-        .collect();
-    let mut mac = Hmac::<Sha256>::new_from_slice(SECRET.as_bytes()).unwrap();
-    mac.update(format!("{}.", fields["t"]).as_bytes());
-    mac.update(body);
-    mac.verify_slice(&hex::decode(fields["v1"]).unwrap())
-        .expect("the signature matches the body");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    assert!(
-        now.abs_diff(fields["t"].parse().unwrap()) < 300,
-        "{signature}"
-    );
-    assert_eq!(
-        header("content-type").as_deref(),
-        Some("application/octet-stream")
-    );
-    Delivered {
-        id: header("txoutbox-id").unwrap().parse().unwrap(),
-        topic: header("txoutbox-topic").unwrap(),
-        key: header("txoutbox-key"),
-        payload: String::from_utf8(body.to_vec()).unwrap(),
-        headers: header("traceparent")
-            .map(|v| ("traceparent".to_owned(), v))
-            .into_iter()
-            .collect(),
-    }
-}
 
 fn publisher(address: &str) -> WebhookPublisher {
     WebhookPublisher::builder(format!("http://{address}/hook"))
@@ -121,10 +23,6 @@ fn publisher(address: &str) -> WebhookPublisher {
         .timeout(Duration::from_secs(1))
         .build()
         .unwrap()
-}
-
-fn always_ok() -> Answer {
-    Arc::new(|_| (StatusCode::NO_CONTENT, None))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -144,6 +42,7 @@ async fn three_subscribers_deliver_signed_requests_in_order() {
     let accepted = receiver.accepted();
     assert_complete_and_in_order(&accepted, &ids, 8);
     assert_eq!(accepted.len(), ids.len(), "duplicates without an outage");
+    assert!(receiver.posts().iter().all(|post| !post.batch));
     db.drop().await;
 }
 
@@ -184,7 +83,10 @@ async fn a_4xx_dead_letters_while_503_429_and_listed_statuses_are_retried() {
     let seen = Arc::new(Mutex::new(BTreeMap::<i64, u32>::new()));
     let answer: Answer = {
         let seen = Arc::clone(&seen);
-        Arc::new(move |message: &Delivered| {
+        Arc::new(move |messages| {
+            let [message] = messages else {
+                panic!("a batch without batching: {messages:?}")
+            };
             let mut seen = seen.lock().unwrap();
             let attempt = seen.entry(message.id).or_default();
             *attempt += 1;
@@ -205,7 +107,7 @@ async fn a_4xx_dead_letters_while_503_429_and_listed_statuses_are_retried() {
         ids.insert(status, db.insert("orders", None, status.as_bytes()).await);
     }
 
-    let hook = WebhookPublisher::builder(format!("http://{}/hook", receiver.address))
+    let hook = WebhookPublisher::builder(receiver.url())
         .secret(SECRET)
         .retry_status(409)
         .build()
@@ -240,7 +142,7 @@ async fn relay_webhook_command_delivers_signed_requests_and_stops_on_sigterm() {
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
 
-    let url = format!("http://{}/hook", receiver.address);
+    let url = receiver.url();
     let args = ["--webhook", &url, "--webhook-secret", SECRET];
     let status = relay_until_done(&server, &db, ids.len(), &args).await;
     assert_eq!(status.code(), Some(0));

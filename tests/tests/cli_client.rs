@@ -3,7 +3,7 @@
 //! 3 server unreachable, 4 not found). `relay --kafka` runs against librdkafka's mock
 //! cluster, which lives in this test process and listens on localhost.
 
-mod kafka_common;
+use crate::kafka_common;
 
 use std::path::PathBuf;
 use std::process::{Output, Stdio};

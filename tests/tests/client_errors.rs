@@ -1,7 +1,7 @@
 //! What the runtime does when it cannot work: a refusal it cannot fix ends it with the
 //! server's reason; an unreachable server is retried until the caller stops.
 
-mod client_common;
+use crate::client_common;
 
 use std::time::Duration;
 

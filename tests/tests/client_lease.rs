@@ -1,8 +1,5 @@
 //! A publish that runs longer than the lease keeps its lease (the runtime extends it), so
 //! no other subscriber gets the message; with extension turned off it is redelivered.
-
-mod client_common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! publishing several keys at once, with one publish in five failing; a hot key does not
 //! wait for each of its acks to be settled; and a fenced ack stops the rest of its key.
 
-mod client_common;
+use crate::client_common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

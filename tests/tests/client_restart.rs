@@ -2,7 +2,7 @@
 //! to the replacement, on the second of its two addresses), nothing is lost and per-key
 //! order holds.
 
-mod client_common;
+use crate::client_common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! cluster (no broker needed). Records arrive once each, with their keys, the producer's
 //! headers plus `txoutbox-id` and `txoutbox-topic`, and in order per key.
 
-mod kafka_common;
+use crate::kafka_common;
 
 use std::collections::BTreeSet;
 

@@ -3,7 +3,7 @@
 //! path runs: a real `txoutboxd` on PostgreSQL, the subscriber runtime, `KafkaPublisher`,
 //! librdkafka's mock cluster.
 
-mod kafka_common;
+use crate::kafka_common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

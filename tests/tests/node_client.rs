@@ -6,7 +6,7 @@
 //! `npm ci` into a cache outside the repository the first time (`scripts/test` has it do
 //! so before the suite starts).
 
-mod client_common;
+use crate::client_common;
 
 use std::path::Path;
 use std::process::Stdio;

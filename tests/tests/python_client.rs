@@ -5,15 +5,19 @@
 //! The script runs through `client/python/subscribe`, as a user runs it: that wrapper makes
 //! the venv the first time (`scripts/test` has it make the venv before the suite starts).
 
+use crate::client_common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use txoutbox_tests::pki::{token_identity, TlsFiles};
-use txoutbox_tests::{Server, TestDb};
+use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
+
+use client_common::{config_on_port, free_port};
 
 /// Generous: a first run makes the venv (from PyPI) and generates the stubs, and test
 /// machines are busy.
@@ -137,6 +141,151 @@ async fn python_subscriber_with_default_options_takes_megabyte_rows() {
     db.drop().await;
 }
 
+/// Each publish takes 2.5 times the lease: without extensions the messages waiting behind
+/// the first would come back (a second attempt) after their lease ran out.
+#[tokio::test]
+async fn python_subscriber_extends_leases_while_a_publish_is_slow() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let payload = format!("slow {n}");
+        ids.push(
+            db.insert("orders.created", Some("one-key"), payload.as_bytes())
+                .await,
+        );
+    }
+
+    let args = [
+        "--count",
+        "3",
+        "--lease-ms",
+        "600",
+        "--publish-delay-ms",
+        "1500",
+    ];
+    let output = run_script(&with_server(&server.address, &args)).await;
+    assert!(output.status.success(), "exited with {}", output.status);
+
+    let lines = json_lines(&output.stdout);
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    assert!(
+        lines.iter().all(|l| l["attempts"] == 1),
+        "redelivered: {lines:#?}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("leases ran out"), "{stderr}");
+    for id in ids {
+        let (status, attempts, _) = db.row(id).await;
+        assert_eq!((status.as_str(), attempts), ("done", 1), "row {id}");
+    }
+    db.drop().await;
+}
+
+/// SIGTERM to the server while the script holds a batch of slow publishes: the server
+/// drains; the script takes nothing new, publishes and acks what it holds before the
+/// server exits (every row done on its first attempt), then reconnects with backoff to
+/// the server that comes back at the same address and finishes there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_subscriber_answers_what_it_holds_during_a_drain_then_reconnects() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let config = config_on_port(&db, "", port);
+    let mut first = Server::start_serving(&config).await;
+    for n in 0..3 {
+        let payload = format!("before {n}");
+        db.insert("orders.created", Some("k"), payload.as_bytes())
+            .await;
+    }
+
+    let args = ["--count", "4", "--publish-delay-ms", "700"];
+    let child = spawn_script(&with_server(&first.address, &args));
+    eventually("the first message delivered", DEADLINE, || async {
+        (db.count("done").await == 1).then_some(())
+    })
+    .await;
+    first.terminate();
+    let status = first.wait_exit(DEADLINE).await;
+    assert!(status.success(), "the first server exited with {status}");
+    assert_eq!(
+        db.count("done").await,
+        3,
+        "held messages not answered in the drain"
+    );
+
+    db.insert("orders.created", Some("k"), b"after").await;
+    let _second = Server::start_serving(&config).await;
+    let output = wait_script(child).await;
+    assert!(output.status.success(), "exited with {}", output.status);
+
+    let lines = json_lines(&output.stdout);
+    let payloads: Vec<&Value> = lines.iter().map(|l| &l["payload"]).collect();
+    assert_eq!(
+        payloads,
+        [
+            &json!("before 0"),
+            &json!("before 1"),
+            &json!("before 2"),
+            &json!("after")
+        ]
+    );
+    assert!(lines.iter().all(|l| l["attempts"] == 1), "{lines:#?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("the server is draining") && stderr.contains("reconnecting in"),
+        "{stderr}"
+    );
+    assert_eq!(db.count("done").await, 4);
+    db.drop().await;
+}
+
+/// The server does not come back: the script gives up after `--max-reconnects`.
+#[tokio::test]
+async fn python_subscriber_gives_up_after_max_reconnects() {
+    let db = TestDb::new().await;
+    let mut server = Server::start_serving(&db.config("")).await;
+    let args = with_server(&server.address, &["--max-reconnects", "2"]);
+    let child = spawn_script(&args);
+    db.insert("orders.created", None, b"one").await;
+    eventually("subscribed and acked", DEADLINE, || async {
+        (db.count("done").await == 1).then_some(())
+    })
+    .await;
+    server.terminate();
+    server.wait_exit(DEADLINE).await;
+    let output = wait_script(child).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("giving up after 2 reconnections"),
+        "{stderr}"
+    );
+    db.drop().await;
+}
+
+/// `--server ADDRESS --outbox orders --subscriber python-e2e ARGS`.
+fn with_server<'a>(address: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut all = vec![
+        "--server",
+        address,
+        "--outbox",
+        "orders",
+        "--subscriber",
+        "python-e2e",
+    ];
+    all.extend_from_slice(args);
+    all
+}
+
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout)
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("not a JSON line: {line:?}: {e}"))
+        })
+        .collect()
+}
+
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
     let mut ids = Vec::new();
     for (key, payload) in ROWS {
@@ -189,8 +338,13 @@ async fn run_failing(args: &[&str]) -> (i32, String) {
 /// Runs `client/python/subscribe ARGS` (the wrapper that runs `txoutbox_subscriber.py` in
 /// its venv) with a deadline, echoing its stderr to the test's output.
 async fn run_script(args: &[&str]) -> Output {
+    wait_script(spawn_script(args)).await
+}
+
+/// Starts `client/python/subscribe ARGS`.
+fn spawn_script(args: &[&str]) -> Child {
     let script = repository().join("client/python/subscribe");
-    let mut child = Command::new(&script)
+    Command::new(&script)
         .args(args)
         .env("TXOUTBOX_STUBS_DIR", target_dir().join("python-stubs"))
         .stdin(Stdio::null())
@@ -198,7 +352,11 @@ async fn run_script(args: &[&str]) -> Output {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()));
+        .unwrap_or_else(|e| panic!("starting {}: {e}", script.display()))
+}
+
+/// Waits for the script to exit (within [`SCRIPT_TIMEOUT`]), echoing its stderr.
+async fn wait_script(mut child: Child) -> Output {
     let stdout = tokio::spawn(read_all(child.stdout.take().unwrap()));
     let stderr = tokio::spawn(read_all(child.stderr.take().unwrap()));
     let status = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await;

@@ -367,9 +367,22 @@ async fn admin_actions_are_audited_with_the_identity() {
             .filter(|line| line["target"] == "txoutbox::audit")
             .collect()
     };
-    let lines = eventually("four audit events", DEADLINE, || async {
+    // Refused before any handler: a subscriber's token has no `admin` scope anywhere.
+    let refused = admin
+        .purge(with_token(
+            v1::PurgeRequest {
+                outbox: "orders".into(),
+                older_than: None,
+            },
+            Some(SUBSCRIBER_TOKEN),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+
+    let lines = eventually("five audit events", DEADLINE, || async {
         let lines = audit_lines();
-        (lines.len() >= 4).then_some(lines)
+        (lines.len() >= 5).then_some(lines)
     })
     .await;
     let field = |line: &serde_json::Value, name: &str| {
@@ -401,6 +414,10 @@ async fn admin_actions_are_audited_with_the_identity() {
     expect("purge", "orders", "ok");
     expect("schema", "orders", "ok");
     expect("purge", "payments", "refused");
+    assert!(
+        summary.contains(&("purge".into(), "?".into(), "?".into(), "refused".into())),
+        "the call refused by the layer is not in {summary:?}"
+    );
     let insert = lines
         .iter()
         .find(|l| field(l, "action") == "insert")

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use txoutbox_proto::v1::OpenSubscription;
 use txoutbox_tests::journal::{publish_loop, Journal};
-use txoutbox_tests::{Server, SqliteDb, Subscriber, DEADLINE};
+use txoutbox_tests::{eventually, Server, SqliteDb, Subscriber, DEADLINE};
 
 /// The producer application writes into the file while the server claims from it: each of
 /// its transactions holds the write lock for a while (several inserts and a pause), and
@@ -59,6 +59,12 @@ async fn a_producer_writing_in_its_own_transactions_while_the_server_claims() {
     })
     .await
     .expect("every committed row delivered");
+    // A publish is journalled before its ack is sent: the subscribers keep running until
+    // the last acks are applied.
+    eventually("every delivered row acked", DEADLINE, || async {
+        (db.count("done").await == committed as i64).then_some(())
+    })
+    .await;
     for subscriber in &subscribers {
         subscriber.abort();
     }

@@ -1,6 +1,8 @@
 //! Publishing to an HTTP endpoint (feature `webhook`): [`WebhookPublisher`] POSTs each
-//! message and returns once the endpoint answered 2xx. reqwest with rustls (ring), no
-//! OpenSSL.
+//! message (or, opt-in, each batch of messages) and returns once the endpoint answered
+//! 2xx. reqwest with rustls (ring), no OpenSSL.
+//!
+//! One message per request (the default):
 //!
 //! | outbox | HTTP request |
 //! | --- | --- |
@@ -8,6 +10,23 @@
 //! | `id`, `topic`, `key` | headers `txoutbox-id`, `txoutbox-topic`, `txoutbox-key` (absent for keyless rows) |
 //! | `headers` | headers of the same names |
 //! | (the secret) | `txoutbox-signature: t=TIMESTAMP,v1=HMAC-SHA256(secret, "TIMESTAMP.BODY")` in hex, the Stripe/GitHub convention: see [`signature`] for how a receiver checks it |
+//!
+//! One batch per request, with [`WebhookPublisherBuilder::batch`] (`txoutbox relay
+//! --webhook-batch N`): the messages the runtime publishes at about the same time (one
+//! per key, concurrently) go in one POST, and all of them get its answer. A batch leaves
+//! when it holds `max_messages`, or `max_wait` after its first message arrived, whichever
+//! comes first; per-key order holds, because a batch never holds two messages of one key
+//! (the rules are listed in `webhook/batch.rs`).
+//!
+//! | batch | HTTP request |
+//! | --- | --- |
+//! | the messages | the body: a JSON array, one object per message in arrival order: `{"id": 7, "topic": "orders.paid", "key": "customer-1" (or null), "headers": {...}, "payload": "..."}`, where `payload` is the payload as text when it is UTF-8, and is replaced by `payload_base64` (standard base64) when it is not |
+//! | | `content-type: application/json`, `txoutbox-batch-size: N` |
+//! | (the secret) | `txoutbox-signature` over the whole body, as for one message |
+//!
+//! The `headers` object holds the row's own headers; `txoutbox-id`, `-topic` and `-key`
+//! are the fields `id`, `topic` and `key`. Headers given with
+//! [`WebhookPublisherBuilder::header`] go on the request.
 //!
 //! One URL for every message: the endpoint tells topics apart by `txoutbox-topic` (a
 //! topic mapping has nothing to choose here). Redirects are not followed: a POST turned
@@ -22,8 +41,11 @@
 //! | any other 4xx | permanent: dead-lettered, unless listed with [`WebhookPublisherBuilder::retry_status`] |
 //! | 1xx, 3xx | retried (the URL is wrong, not the message) |
 //!
-//! The endpoint must be idempotent on `txoutbox-id`: a message whose answer was lost is
-//! sent again.
+//! In a batch, the one answer applies to every message: a 2xx acks them all, a retried
+//! answer nacks them all (honouring `Retry-After`), a permanent one dead-letters them all.
+//!
+//! The endpoint must be idempotent on `txoutbox-id` (on each element's `id` in a batch):
+//! a message whose answer was lost is sent again.
 //!
 //! ```no_run
 //! use txoutbox_client::webhook::WebhookPublisher;
@@ -41,17 +63,23 @@
 //! # }
 //! ```
 
+mod batch;
 pub mod signature;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use bytes::Bytes;
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 
-use crate::broker::carried_headers;
+use crate::broker::{carried_headers, is_reserved};
 use crate::{ClientError, Message, PublishError, Publisher};
+use batch::{BatchLimits, Batcher, SendBatch};
 
 /// reqwest itself, for [`WebhookPublisher::from_client`].
 pub use reqwest;
@@ -60,6 +88,8 @@ pub use reqwest;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(8);
 /// How much of an error answer's body goes into the row's error text.
 const ERROR_BODY_LIMIT: usize = 200;
+/// Header of a batch request: how many messages its body holds.
+pub const BATCH_SIZE_HEADER: &str = "txoutbox-batch-size";
 
 /// Configures a [`WebhookPublisher`]; start with [`WebhookPublisher::builder`].
 #[must_use]
@@ -70,6 +100,7 @@ pub struct WebhookPublisherBuilder {
     headers: Vec<(String, String)>,
     retried_statuses: BTreeSet<u16>,
     client: Option<reqwest::Client>,
+    batch: Option<BatchLimits>,
 }
 
 impl WebhookPublisherBuilder {
@@ -101,6 +132,36 @@ impl WebhookPublisherBuilder {
         self
     }
 
+    /// Sends the messages published at about the same time as one POST whose body is a
+    /// JSON array (see the [module documentation](self)): a batch leaves when it holds
+    /// `max_messages`, or `max_wait` after its first message, whichever comes first. Every
+    /// message of a batch gets the POST's outcome.
+    ///
+    /// A batch holds at most one message per key and at most as many as the subscribers
+    /// publish at once: give them a `concurrency` of at least `max_messages`. A publish
+    /// now takes up to `max_wait` longer: keep `max_wait + timeout` below the
+    /// subscriber's `publish_timeout`.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use txoutbox_client::webhook::WebhookPublisher;
+    ///
+    /// # fn demo() -> Result<(), txoutbox_client::ClientError> {
+    /// let hook = WebhookPublisher::builder("https://example.com/hooks/orders")
+    ///     .secret("whsec-...")
+    ///     .batch(50, Duration::from_millis(20))
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn batch(mut self, max_messages: usize, max_wait: Duration) -> Self {
+        self.batch = Some(BatchLimits {
+            max_messages,
+            max_wait,
+        });
+        self
+    }
+
     /// Checks the URL and the headers and makes the HTTP client (no connection yet).
     pub fn build(self) -> Result<WebhookPublisher, ClientError> {
         let url = Url::parse(&self.url)
@@ -129,19 +190,45 @@ impl WebhookPublisherBuilder {
                     ClientError::Config(format!("cannot make the HTTP client: {error}"))
                 })?,
         };
-        Ok(WebhookPublisher {
+        if let Some(limits) = &self.batch {
+            if limits.max_messages == 0 || limits.max_wait.is_zero() {
+                return Err(ClientError::Config(format!(
+                    "webhook batch of at most {} messages within {}ms: both must be positive, \
+                     for example 50 messages within 20ms",
+                    limits.max_messages,
+                    limits.max_wait.as_millis()
+                )));
+            }
+        }
+        let endpoint = Arc::new(Endpoint {
             url,
             secret: self.secret,
             headers,
             retried_statuses: self.retried_statuses,
             client,
-        })
+        });
+        let batcher = self.batch.map(|limits| {
+            let endpoint = Arc::clone(&endpoint);
+            let send: SendBatch = Arc::new(move |messages| {
+                let endpoint = Arc::clone(&endpoint);
+                Box::pin(async move { endpoint.post_batch(&messages).await })
+            });
+            Batcher::new(limits, send)
+        });
+        Ok(WebhookPublisher { endpoint, batcher })
     }
 }
 
 /// POSTs outbox messages to one URL, signed; see the [module documentation](self) for the
 /// request and how answers are sorted.
 pub struct WebhookPublisher {
+    endpoint: Arc<Endpoint>,
+    /// Set when batching is on: gathers concurrent publishes into one POST.
+    batcher: Option<Batcher>,
+}
+
+/// Where requests go and how they are made; shared with the batcher's sending tasks.
+struct Endpoint {
     url: Url,
     secret: Option<Vec<u8>>,
     headers: HeaderMap,
@@ -152,8 +239,9 @@ pub struct WebhookPublisher {
 impl fmt::Debug for WebhookPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookPublisher")
-            .field("url", &self.url.as_str())
-            .field("signed", &self.secret.is_some())
+            .field("url", &self.endpoint.url.as_str())
+            .field("signed", &self.endpoint.secret.is_some())
+            .field("batched", &self.batcher.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -168,6 +256,7 @@ impl WebhookPublisher {
             headers: Vec::new(),
             retried_statuses: BTreeSet::new(),
             client: None,
+            batch: None,
         }
     }
 
@@ -183,6 +272,12 @@ impl WebhookPublisher {
     /// The headers of the request for `message`, signed at `timestamp` (Unix seconds).
     /// A row header that is not a valid HTTP header is a permanent error.
     pub fn headers(&self, message: &Message, timestamp: u64) -> Result<HeaderMap, PublishError> {
+        self.endpoint.headers(message, timestamp)
+    }
+}
+
+impl Endpoint {
+    fn headers(&self, message: &Message, timestamp: u64) -> Result<HeaderMap, PublishError> {
         let mut headers = self.headers.clone();
         for (name, value) in carried_headers(message) {
             let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
@@ -194,35 +289,66 @@ impl WebhookPublisher {
                 HeaderValue::from_static("application/octet-stream"),
             );
         }
+        self.sign(&mut headers, timestamp, &message.payload);
+        Ok(headers)
+    }
+
+    fn sign(&self, headers: &mut HeaderMap, timestamp: u64, body: &[u8]) {
         if let Some(secret) = &self.secret {
-            let signed = signature::sign(secret, timestamp, &message.payload);
+            let signed = signature::sign(secret, timestamp, body);
             headers.insert(
                 signature::SIGNATURE_HEADER,
                 HeaderValue::try_from(signed).expect("hex and digits are a valid header value"),
             );
         }
-        Ok(headers)
     }
-}
 
-#[async_trait::async_trait]
-impl Publisher for WebhookPublisher {
-    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+    /// POSTs one message.
+    async fn post_one(&self, message: &Message) -> Result<(), PublishError> {
         let headers = self.headers(message, signature::unix_now())?;
+        self.post(headers, message.payload.clone(), "").await?;
+        tracing::trace!(id = message.id, "accepted by the webhook");
+        Ok(())
+    }
+
+    /// POSTs `messages` as one JSON array.
+    async fn post_batch(&self, messages: &[Message]) -> Result<(), PublishError> {
+        let body = batch_body(messages);
+        let mut headers = self.headers.clone();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(messages.len()));
+        self.sign(&mut headers, signature::unix_now(), &body);
+        let context = format!(" (a batch of {})", messages.len());
+        self.post(headers, body.into(), &context).await?;
+        tracing::trace!(messages = messages.len(), "batch accepted by the webhook");
+        Ok(())
+    }
+
+    /// Sends a request and sorts its answer; `context` ends the error text.
+    async fn post(
+        &self,
+        headers: HeaderMap,
+        body: Bytes,
+        context: &str,
+    ) -> Result<(), PublishError> {
         let sent = self
             .client
             .post(self.url.clone())
             .headers(headers)
-            .body(message.payload.clone())
+            .body(body)
             .send()
             .await;
         let response = match sent {
             Ok(response) => response,
-            Err(error) => return Err(PublishError::new(format!("webhook {}: {error}", self.url))),
+            Err(error) => {
+                return Err(PublishError::new(format!(
+                    "webhook {}: {error}{context}",
+                    self.url
+                )))
+            }
         };
         let status = response.status();
         if status.is_success() {
-            tracing::trace!(id = message.id, %status, "accepted by the webhook");
             return Ok(());
         }
         let retry_after = response
@@ -231,9 +357,63 @@ impl Publisher for WebhookPublisher {
             .and_then(|value| retry_after(value, SystemTime::now()));
         let body = response.bytes().await.unwrap_or_default();
         let body = String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_LIMIT)]);
-        let text = format!("webhook {} answered {status}: {}", self.url, body.trim());
+        let text = format!(
+            "webhook {} answered {status}: {}{context}",
+            self.url,
+            body.trim()
+        );
         Err(classify(status, &self.retried_statuses, retry_after, text))
     }
+}
+
+#[async_trait::async_trait]
+impl Publisher for WebhookPublisher {
+    async fn publish(&self, message: &Message) -> Result<(), PublishError> {
+        match &self.batcher {
+            Some(batcher) => batcher.publish(message).await,
+            None => self.endpoint.post_one(message).await,
+        }
+    }
+}
+
+/// One element of a batch's JSON array.
+#[derive(serde::Serialize)]
+struct BatchElement<'m> {
+    id: i64,
+    topic: &'m str,
+    key: Option<&'m str>,
+    headers: BTreeMap<&'m str, &'m str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<&'m str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_base64: Option<String>,
+}
+
+/// The body of a batch request: a JSON array, one object per message, the payload as
+/// text when it is UTF-8 and as base64 otherwise.
+fn batch_body(messages: &[Message]) -> Vec<u8> {
+    let elements: Vec<BatchElement<'_>> = messages
+        .iter()
+        .map(|message| {
+            let text = std::str::from_utf8(&message.payload).ok();
+            BatchElement {
+                id: message.id,
+                topic: &message.topic,
+                key: message.key.as_deref(),
+                headers: message
+                    .headers
+                    .iter()
+                    .filter(|(name, _)| !is_reserved(name))
+                    .map(|(name, value)| (name.as_str(), value.as_str()))
+                    .collect(),
+                payload: text,
+                payload_base64: text
+                    .is_none()
+                    .then(|| base64::engine::general_purpose::STANDARD.encode(&message.payload)),
+            }
+        })
+        .collect();
+    serde_json::to_vec(&elements).expect("strings and numbers always serialize")
 }
 
 /// The one place webhook answers are sorted into retried and permanent (the table of the
@@ -339,6 +519,37 @@ mod tests {
 
         let bad = Message::new(4, "t", "p").with_header("bad header", "x");
         assert!(hook.headers(&bad, 0).unwrap_err().is_permanent());
+    }
+
+    #[test]
+    fn a_batch_body_is_an_array_with_text_or_base64_payloads() {
+        let messages = [
+            Message::new(1, "orders.paid", r#"{"order":1}"#)
+                .with_key("customer-1")
+                .with_header("traceparent", "00-abc")
+                .with_header("txoutbox-id", "forged"),
+            Message::new(2, "files", vec![0xff, 0x00]),
+        ];
+        let body: serde_json::Value = serde_json::from_slice(&batch_body(&messages)).unwrap();
+        assert_eq!(
+            body,
+            serde_json::json!([
+                {"id": 1, "topic": "orders.paid", "key": "customer-1",
+                 "headers": {"traceparent": "00-abc"}, "payload": "{\"order\":1}"},
+                {"id": 2, "topic": "files", "key": null, "headers": {}, "payload_base64": "/wA="},
+            ])
+        );
+    }
+
+    #[test]
+    fn an_empty_batch_limit_is_a_configuration_error() {
+        for (max, wait) in [(0, 20), (10, 0)] {
+            let error = WebhookPublisher::builder("http://127.0.0.1:1/hook")
+                .batch(max, Duration::from_millis(wait))
+                .build()
+                .unwrap_err();
+            assert!(error.to_string().contains("must be positive"), "{error}");
+        }
     }
 
     #[test]

@@ -40,3 +40,32 @@ pub fn record<T>(
         ),
     }
 }
+
+/// Records an admin action the layer refused before any handler ran (no or a wrong
+/// credential, or no scope for it anywhere): the outbox is not known there.
+pub fn record_refused_call(path: &str, status: &Status) {
+    let Some(action) = admin_action(path) else {
+        return;
+    };
+    tracing::warn!(
+        target: TARGET,
+        identity = "?",
+        action,
+        outbox = "?",
+        arguments = "",
+        outcome = "refused",
+        code = ?status.code(),
+        message = status.message(),
+        "admin action"
+    );
+}
+
+/// The audited action a method path names, if any.
+fn admin_action(path: &str) -> Option<&'static str> {
+    match path {
+        "/txoutbox.v1.Admin/Purge" => Some("purge"),
+        "/txoutbox.v1.Admin/InsertMessage" => Some("insert"),
+        "/txoutbox.v1.Admin/Schema" => Some("schema"),
+        _ => None,
+    }
+}

@@ -182,6 +182,7 @@ where
         match self.access.admit(&request) {
             Err(status) => {
                 tracing::debug!(path = request.uri().path(), %status, "call refused");
+                super::audit::record_refused_call(request.uri().path(), &status);
                 Box::pin(async move { Ok(status.into_http()) })
             }
             Ok((caller, slot)) => {

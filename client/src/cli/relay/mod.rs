@@ -21,6 +21,7 @@ Examples:
   txoutbox --outbox orders relay --nats nats://127.0.0.1:4222 --topic-prefix outbox.
   txoutbox --outbox orders relay --amqp amqp://guest:guest@127.0.0.1:5672/%2f --exchange events
   txoutbox --outbox orders relay --webhook https://example.com/hooks/orders --webhook-secret \"$SECRET\"
+  txoutbox --outbox orders relay --webhook https://example.com/hooks/orders --webhook-batch 16 --webhook-batch-wait 20ms
   txoutbox --outbox orders relay --redis redis://127.0.0.1:6379 --topic-prefix outbox: --max-len 100000
 
 Each message is acked only once the broker confirmed it: Kafka's delivery report (idempotent
@@ -109,6 +110,14 @@ pub struct Args {
     /// are always retried).
     #[arg(long = "retry-status", value_name = "CODE", requires = "webhook")]
     retry_statuses: Vec<u16>,
+    /// Webhook: POST the messages published at about the same time as one JSON array of
+    /// at most N (one per key; N at most --concurrency); all get that POST's answer.
+    #[arg(long, value_name = "N", requires = "webhook")]
+    webhook_batch: Option<usize>,
+    /// Webhook: send a batch at most this long after its first message, full or not
+    /// [default: 20ms].
+    #[arg(long, value_name = "DURATION", requires = "webhook_batch", value_parser = humantime::parse_duration)]
+    webhook_batch_wait: Option<Duration>,
     /// Redis: trim each stream to about this many entries (XADD MAXLEN ~).
     #[arg(long, value_name = "N", requires = "redis")]
     max_len: Option<u64>,
@@ -126,6 +135,10 @@ pub struct Args {
 
 pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
     let (publisher, destination) = publisher::make(&args)?;
+    // Room for the broker's own timeout (and a webhook batch's wait) before the runtime
+    // gives up on a publish.
+    let publish_timeout =
+        args.delivery_timeout + publisher::batch_wait(&args) + Duration::from_secs(2);
     let outbox = context.outbox().await?;
     let subscriber = Subscriber::builder(context.servers.clone(), outbox.clone())
         .name(args.name)
@@ -133,8 +146,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
         .concurrency(args.concurrency)
         .max_in_flight(args.max_in_flight)
         .credentials(context.credentials.clone())
-        // Room for the broker's own timeout before the runtime gives up on a publish.
-        .publish_timeout(args.delivery_timeout + Duration::from_secs(2))
+        .publish_timeout(publish_timeout)
         .build_shared(publisher)?;
     let counters = subscriber.counters();
     tracing::info!(%outbox, to = %destination, "relaying; SIGINT or SIGTERM stops gracefully");

@@ -2,6 +2,7 @@
 //! cargo feature this binary lacks is a usage error that says how to rebuild.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use txoutbox_client::Publisher;
 
@@ -28,6 +29,17 @@ pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError
         return Ok((redis(url, args)?, "redis".to_owned()));
     }
     unreachable!("clap requires one broker")
+}
+
+/// How long a webhook batch waits for more messages, when batching is on.
+const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(20);
+
+/// How long a publish may wait for its webhook batch to leave (zero without batching).
+pub(super) fn batch_wait(args: &Args) -> Duration {
+    match args.webhook_batch {
+        Some(_) => args.webhook_batch_wait.unwrap_or(DEFAULT_BATCH_WAIT),
+        None => Duration::ZERO,
+    }
 }
 
 #[cfg(not(all(
@@ -111,6 +123,17 @@ fn webhook(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     }
     for status in &args.retry_statuses {
         hook = hook.retry_status(*status);
+    }
+    if let Some(max_messages) = args.webhook_batch {
+        if max_messages == 0 || max_messages > args.concurrency {
+            return Err(CliError::Usage(format!(
+                "--webhook-batch {max_messages}: a batch holds 1 to --concurrency ({}) \
+                 messages, one per key published at once; raise --concurrency or lower \
+                 --webhook-batch",
+                args.concurrency
+            )));
+        }
+        hook = hook.batch(max_messages, batch_wait(args));
     }
     Ok(Arc::new(hook.build()?))
 }
