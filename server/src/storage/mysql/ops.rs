@@ -21,6 +21,9 @@ use crate::storage::{
 /// of a stuck claim and the keys it holds, few enough that a claim stays a handful of
 /// statements.
 const CLAIM_ROUNDS: usize = 4;
+/// A round scans this many candidates per row it still wants, and locks the first free
+/// ones: concurrent claims see each other's rows as candidates until they commit.
+const SCAN_FACTOR: usize = 2;
 
 impl MySqlStorage {
     /// The database clock, read inside `conn`'s transaction after its locks were taken.
@@ -112,7 +115,7 @@ impl MySqlStorage {
                 }
             }
             let candidates = query
-                .bind(wanted as i64)
+                .bind((wanted * SCAN_FACTOR) as i64)
                 .fetch_all(&mut *tx)
                 .await?
                 .iter()
@@ -121,9 +124,20 @@ impl MySqlStorage {
             let Some(&(last, _)) = candidates.last() else {
                 break;
             };
-            scanned_to = last;
-
-            let locked = self.lock_candidates(&mut tx, &candidates, now).await?;
+            let locked = self
+                .lock_candidates(&mut tx, &candidates, now, wanted)
+                .await?;
+            // Candidates after the last locked one were not looked at when the lock
+            // stopped at `wanted`.
+            let examined = match locked.last() {
+                Some(m) if locked.len() == wanted => m.id,
+                _ => last,
+            };
+            scanned_to = examined;
+            let candidates: Vec<_> = candidates
+                .into_iter()
+                .filter(|(id, _)| *id <= examined)
+                .collect();
             // Claimed `max_attempts` times already, never answered: dead, not handed out.
             let (dead, mut fresh): (Vec<_>, Vec<_>) = locked
                 .into_iter()
@@ -148,7 +162,9 @@ impl MySqlStorage {
                 }
             }
             messages.extend(fresh);
-            if messages.len() >= batch_size || candidates.len() < wanted {
+            if messages.len() >= batch_size
+                || last == examined && candidates.len() < wanted * SCAN_FACTOR
+            {
                 break;
             }
         }
@@ -178,6 +194,7 @@ impl MySqlStorage {
         conn: &mut MySqlConnection,
         candidates: &[(MessageId, Option<String>)],
         now: DateTime<Utc>,
+        limit: usize,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let statement = self.sql.claim_lock(candidates.len());
         let mut query = sqlx::query(&statement);
@@ -186,6 +203,7 @@ impl MySqlStorage {
         }
         query
             .bind(now)
+            .bind(limit as i64)
             .fetch_all(conn)
             .await?
             .iter()

@@ -285,7 +285,7 @@ impl Statements {
         )
     }
 
-    /// Locks those of `n` candidates (the ids, then `?` now) that are still due and
+    /// Locks the first `?` (after the ids and `?` now) of `n` candidates that are still due and
     /// pending and that no other transaction holds, in id order, under the relay's own
     /// column names (what [`super::convert::decode_candidate`] reads). Lookups by primary
     /// key: a row that no longer matches is not kept locked.
@@ -311,7 +311,7 @@ impl Statements {
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at \
              FROM {} o \
              WHERE o.{id} IN ({}) AND o.{status} = 'pending' AND o.{available_at} <= ? \
-             ORDER BY o.{id} FOR UPDATE SKIP LOCKED",
+             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
             c.topic("o."),
             self.table,
             placeholders(n)
@@ -561,7 +561,7 @@ mod tests {
         assert!(!claim.contains("EXISTS") && !claim.contains("NOT IN"));
         assert_eq!(sql.claim_successors(2, 5).matches('?').count(), 7);
         let lock = sql.claim_lock(3);
-        assert_eq!(lock.matches('?').count(), 4);
+        assert_eq!(lock.matches('?').count(), 5);
         assert!(lock.ends_with("FOR UPDATE SKIP LOCKED"));
     }
 
