@@ -1,8 +1,7 @@
 //! The fault-injection suite in CI (issue 9): on each backend, two replicas, four
 //! subscriber processes (the Rust runtime and the Python example) and a steady producer
 //! while every kind of fault strikes at least twice, one at a time; the run fails on any
-//! lost row, per-key order violation or (but on MariaDB, see [`Duplicates`]) duplicate no
-//! fault explains. The report is
+//! lost row, per-key order violation or duplicate no fault explains. The report is
 //! printed; its timings (recovery, insert latency, the other replica's deliveries) are
 //! not asserted here: the soak (`txoutbox-faults`, README "Proof") measures them.
 
@@ -36,17 +35,7 @@ fn plan(backend: Backend, duration: Duration) -> Plan {
     plan
 }
 
-/// Whether a duplicate no fault explains fails the run.
-#[derive(Clone, Copy, PartialEq)]
-enum Duplicates {
-    Explained,
-    /// MariaDB, for now: a replica stopped inside a transaction holds row locks that can
-    /// hold up the other replica's claims and acks (README, Proof), so the other
-    /// replica's leases may run out; those duplicates are reported, not failed on.
-    Reported,
-}
-
-async fn run(plan: Plan, duplicates: Duplicates) {
+async fn run(plan: Plan) {
     let kinds = plan.schedule.kinds.clone();
     let outcome = faults::run(plan).await.expect("the fault run");
     eprintln!("{}", report::render(&outcome));
@@ -55,29 +44,18 @@ async fn run(plan: Plan, duplicates: Duplicates) {
         assert!(count >= 2, "{} struck {count} times", kind.label());
     }
     assert!(outcome.findings.committed > 1000, "the producer barely ran");
-    let failures = match duplicates {
-        Duplicates::Explained => outcome.failures(),
-        Duplicates::Reported => outcome.losses_and_reorders(),
-    };
+    let failures = outcome.failures();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keeps_every_row_in_order_under_faults() {
-    run(
-        plan(Backend::Postgres, Duration::from_secs(60)),
-        Duplicates::Explained,
-    )
-    .await;
+    run(plan(Backend::Postgres, Duration::from_secs(60))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mariadb_keeps_every_row_in_order_under_faults() {
-    run(
-        plan(Backend::Mariadb, Duration::from_secs(60)),
-        Duplicates::Reported,
-    )
-    .await;
+    run(plan(Backend::Mariadb, Duration::from_secs(60))).await;
 }
 
 /// Two replicas on one file (SQLite allows it on one machine); no database link nor
@@ -86,9 +64,5 @@ async fn mariadb_keeps_every_row_in_order_under_faults() {
 async fn sqlite_keeps_every_row_in_order_under_faults() {
     let kinds = FaultKind::for_backend(Backend::Sqlite);
     assert!(!kinds.contains(&FaultKind::DbLinkReset));
-    run(
-        plan(Backend::Sqlite, Duration::from_secs(30)),
-        Duplicates::Explained,
-    )
-    .await;
+    run(plan(Backend::Sqlite, Duration::from_secs(30))).await;
 }

@@ -309,8 +309,11 @@ async fn servers_starting_together_create_the_schema_once() {
     );
 }
 
+/// The relay's sessions: READ COMMITTED in UTC, a lock wait of a second (an ack stuck
+/// behind a stopped replica's transaction becomes UNAVAILABLE for its caller to retry),
+/// and a stopped replica's idle transaction ended by the server (issue 9).
 #[tokio::test]
-async fn sessions_run_at_read_committed_in_utc() {
+async fn sessions_run_at_read_committed_in_utc_with_short_lock_bounds() {
     let pool = mysql::lazy_pool(&url(), 1).unwrap();
     let (isolation, time_zone): (String, String) =
         sqlx::query_as("SELECT @@SESSION.tx_isolation, @@SESSION.time_zone")
@@ -320,6 +323,19 @@ async fn sessions_run_at_read_committed_in_utc() {
     assert_eq!(
         (isolation.as_str(), time_zone.as_str()),
         ("READ-COMMITTED", "+00:00")
+    );
+    let (lock_wait, idle): (u64, u64) = sqlx::query_as(
+        "SELECT @@SESSION.innodb_lock_wait_timeout, @@SESSION.idle_transaction_timeout",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (lock_wait, idle),
+        (
+            u64::from(mysql::LOCK_WAIT_TIMEOUT_SECS),
+            u64::from(mysql::IDLE_TRANSACTION_TIMEOUT_SECS)
+        )
     );
 }
 
@@ -407,6 +423,48 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
     let keys: Vec<&str> = others.iter().filter_map(|m| m.key.as_deref()).collect();
     assert_eq!(keys.len(), 10, "{keys:?}");
     assert!(keys.iter().all(|k| *k != "hot"));
+}
+
+/// A claim stuck between its statements (its replica paused, or its database link cut)
+/// keeps the rows it locked. Another claim still takes the other keys' rows, and none of
+/// the locked keys' later rows (issue 9: it came back empty until the stuck transaction
+/// ended, its candidates all being the later rows of the locked keys).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_stuck_on_some_keys_heads_does_not_stop_another_claim() {
+    let backend = MySqlBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = format!("`{}`.outbox", backend.database);
+    let mut conn = connection().await;
+    for sql in [
+        format!("INSERT INTO {table} (topic, `key`, payload) SELECT 't', CONCAT('hot', seq % 5), 'x' FROM seq_0_to_199"),
+        format!("INSERT INTO {table} (topic, `key`, payload) SELECT 't', CONCAT('k', seq), 'y' FROM seq_1_to_10"),
+    ] {
+        conn.execute(sql.as_str()).await.unwrap();
+    }
+    // The stuck claim: a relay session that locked the first 20 rows (every hot key's
+    // head and a few rows behind it), as a claim does before it leases them, and stops.
+    let pool = mysql::lazy_pool(&url(), 1).unwrap();
+    let mut stuck = pool.begin().await.unwrap();
+    let locked: Vec<i64> = sqlx::query_scalar(&format!(
+        "SELECT id FROM {table} ORDER BY id LIMIT 20 FOR UPDATE"
+    ))
+    .fetch_all(&mut *stuck)
+    .await
+    .unwrap();
+    assert_eq!(locked.len(), 20);
+
+    let others = claim(&*storage, "w2", 10, LEASE).await;
+    let mut keys: Vec<&str> = others.iter().filter_map(|m| m.key.as_deref()).collect();
+    keys.sort_unstable();
+    let expected: Vec<String> = (1..=10).map(|n| format!("k{n}")).collect();
+    let mut expected: Vec<&str> = expected.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(keys, expected, "{:?}", ids(&others));
+
+    // The hot keys resume at their heads once the stuck transaction ends.
+    stuck.rollback().await.unwrap();
+    let hot = claim(&*storage, "w3", 10, LEASE).await;
+    assert_eq!(ids(&hot), locked[..10]);
 }
 
 // Tables of a team's own ("bring your own table"); the mapped contract runs the rest.

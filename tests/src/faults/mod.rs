@@ -104,7 +104,7 @@ impl Outcome {
     }
 
     /// Losses and order violations only.
-    pub fn losses_and_reorders(&self) -> Vec<String> {
+    fn losses_and_reorders(&self) -> Vec<String> {
         let findings = &self.findings;
         let mut failures = Vec::new();
         if findings.lost() > 0 {

@@ -8,7 +8,7 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
-use crate::storage::{OutboxMessage, StorageError, TopicStats};
+use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -113,6 +113,11 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
         attempts: attempts(stored_attempts.saturating_add(1)),
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
     })
+}
+
+/// A row of a claim's candidate scan: its id and key.
+pub(super) fn decode_scanned(row: &MySqlRow) -> Result<(MessageId, Option<String>), sqlx::Error> {
+    Ok((row.try_get("id")?, text(row, "key")?))
 }
 
 pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Error> {

@@ -16,6 +16,13 @@
 //!   default, REPEATABLE READ, would take gap locks on the claim's scan, blocking
 //!   producers' inserts until the claim commits, and would read from a snapshot taken
 //!   earlier in the transaction).
+//! - **A claim locks only what it takes.** Its candidates come from a plain (consistent)
+//!   read of the pending index, then are locked by primary key with `FOR UPDATE SKIP
+//!   LOCKED` ([`sql::Statements::claim_candidates`] says why: a locking scan of the index
+//!   keeps the locks of every row it walks past, rows other replicas hold among them). A
+//!   round that takes fewer rows than it scanned (locked by another claim, or behind an
+//!   earlier row of their key) scans on past them without their keys, a few rounds at
+//!   most, so a claim stuck on some keys' heads does not stop the others (issue 9).
 //! - **Strict ordering without a lock.** MariaDB has no transaction-scoped advisory locks
 //!   (`GET_LOCK` is held by the session: a cancelled claim would leave it on a pooled
 //!   connection). Instead, once a claim has locked its candidates, a fresh statement drops
@@ -32,7 +39,9 @@
 //! - **Lock conflicts** (deadlock 1213, lock wait timeout 1205) roll the transaction back
 //!   and retry the whole operation once; a second conflict is reported as
 //!   [`StorageError::Unavailable`]. Sessions wait at most [`LOCK_WAIT_TIMEOUT_SECS`] for a
-//!   row lock: only write-backs ever wait, and only for other short transactions.
+//!   row lock: only write-backs ever wait, and only for other short transactions; and a
+//!   transaction left idle [`IDLE_TRANSACTION_TIMEOUT_SECS`] (its replica stopped inside
+//!   it) is ended by MariaDB, its locks released.
 //! - **Known cost**: while the oldest pending row of a key is leased or waiting for its
 //!   retry, a strict claim still walks the rows queued behind it (the seed's pitfall #1;
 //!   about 10 us per row, against 26 us with MariaDB's subquery cache on). PostgreSQL
@@ -66,9 +75,20 @@ use super::{
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
-/// is 50): a write-back stuck behind a foreign transaction fails over to a retry instead
-/// of holding its caller for most of a minute.
-pub const LOCK_WAIT_TIMEOUT_SECS: u32 = 10;
+/// is 50; MariaDB counts whole seconds). Only write-backs ever wait for a row lock, and
+/// only for other relay transactions, which take milliseconds; a longer wait means a
+/// transaction stuck on a stopped or partitioned replica (issue 9). So an ack gives up
+/// after this, tries once more, then reports [`StorageError::Unavailable`] for its
+/// caller to retry: at most two seconds, where PostgreSQL's relay waits at most its
+/// `lock_timeout`.
+pub const LOCK_WAIT_TIMEOUT_SECS: u32 = 1;
+/// `idle_transaction_timeout` of the relay's sessions, in seconds: MariaDB ends a session
+/// whose transaction sat idle this long, rolling it back. A relay transaction never waits
+/// for anything outside the database between its statements, so only a replica that
+/// stopped inside one (paused, cut from the database) is ended, and the rows it had
+/// locked are free again (PostgreSQL's `idle_in_transaction_session_timeout`). MySQL
+/// has no such setting and refuses it: ignored there.
+pub const IDLE_TRANSACTION_TIMEOUT_SECS: u32 = 5;
 /// An outbox table in MySQL or MariaDB.
 pub struct MySqlStorage {
     pool: MySqlPool,
@@ -184,7 +204,8 @@ impl MySqlStorage {
 }
 
 /// A pool that connects on first use, as every pool of this backend must be: sessions at
-/// READ COMMITTED with UTC time and a short lock wait (see the module docs), and a short
+/// READ COMMITTED with UTC time, a short lock wait and an idle-transaction bound (see the
+/// module docs), and a short
 /// acquire timeout ([`ACQUIRE_TIMEOUT`]), so a dead database surfaces as [`StorageError::Unavailable`] within
 /// seconds instead of hanging callers.
 pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<MySqlPool> {
@@ -200,6 +221,14 @@ pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<MySqlPool> {
                         .as_str(),
                 )
                 .await?;
+                let _ = conn
+                    .execute(
+                        format!(
+                            "SET SESSION idle_transaction_timeout = {IDLE_TRANSACTION_TIMEOUT_SECS}"
+                        )
+                        .as_str(),
+                    )
+                    .await;
                 // MariaDB caches a correlated subquery's result per outer value; the strict
                 // claim's predecessor test never repeats one, and the cache made it four
                 // times slower behind a blocked key (26 vs 6.5 us per row). MySQL has no

@@ -7,14 +7,23 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use super::convert::{self, after, decode_candidate};
+use super::convert::{self, after, decode_candidate, decode_scanned};
 use super::sql::{self, ClaimShape};
 use super::MySqlStorage;
 use crate::storage::columns::TopicSource;
 use crate::storage::rows::attempts;
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, RetryPolicy,
+    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, OutboxMessage,
+    RetryPolicy,
 };
+
+/// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
+/// of a stuck claim and the keys it holds, few enough that a claim stays a handful of
+/// statements.
+const CLAIM_ROUNDS: usize = 4;
+/// A round scans this many candidates per row it still wants, and locks the first free
+/// ones: concurrent claims see each other's rows as candidates until they commit.
+const SCAN_FACTOR: usize = 2;
 
 impl MySqlStorage {
     /// The database clock, read inside `conn`'s transaction after its locks were taken.
@@ -66,68 +75,97 @@ impl MySqlStorage {
             }
             _ => request.topics,
         };
-        let statement = self.sql.claim_candidates(&ClaimShape {
+        let shape = |excluded_keys: usize| ClaimShape {
             strict_ordering: strict,
             visibility_delay: delay,
             topics: topics.len(),
-        });
-        let mut query = sqlx::query(&statement).bind(now);
-        if delay {
-            query = query.bind(visible_before);
-        }
-        for topic in topics {
-            query = query.bind(topic);
-        }
-        if strict {
-            query = query.bind(now);
+            excluded_keys,
+        };
+
+        // Rounds of scan, lock, check: a round that takes less than it scanned (rows
+        // another transaction holds locked, or behind an earlier row of their key outside
+        // the batch) goes on past what it scanned, without the keys it found taken, so
+        // another claim stuck on a few keys' heads does not fill every batch with rows
+        // of those keys (issue 9). Bounded by `CLAIM_ROUNDS`.
+        let batch_size = request.batch_size as usize;
+        let mut messages: Vec<OutboxMessage> = Vec::new();
+        let mut exhausted: Vec<MessageId> = Vec::new();
+        let mut taken_keys: Vec<String> = Vec::new();
+        let mut scanned_to: MessageId = 0;
+        for _ in 0..CLAIM_ROUNDS {
+            let wanted = batch_size - messages.len();
+            let statement = self.sql.claim_candidates(&shape(taken_keys.len()));
+            let mut query = sqlx::query(&statement).bind(now).bind(scanned_to);
             if delay {
                 query = query.bind(visible_before);
             }
             for topic in topics {
                 query = query.bind(topic);
             }
-        }
-        let rows = query
-            .bind(i64::from(request.batch_size))
-            .fetch_all(&mut *tx)
-            .await?;
-        let mut messages = rows
-            .iter()
-            .map(decode_candidate)
-            .collect::<Result<Vec<_>, _>>()?;
-
-        // Claimed `max_attempts` times already, never answered: dead, not handed out.
-        let (exhausted, fresh): (Vec<_>, Vec<_>) = messages
-            .into_iter()
-            .partition(|m| m.attempts > request.max_attempts);
-        messages = fresh;
-        let exhausted: Vec<MessageId> = exhausted.iter().map(|m| m.id).collect();
-        if !exhausted.is_empty() {
-            let statement = self.sql.exhaust(exhausted.len());
-            let mut query = sqlx::query(&statement)
-                .bind(now)
-                .bind(i64::from(request.max_attempts));
-            for id in &exhausted {
-                query = query.bind(id);
+            for key in &taken_keys {
+                query = query.bind(key);
             }
-            query.execute(&mut *tx).await?;
-        }
-
-        if strict && messages.iter().any(|m| m.key.is_some()) {
-            let statement = self.sql.claim_successors(messages.len());
-            let mut query = sqlx::query_scalar(&statement);
-            for _ in 0..2 {
-                for message in &messages {
-                    query = query.bind(message.id);
+            if strict {
+                query = query.bind(now);
+                if delay {
+                    query = query.bind(visible_before);
+                }
+                for topic in topics {
+                    query = query.bind(topic);
                 }
             }
-            let held_back: Vec<MessageId> = query.fetch_all(&mut *tx).await?;
-            if !held_back.is_empty() {
-                tracing::debug!(
-                    held_back = held_back.len(),
-                    "candidates behind an earlier row of their key"
-                );
-                messages.retain(|m| !held_back.contains(&m.id));
+            let candidates = query
+                .bind((wanted * SCAN_FACTOR) as i64)
+                .fetch_all(&mut *tx)
+                .await?
+                .iter()
+                .map(decode_scanned)
+                .collect::<Result<Vec<_>, _>>()?;
+            let Some(&(last, _)) = candidates.last() else {
+                break;
+            };
+            let locked = self
+                .lock_candidates(&mut tx, &candidates, now, wanted)
+                .await?;
+            // Candidates after the last locked one were not looked at when the lock
+            // stopped at `wanted`.
+            let examined = match locked.last() {
+                Some(m) if locked.len() == wanted => m.id,
+                _ => last,
+            };
+            scanned_to = examined;
+            let candidates: Vec<_> = candidates
+                .into_iter()
+                .filter(|(id, _)| *id <= examined)
+                .collect();
+            // Claimed `max_attempts` times already, never answered: dead, not handed out.
+            let (dead, mut fresh): (Vec<_>, Vec<_>) = locked
+                .into_iter()
+                .partition(|m| m.attempts > request.max_attempts);
+            let dead: Vec<MessageId> = dead.iter().map(|m| m.id).collect();
+            self.exhaust(&mut tx, &dead, now, request.max_attempts)
+                .await?;
+            exhausted.extend(dead);
+
+            if strict {
+                let held_back = self.held_back(&mut tx, &fresh, &messages).await?;
+                fresh.retain(|m| !held_back.contains(&m.id));
+            }
+            // What was scanned but not kept: its key is taken for this claim. (Without
+            // strict ordering a key holds nothing back: only the scan moves on.)
+            for (id, key) in candidates.iter().filter(|_| strict) {
+                let kept = fresh.iter().any(|m| m.id == *id) || exhausted.contains(id);
+                if let (false, Some(key)) = (kept, key) {
+                    if !taken_keys.contains(key) {
+                        taken_keys.push(key.clone());
+                    }
+                }
+            }
+            messages.extend(fresh);
+            if messages.len() >= batch_size
+                || last == examined && candidates.len() < wanted * SCAN_FACTOR
+            {
+                break;
             }
         }
 
@@ -148,6 +186,87 @@ impl MySqlStorage {
             messages,
             lease_expires_at,
         })
+    }
+
+    /// Locks those of `candidates` still claimable (see [`super::sql::Statements::claim_lock`]).
+    async fn lock_candidates(
+        &self,
+        conn: &mut MySqlConnection,
+        candidates: &[(MessageId, Option<String>)],
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let statement = self.sql.claim_lock(candidates.len());
+        let mut query = sqlx::query(&statement);
+        for (id, _) in candidates {
+            query = query.bind(id);
+        }
+        query
+            .bind(now)
+            .bind(limit as i64)
+            .fetch_all(conn)
+            .await?
+            .iter()
+            .map(decode_candidate)
+            .collect()
+    }
+
+    /// Dead-letters locked candidates claimed `max_attempts` times already.
+    async fn exhaust(
+        &self,
+        conn: &mut MySqlConnection,
+        ids: &[MessageId],
+        now: DateTime<Utc>,
+        max_attempts: u32,
+    ) -> Result<(), sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let statement = self.sql.exhaust(ids.len());
+        let mut query = sqlx::query(&statement)
+            .bind(now)
+            .bind(i64::from(max_attempts));
+        for id in ids {
+            query = query.bind(id);
+        }
+        query.execute(conn).await?;
+        Ok(())
+    }
+
+    /// Which of the locked `fresh` rows have an earlier pending row of their key outside
+    /// the batch (`kept` plus `fresh`); see [`super::sql::Statements::claim_successors`].
+    async fn held_back(
+        &self,
+        conn: &mut MySqlConnection,
+        fresh: &[OutboxMessage],
+        kept: &[OutboxMessage],
+    ) -> Result<Vec<MessageId>, sqlx::Error> {
+        let keyed: Vec<MessageId> = fresh
+            .iter()
+            .filter(|m| m.key.is_some())
+            .map(|m| m.id)
+            .collect();
+        if keyed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let statement = self
+            .sql
+            .claim_successors(keyed.len(), kept.len() + fresh.len());
+        let mut query = sqlx::query_scalar(&statement);
+        for id in &keyed {
+            query = query.bind(id);
+        }
+        for message in kept.iter().chain(fresh) {
+            query = query.bind(message.id);
+        }
+        let held_back: Vec<MessageId> = query.fetch_all(conn).await?;
+        if !held_back.is_empty() {
+            tracing::debug!(
+                held_back = held_back.len(),
+                "candidates behind an earlier row of their key"
+            );
+        }
+        Ok(held_back)
     }
 
     pub(super) async fn ack_once(

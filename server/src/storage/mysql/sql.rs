@@ -195,24 +195,35 @@ fn placeholders(n: usize) -> String {
     vec!["?"; n.max(1)].join(", ")
 }
 
-/// What a claim's candidate query filters on, besides due pending rows.
+/// What a claim's candidate scan filters on, besides due pending rows.
 pub(super) struct ClaimShape {
     pub strict_ordering: bool,
     pub visibility_delay: bool,
     /// How many topics the filter names; never more than zero for a fixed topic (the
     /// backend decides in Rust whether a filter includes it).
     pub topics: usize,
+    /// How many keys an earlier round of the same claim found taken (see
+    /// [`Statements::claim_candidates`]).
+    pub excluded_keys: usize,
 }
 
 impl Statements {
-    /// Candidates of a claim: due, pending rows in id order, locked with `SKIP LOCKED` so
-    /// concurrent claimers (and producers' uncommitted rows) never wait for each other.
-    /// Columns under the relay's own names, ids and attempts as `BIGINT` whatever the
-    /// table's integer types (what [`super::convert::decode_candidate`] reads).
+    /// Candidates of a claim: ids and keys of due, pending rows in id order after a given
+    /// id, outside the keys an earlier round of the claim found taken. A plain
+    /// (consistent) read that locks nothing: [`Statements::claim_lock`] then locks the
+    /// ones still free.
     ///
-    /// Parameters, in order: `now`; with a visibility delay, `visible_before`; each topic;
-    /// with strict ordering `now`, then `visible_before` and the topics again for the
-    /// predecessor test; the batch size.
+    /// Why not lock here, with `FOR UPDATE SKIP LOCKED` on the scan: InnoDB keeps the
+    /// lock of every row a locking scan of a secondary index reads, matching or not
+    /// (tested on MariaDB 10.11, READ COMMITTED). The scan walks past the rows other
+    /// claimers hold, so a claim stopped between its statements (its replica paused, its
+    /// database link cut) held them all, and their holders' acks waited behind it until
+    /// their leases ran out (issue 9). Locking by primary key only keeps the locks of
+    /// rows that match.
+    ///
+    /// Parameters, in order: `now`, the id to scan after; with a visibility delay,
+    /// `visible_before`; each topic; each excluded key; with strict ordering `now`, then
+    /// `visible_before` and the topics again for the predecessor test; the row count.
     ///
     /// With strict ordering an earlier pending row of the key holds a row back unless it
     /// is claimable by this very claim (it then comes first in id order and is taken in
@@ -222,7 +233,7 @@ impl Statements {
     /// after the candidates are locked.
     ///
     /// The scan is pinned to the `(status, id)` index: it walks pending rows in id order
-    /// and stops at the batch size. Left to itself the optimizer may pick the primary key
+    /// and stops at the row count. Left to itself the optimizer may pick the primary key
     /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
     pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
         let (t, pending_index, c) = (&self.table, &self.pending_index, &self.names);
@@ -232,8 +243,6 @@ impl Statements {
             status,
             available_at,
             created_at,
-            attempts,
-            payload,
             ..
         } = c;
         let topic = |alias: &str| c.topic(alias);
@@ -243,6 +252,12 @@ impl Statements {
         }
         if shape.topics > 0 {
             filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
+        }
+        if shape.excluded_keys > 0 {
+            filters += &format!(
+                " AND (o.{key} IS NULL OR o.{key} NOT IN ({}))",
+                placeholders(shape.excluded_keys)
+            );
         }
         if shape.strict_ordering {
             let mut blocked = format!("p.{available_at} > ?");
@@ -262,6 +277,30 @@ impl Statements {
                  AND ({blocked})))"
             );
         }
+        format!(
+            "SELECT CAST(o.{id} AS SIGNED) AS id, o.{key} AS `key` \
+             FROM {t} o FORCE INDEX ({pending_index}) \
+             WHERE o.{status} = 'pending' AND o.{available_at} <= ? AND o.{id} > ?{filters} \
+             ORDER BY o.{id} LIMIT ?"
+        )
+    }
+
+    /// Locks the first `?` (after the ids and `?` now) of `n` candidates that are still due and
+    /// pending and that no other transaction holds, in id order, under the relay's own
+    /// column names (what [`super::convert::decode_candidate`] reads). Lookups by primary
+    /// key: a row that no longer matches is not kept locked.
+    pub fn claim_lock(&self, n: usize) -> String {
+        let c = &self.names;
+        let Names {
+            id,
+            key,
+            status,
+            available_at,
+            created_at,
+            attempts,
+            payload,
+            ..
+        } = c;
         let headers = c
             .headers
             .as_ref()
@@ -270,16 +309,18 @@ impl Statements {
             "SELECT CAST(o.{id} AS SIGNED) AS id, {} AS topic, o.{key} AS `key`, \
                o.{payload} AS payload, {headers} AS headers, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at \
-             FROM {t} o FORCE INDEX ({pending_index}) \
-             WHERE o.{status} = 'pending' AND o.{available_at} <= ?{filters} \
+             FROM {} o \
+             WHERE o.{id} IN ({}) AND o.{status} = 'pending' AND o.{available_at} <= ? \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            topic("o.")
+            c.topic("o."),
+            self.table,
+            placeholders(n)
         )
     }
 
-    /// Which of the `n` locked candidates (bound twice: the ids to test, then the whole
-    /// batch) have an earlier pending row of their key outside the batch: those must not
-    /// be claimed.
+    /// Which of `tested` locked candidates (bound first, then the `batch` ids of the whole
+    /// claim, which includes them) have an earlier pending row of their key outside the
+    /// batch: those must not be claimed.
     ///
     /// This is what makes strict ordering hold across concurrent claimers, in a fresh
     /// statement after the candidates are locked. A row leaves `pending` only through its
@@ -287,21 +328,22 @@ impl Statements {
     /// key is in my batch, locked by me" stays true until this transaction commits: no
     /// other claimer can hold an earlier row of the key, nor claim a later one (its own
     /// check sees ours). It also covers what the pre-filter cannot see: an earlier row
-    /// skipped because another transaction had it locked, which `SKIP LOCKED` passes over
+    /// that another transaction had locked, which [`Statements::claim_lock`] passes over
     /// silently.
-    pub fn claim_successors(&self, n: usize) -> String {
+    pub fn claim_successors(&self, tested: usize, batch: usize) -> String {
         let (
             t,
             Names {
                 id, key, status, ..
             },
         ) = (&self.table, &self.names);
-        let ids = placeholders(n);
         format!(
-            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({ids}) \
+            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({}) \
              AND o.{key} IS NOT NULL \
              AND EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
-               AND p.{status} = 'pending' AND p.{id} NOT IN ({ids}))"
+               AND p.{status} = 'pending' AND p.{id} NOT IN ({}))",
+            placeholders(tested),
+            placeholders(batch)
         )
     }
 
@@ -500,20 +542,27 @@ mod tests {
             strict_ordering: true,
             visibility_delay: true,
             topics: 2,
+            excluded_keys: 3,
         };
         let claim = sql.claim_candidates(&shape);
-        assert_eq!(claim.matches('?').count(), 1 + 1 + 2 + 1 + 1 + 2 + 1);
+        assert_eq!(claim.matches('?').count(), 2 + 1 + 2 + 3 + 1 + 1 + 2 + 1);
+        assert!(claim.contains("o.`key` NOT IN (?, ?, ?)"));
+        assert!(!claim.contains("FOR UPDATE"));
         assert!(claim.contains("FORCE INDEX (`t_pending_idx`)"));
         assert!(claim.contains("o.topic IN (?, ?)") && claim.contains("p.topic NOT IN (?, ?)"));
         let plain = ClaimShape {
             strict_ordering: false,
             visibility_delay: false,
             topics: 0,
+            excluded_keys: 0,
         };
         let claim = sql.claim_candidates(&plain);
-        assert_eq!(claim.matches('?').count(), 2);
-        assert!(!claim.contains("EXISTS"));
-        assert_eq!(sql.claim_successors(3).matches('?').count(), 6);
+        assert_eq!(claim.matches('?').count(), 3);
+        assert!(!claim.contains("EXISTS") && !claim.contains("NOT IN"));
+        assert_eq!(sql.claim_successors(2, 5).matches('?').count(), 7);
+        let lock = sql.claim_lock(3);
+        assert_eq!(lock.matches('?').count(), 5);
+        assert!(lock.ends_with("FOR UPDATE SKIP LOCKED"));
     }
 
     #[test]
@@ -534,8 +583,12 @@ mod tests {
             strict_ordering: true,
             visibility_delay: false,
             topics: 1,
+            excluded_keys: 0,
         });
         assert!(claim.starts_with(
+            "SELECT CAST(o.`event_id` AS SIGNED) AS id, o.`aggregate_id` AS `key` FROM"
+        ));
+        assert!(sql.claim_lock(1).starts_with(
             "SELECT CAST(o.`event_id` AS SIGNED) AS id, o.`event_type` AS topic, \
              o.`aggregate_id` AS `key`, o.`body` AS payload, o.`meta` AS headers, \
              CAST(o.attempts AS SIGNED) AS attempts, o.created_at AS created_at"
@@ -567,11 +620,7 @@ mod tests {
         .unwrap();
         let sql = render(None, "t", &columns);
         let literal = "CONVERT(X'615c2762' USING utf8mb4)";
-        let claim = sql.claim_candidates(&ClaimShape {
-            strict_ordering: true,
-            visibility_delay: false,
-            topics: 0,
-        });
+        let claim = sql.claim_lock(1);
         assert!(claim.contains(&format!("{literal} AS topic")), "{claim}");
         assert!(claim.contains("'{}' AS headers"), "{claim}");
         assert!(sql.stats.contains(&format!("GROUP BY {literal}")));
