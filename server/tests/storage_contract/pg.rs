@@ -490,6 +490,62 @@ async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
     assert_eq!(head().await, Some(second), "the claim moved the head on");
 }
 
+/// A replica restarting with `create_schema` on a table whose schema is current runs no
+/// DDL, so it takes no lock a producer's insert needs (issue 9): `DROP TRIGGER` and
+/// `CREATE INDEX` would wait here for the producer's open transaction, and every other
+/// producer's insert would queue behind them. A missing object is still put back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensuring_a_current_schema_takes_no_lock_an_insert_needs() {
+    let backend = PgBackend::new().await;
+    let setup = Setup {
+        notify: true,
+        ..Setup::default()
+    };
+    let _first = backend.open(setup.clone()).await;
+    let mut producer = PgConnection::connect(&url()).await.unwrap();
+    producer.execute("BEGIN").await.unwrap();
+    producer
+        .execute(
+            format!(
+                "INSERT INTO {} (topic, key, payload) VALUES ('t', 'k', 'p')",
+                backend.qualified()
+            )
+            .as_str(),
+        )
+        .await
+        .unwrap();
+    let restarted =
+        PostgresStorage::connect(&url(), 2, backend.options(&setup), backend.extras(&setup))
+            .await
+            .unwrap();
+    restarted
+        .ensure_table()
+        .await
+        .expect("no DDL, so no wait for the producer's open transaction");
+    producer.execute("COMMIT").await.unwrap();
+
+    // Objects dropped by hand come back on the next start.
+    backend
+        .execute(&format!(
+            "DROP TRIGGER outbox_heads_on_insert ON {}; DROP INDEX \"{}\".outbox_dead_idx",
+            backend.qualified(),
+            backend.schema
+        ))
+        .await;
+    restarted.ensure_table().await.unwrap();
+    let present: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM pg_trigger WHERE tgrelid = to_regclass($1) \
+           AND tgname = 'outbox_heads_on_insert') \
+         + (SELECT count(*) FROM pg_class WHERE oid = to_regclass($2))",
+    )
+    .bind(backend.qualified())
+    .bind(format!("\"{}\".outbox_dead_idx", backend.schema))
+    .fetch_one(&mut producer)
+    .await
+    .unwrap();
+    assert_eq!(present, 2, "the trigger and the index were put back");
+}
+
 /// A relay statement waits at most its session's `lock_timeout` for a lock, then fails as
 /// `Unavailable` (retried), whatever holds it: here another session holds the table's
 /// claim lock.

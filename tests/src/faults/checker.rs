@@ -10,9 +10,13 @@
 //!   began to [`AFTER_END`] after it ended), the repeat came after the fault began, and one
 //!   of the two publishers was in the fault's scope; the rest are *unexplained*.
 //! - Per fault: the time from its end until deliveries (first publishes) run at 90% of
-//!   their rate in the [`BEFORE`] before it began; the producer's insert latency while
-//!   it lasted (at least [`LATENCY_WINDOW`]); and for a fault that strikes a replica, the
-//!   new rows the other replica's subscribers received meanwhile and their longest gap.
+//!   the steady rate in the [`BEFORE`] before it began: the delivery rate, but no more than
+//!   the producer's commit rate then. Deliveries above the producer's rate were a backlog
+//!   (an earlier fault's) draining, not a rate the relay could keep up once caught up. A
+//!   fault after which the producer stopped before deliveries got there is not measured.
+//!   Also the producer's insert latency while it lasted (at least [`LATENCY_WINDOW`]);
+//!   and for a fault that strikes a replica, the new rows the other replica's subscribers
+//!   received meanwhile and their longest gap.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -68,6 +72,15 @@ impl Latency {
     }
 }
 
+/// A publish of a row published before, with no fault to explain it: both publishes.
+#[derive(Debug, Clone)]
+pub struct UnexplainedDuplicate {
+    pub id: i64,
+    /// `(subscriber, time, attempt)` of the first publish and of the repeat.
+    pub first: (String, i64, u32),
+    pub repeat: (String, i64, u32),
+}
+
 #[derive(Debug, Clone)]
 pub struct OrderViolation {
     pub key: String,
@@ -84,11 +97,33 @@ pub struct HealthyDelivery {
     pub longest_gap_s: f64,
 }
 
+/// How throughput came back after a fault's end.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Recovery {
+    /// Back to 90% of the steady rate this many seconds after the end.
+    After(f64),
+    /// Not back within the horizon while the producer kept producing.
+    NotWithin,
+    /// Nothing to measure against: no deliveries before the fault, or the producer
+    /// stopped before deliveries could come back.
+    Unmeasured,
+}
+
+impl Recovery {
+    /// Seconds to recover, infinite when it did not; `None` when unmeasured.
+    pub fn seconds(self) -> Option<f64> {
+        match self {
+            Recovery::After(s) => Some(s),
+            Recovery::NotWithin => Some(f64::INFINITY),
+            Recovery::Unmeasured => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct FaultFindings {
-    /// Seconds from the fault's end to 90% of the earlier throughput; `None` when it was
-    /// not reached within the horizon, or there was no earlier throughput to compare.
-    pub recovery_s: Option<f64>,
+    pub recovery: Recovery,
+    /// The steady rate before the fault (rows/s) that recovery is measured against.
     pub pre_rate: f64,
     pub inserts: Latency,
     pub healthy: Option<HealthyDelivery>,
@@ -108,8 +143,7 @@ pub struct Findings {
     pub unknown_published: usize,
     pub order_violations: Vec<OrderViolation>,
     pub duplicates_explained: usize,
-    /// `(id, subscriber of the repeat, time)`.
-    pub duplicates_unexplained: Vec<(i64, String, i64)>,
+    pub duplicates_unexplained: Vec<UnexplainedDuplicate>,
     pub per_fault: Vec<FaultFindings>,
     /// Inserts outside every fault's window.
     pub inserts_quiet: Latency,
@@ -166,8 +200,10 @@ pub fn check(input: &Input<'_>) -> Findings {
     let mut firsts: Vec<&Publish> = first.values().copied().collect();
     firsts.sort_by_key(|p| p.at_us);
     let first_times: Vec<i64> = firsts.iter().map(|p| p.at_us).collect();
+    let mut commit_times: Vec<i64> = committed.values().map(|i| i.at_us + i.latency_us).collect();
+    commit_times.sort_unstable();
     for (index, fault) in input.faults.iter().enumerate() {
-        let (recovery_s, pre_rate) = recovery(&first_times, fault);
+        let (recovery, pre_rate) = recovery(&first_times, &commit_times, fault);
         let window_end = fault.end_us.max(fault.start_us + LATENCY_WINDOW);
         let inserts = Latency::of(
             input
@@ -182,7 +218,7 @@ pub fn check(input: &Input<'_>) -> Findings {
             .strikes_replica()
             .then(|| healthy_delivery(&firsts, fault, input.replica_of));
         findings.per_fault.push(FaultFindings {
-            recovery_s,
+            recovery,
             pre_rate,
             inserts,
             healthy,
@@ -256,7 +292,7 @@ fn order_violations(input: &Input<'_>) -> Vec<OrderViolation> {
     violations
 }
 
-type Duplicates = (usize, Vec<(i64, String, i64)>, Vec<usize>);
+type Duplicates = (usize, Vec<UnexplainedDuplicate>, Vec<usize>);
 
 fn duplicates(input: &Input<'_>, first: &HashMap<i64, &Publish>) -> Duplicates {
     let mut seen: HashSet<i64> = HashSet::new();
@@ -279,7 +315,15 @@ fn duplicates(input: &Input<'_>, first: &HashMap<i64, &Publish>) -> Duplicates {
                 explained += 1;
                 by_fault[index] += 1;
             }
-            None => unexplained.push((publish.id, publish.subscriber.clone(), publish.at_us)),
+            None => unexplained.push(UnexplainedDuplicate {
+                id: publish.id,
+                first: (
+                    original.subscriber.clone(),
+                    original.at_us,
+                    original.attempt,
+                ),
+                repeat: (publish.subscriber.clone(), publish.at_us, publish.attempt),
+            }),
         }
     }
     (explained, unexplained, by_fault)
@@ -289,21 +333,28 @@ fn count_between(times: &[i64], from: i64, to: i64) -> usize {
     times.partition_point(|t| *t < to) - times.partition_point(|t| *t < from)
 }
 
-fn recovery(first_times: &[i64], fault: &Fault) -> (Option<f64>, f64) {
-    let pre_rate = count_between(first_times, fault.start_us - BEFORE, fault.start_us) as f64 * 1e6
-        / BEFORE as f64;
+fn recovery(first_times: &[i64], commit_times: &[i64], fault: &Fault) -> (Recovery, f64) {
+    let rate = |times: &[i64]| {
+        count_between(times, fault.start_us - BEFORE, fault.start_us) as f64 * 1e6 / BEFORE as f64
+    };
+    let pre_rate = rate(first_times).min(rate(commit_times));
     if pre_rate < 1.0 {
-        return (None, pre_rate);
+        return (Recovery::Unmeasured, pre_rate);
     }
     let target = 0.9 * pre_rate;
+    // The last second the producer was still producing at the steady rate.
+    let producing_until = commit_times.last().map_or(0, |last| last - SECOND);
     let mut at = fault.end_us;
     while at <= fault.end_us + RECOVERY_HORIZON {
+        if at > producing_until {
+            return (Recovery::Unmeasured, pre_rate);
+        }
         if count_between(first_times, at, at + SECOND) as f64 >= target {
-            return (Some((at - fault.end_us) as f64 / 1e6), pre_rate);
+            return (Recovery::After((at - fault.end_us) as f64 / 1e6), pre_rate);
         }
         at += RECOVERY_STEP;
     }
-    (None, pre_rate)
+    (Recovery::NotWithin, pre_rate)
 }
 
 fn healthy_delivery(

@@ -94,10 +94,30 @@ impl Outcome {
         let mut failures = self.losses_and_reorders();
         let findings = &self.findings;
         if !findings.duplicates_unexplained.is_empty() {
+            // Times in seconds from the first fault, as in the report.
+            let origin = self.faults.first().map_or(0, |f| f.start_us);
+            let at = |us: i64| (us - origin) as f64 / 1e6;
+            let first: Vec<String> = findings
+                .duplicates_unexplained
+                .iter()
+                .take(5)
+                .map(|d| {
+                    format!(
+                        "id {} by {} at {:.1}s (attempt {}), again by {} at {:.1}s (attempt {})",
+                        d.id,
+                        d.first.0,
+                        at(d.first.1),
+                        d.first.2,
+                        d.repeat.0,
+                        at(d.repeat.1),
+                        d.repeat.2
+                    )
+                })
+                .collect();
             failures.push(format!(
-                "{} duplicates no fault explains, first (id, subscriber, time): {:?}",
+                "{} duplicates no fault explains, first: {}",
                 findings.duplicates_unexplained.len(),
-                head(&findings.duplicates_unexplained)
+                first.join("; ")
             ));
         }
         failures

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::checker::Latency;
+use super::checker::{Latency, Recovery};
 use super::processes::Runtime;
 use super::Outcome;
 
@@ -35,10 +35,10 @@ pub fn render(outcome: &Outcome) -> String {
         "dups"
     );
     for (index, (fault, found)) in outcome.faults.iter().zip(&findings.per_fault).enumerate() {
-        let recovery = match found.recovery_s {
-            Some(s) => format!("{s:.1}s"),
-            None if found.pre_rate < 1.0 => "n/a".to_owned(),
-            None => ">30s".to_owned(),
+        let recovery = match found.recovery {
+            Recovery::After(s) => format!("{s:.1}s"),
+            Recovery::NotWithin => ">30s".to_owned(),
+            Recovery::Unmeasured => "n/a".to_owned(),
         };
         let healthy = found.healthy.map_or("-".to_owned(), |h| {
             format!("{} rows, gap {:.1}s", h.rows, h.longest_gap_s)
@@ -122,8 +122,7 @@ pub fn render(outcome: &Outcome) -> String {
         .per_fault
         .iter()
         .enumerate()
-        .filter(|(_, f)| f.pre_rate >= 1.0)
-        .map(|(i, f)| (i, f.recovery_s.unwrap_or(f64::INFINITY)))
+        .filter_map(|(i, f)| Some((i, f.recovery.seconds()?)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
     if let Some((index, seconds)) = worst_recovery {
         let seconds = if seconds.is_finite() {
@@ -212,7 +211,11 @@ pub fn warnings(outcome: &Outcome) -> Vec<String> {
                 ));
             }
         }
-        if found.pre_rate >= 1.0 && found.recovery_s.is_none_or(|s| s > RECOVERY_LIMIT_S) {
+        if found
+            .recovery
+            .seconds()
+            .is_some_and(|s| s > RECOVERY_LIMIT_S)
+        {
             notes.push(format!(
                 "fault #{n} ({label} on {}): throughput not back to 90% within {RECOVERY_LIMIT_S}s",
                 fault.target

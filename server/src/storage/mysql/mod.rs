@@ -19,7 +19,10 @@
 //! - **A claim locks only what it takes.** Its candidates come from a plain (consistent)
 //!   read of the pending index, then are locked by primary key with `FOR UPDATE SKIP
 //!   LOCKED` ([`sql::Statements::claim_candidates`] says why: a locking scan of the index
-//!   keeps the locks of every row it walks past, rows other replicas hold among them). A
+//!   keeps the locks of every row it walks past, rows other replicas hold among them).
+//!   Every locking read finds its rows by a range scan of the primary key, the one access
+//!   under which InnoDB lets go of the rows that do not match (`sql::locking_by_ids`;
+//!   tested in `locks.rs`), so a transaction stopped after it holds no other owner's row. A
 //!   round that takes fewer rows than it scanned (locked by another claim, or behind an
 //!   earlier row of their key) scans on past them without their keys, a few rounds at
 //!   most, so a claim stuck on some keys' heads does not stop the others (issue 9).
@@ -49,6 +52,8 @@
 //!   row-level triggers, so that is left for later.
 
 mod convert;
+#[cfg(test)]
+mod locks;
 mod ops;
 mod sql;
 mod table;

@@ -27,7 +27,10 @@ const SCAN_FACTOR: usize = 2;
 
 impl MySqlStorage {
     /// The database clock, read inside `conn`'s transaction after its locks were taken.
-    async fn now(&self, conn: &mut MySqlConnection) -> Result<DateTime<Utc>, sqlx::Error> {
+    pub(super) async fn now(
+        &self,
+        conn: &mut MySqlConnection,
+    ) -> Result<DateTime<Utc>, sqlx::Error> {
         sqlx::query_scalar(&self.sql.now).fetch_one(conn).await
     }
 
@@ -336,7 +339,7 @@ impl MySqlStorage {
                 now
             }
         };
-        let released: Vec<MessageId> = match key {
+        let successors: Vec<MessageId> = match key {
             Some(key) => {
                 sqlx::query_scalar(&self.sql.successors_select)
                     .bind(key)
@@ -346,6 +349,11 @@ impl MySqlStorage {
                     .await?
             }
             None => Vec::new(),
+        };
+        let released = if successors.is_empty() {
+            successors
+        } else {
+            self.held(&mut tx, &successors, owner, false).await?
         };
         if !released.is_empty() {
             let statement = self.sql.release_at(released.len());

@@ -118,8 +118,9 @@ impl Statements {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
                 "SELECT CAST({attempts} AS SIGNED) AS attempts, {key} AS `key` FROM {t} \
-                 WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending' \
-                 AND {available_at} > UTC_TIMESTAMP(6) FOR UPDATE"
+                 {by_id} AND {leased_by} = ? AND {status} = 'pending' \
+                 AND {available_at} > UTC_TIMESTAMP(6) FOR UPDATE",
+                by_id = locking_by_ids(id, 1)
             ),
             // The row is locked and known to be held by the owner (nack_select).
             nack_retry: format!(
@@ -130,10 +131,11 @@ impl Statements {
                 "UPDATE {t} SET {status} = 'dead', {processed_at} = ?, {last_error} = ?, \
                  {leased_by} = NULL WHERE {id} = ?"
             ),
+            // A plain read: the ids are then locked by `held` (see `locking_by_ids`).
             successors_select: format!(
                 "SELECT CAST({id} AS SIGNED) FROM {t} \
                  WHERE {key} = ? AND {id} > ? AND {leased_by} = ? AND {status} = 'pending' \
-                 ORDER BY {id} FOR UPDATE"
+                 ORDER BY {id}"
             ),
             // One row: no transaction needed to know whether it applied.
             dead_letter: format!(
@@ -193,6 +195,23 @@ pub(super) fn quote(ident: &str) -> String {
 /// `?, ?, ...`: `n` placeholders (at least one; callers skip empty lists).
 fn placeholders(n: usize) -> String {
     vec!["?"; n.max(1)].join(", ")
+}
+
+/// `FORCE INDEX (PRIMARY) WHERE id IN (NULL, ?...)` with `n` ids: how every locking read
+/// of this backend finds its rows, so that it keeps locked only the rows that match the
+/// rest of its `WHERE` (issue 9). Under READ COMMITTED, InnoDB releases the lock of a
+/// row that does not match only when it was read by a range scan of the primary key
+/// (tested on MariaDB 10.11, `pending_rows_of_others_stay_unlocked` in the contract
+/// suite): a scan of a secondary index (which the optimizer picks for `status =
+/// 'pending'`) or a single-row lookup (`id = ?`, or `IN` of one id) keeps it until the
+/// transaction ends. A transaction stopped there (its replica paused, its database link
+/// cut) would then hold rows another replica has leased, and that replica's acks would
+/// wait on it. The `NULL` matches nothing and keeps even one id a range scan.
+fn locking_by_ids(id: &str, n: usize) -> String {
+    format!(
+        "FORCE INDEX (PRIMARY) WHERE {id} IN (NULL, {})",
+        placeholders(n)
+    )
 }
 
 /// What a claim's candidate scan filters on, besides due pending rows.
@@ -309,12 +328,11 @@ impl Statements {
             "SELECT CAST(o.{id} AS SIGNED) AS id, {} AS topic, o.{key} AS `key`, \
                o.{payload} AS payload, {headers} AS headers, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at \
-             FROM {} o \
-             WHERE o.{id} IN ({}) AND o.{status} = 'pending' AND o.{available_at} <= ? \
+             FROM {} o {} AND o.{status} = 'pending' AND o.{available_at} <= ? \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
             c.topic("o."),
             self.table,
-            placeholders(n)
+            locking_by_ids(&format!("o.{id}"), n)
         )
     }
 
@@ -383,11 +401,10 @@ impl Statements {
             String::new()
         };
         format!(
-            "SELECT CAST({id} AS SIGNED) FROM {} \
-             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending'{live} \
-             ORDER BY {id} FOR UPDATE",
+            "SELECT CAST({id} AS SIGNED) FROM {} {} \
+             AND {leased_by} = ? AND {status} = 'pending'{live} ORDER BY {id} FOR UPDATE",
             self.table,
-            placeholders(n)
+            locking_by_ids(&id.to_string(), n)
         )
     }
 

@@ -170,6 +170,21 @@ impl PostgresStorage {
     ) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
         move |err| classify(err, &self.sql.display_table, action)
     }
+
+    /// Whether this version's DDL already ran on the live table (see
+    /// [`table::SchemaCheck`]); catalog reads only, so it waits for no lock.
+    async fn schema_is_current(&self) -> StorageResult<bool> {
+        let check = &self.sql.schema_check;
+        sqlx::query_scalar(table::SCHEMA_CURRENT)
+            .bind(&check.relations)
+            .bind(&self.sql.qualified_table)
+            .bind(&check.triggers)
+            .bind(&check.marker_on)
+            .bind(&check.marker)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.error("create schema"))
+    }
 }
 
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
@@ -392,6 +407,9 @@ impl Storage for PostgresStorage {
 
     #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
     async fn ensure_table(&self) -> StorageResult<()> {
+        if self.schema_is_current().await? {
+            return Ok(());
+        }
         // One simple query: one transaction, sent at once (see `Statements::schema_run`).
         // Servers starting together serialise on its advisory lock (tables in one schema
         // share its CREATE SCHEMA, so the lock is global, not per table).

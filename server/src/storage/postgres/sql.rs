@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::heads;
-use super::table::{qualified, schema, StrictObjects, LIVE_COLUMNS};
+use super::table::{qualified, schema, SchemaCheck, StrictObjects, LIVE_COLUMNS};
 use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
@@ -65,6 +65,7 @@ pub(super) struct Statements {
     /// statement timeout: one simple query, one transaction.
     pub schema_run: String,
     pub schema: String,
+    pub schema_check: SchemaCheck,
     /// With strict ordering: the function calls (see `heads.rs`).
     pub strict: Option<StrictStatements>,
 }
@@ -195,7 +196,7 @@ impl Statements {
         } else {
             Vec::new()
         };
-        let schema = schema(&t, shape, &n, &objects);
+        let (schema, schema_check) = schema(&t, shape, &n, &objects);
         Self {
             claim_all: claim(&t, shape, &n, false),
             claim_topics: claim(&t, shape, &n, true),
@@ -276,6 +277,7 @@ impl Statements {
                  SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0);\n{schema}"
             ),
             schema,
+            schema_check,
             strict: shape.strict_ordering.then(|| StrictStatements {
                 claim: format!(
                     "SELECT txo_id AS id, txo_spent AS spent, \

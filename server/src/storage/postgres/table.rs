@@ -2,6 +2,7 @@
 //! objects of `heads.rs` and the insert trigger), and the check of a live table against
 //! the mapping.
 
+use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 
@@ -10,6 +11,32 @@ use super::sql::Shape;
 use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat, TopicSource};
 use crate::storage::ident;
 use crate::storage::names::{self, Names};
+
+/// What tells, without a lock, that the DDL of this version already ran on the live
+/// table: the objects it creates exist, and its last statement left `marker` as the
+/// comment of the pending index (see [`schema`]). A restarting replica with
+/// `create_schema` then runs no DDL: `DROP TRIGGER` and `CREATE INDEX` take table locks
+/// that producers' inserts queue behind while the lock waits for the relay's own
+/// transactions (issue 9: the relay must not hold up a producer's insert).
+#[derive(Debug)]
+pub(super) struct SchemaCheck {
+    /// Quoted, qualified names of every relation the DDL creates.
+    pub relations: Vec<String>,
+    /// The triggers it creates on the table, by their names in the catalog.
+    pub triggers: Vec<String>,
+    /// Quoted, qualified name of the index that carries the marker.
+    pub marker_on: String,
+    /// `txoutbox schema ` and a digest of the DDL before it.
+    pub marker: String,
+}
+
+/// `$1` relations, `$2` the table, `$3` trigger names, `$4` the marker's index, `$5` the
+/// marker: true when the schema is current (see [`SchemaCheck`]). Catalog reads only.
+pub(super) const SCHEMA_CURRENT: &str = "SELECT \
+       (SELECT coalesce(bool_and(to_regclass(r) IS NOT NULL), true) FROM unnest($1::text[]) AS r) \
+       AND (SELECT count(*) FROM pg_trigger \
+            WHERE tgrelid = to_regclass($2) AND tgname = ANY($3::text[])) = cardinality($3::text[]) \
+       AND coalesce(obj_description(to_regclass($4), 'pg_class'), '') = $5";
 
 /// The names of a strict table's objects (see `heads.rs`), quoted and qualified.
 pub(super) struct StrictObjects {
@@ -71,8 +98,23 @@ pub(super) const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
      WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
 /// The DDL of the table and what it needs: indexes, strict ordering's objects, the
-/// insert trigger; for a mapped table, the bookkeeping columns it lacks.
-pub(super) fn schema(t: &str, shape: &Shape<'_>, n: &Names, strict: &StrictObjects) -> String {
+/// insert trigger; for a mapped table, the bookkeeping columns it lacks. It ends by
+/// marking the pending index with a digest of itself, and returns what checks that.
+pub(super) fn schema(
+    t: &str,
+    shape: &Shape<'_>,
+    n: &Names,
+    strict: &StrictObjects,
+) -> (String, SchemaCheck) {
+    let mut check = SchemaCheck {
+        relations: vec![t.to_owned()],
+        triggers: Vec::new(),
+        marker_on: qualified(
+            shape,
+            &ident::quote(&derived_name(shape.table.as_str(), "_pending_idx")),
+        ),
+        marker: String::new(),
+    };
     let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
     let Names {
         id,
@@ -174,8 +216,22 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         processed = name("_processed_idx"),
         dead = name("_dead_idx"),
     );
+    for suffix in [
+        "_pending_idx",
+        "_key_pending_idx",
+        "_processed_idx",
+        "_dead_idx",
+        "_keyless_idx",
+    ] {
+        check.relations.push(qualified(shape, &name(suffix)));
+    }
     if shape.strict_ordering {
         sql += &heads::schema(&strict.objects(t), n);
+        check.relations.push(strict.heads.clone());
+        check.relations.push(qualified(shape, &strict.heads_index));
+        check
+            .triggers
+            .push(derived_name(shape.table.as_str(), "_heads_on_insert"));
     }
     if let Some(channel) = shape.notify_channel {
         let function = match shape.schema {
@@ -198,8 +254,18 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t}
             channel = channel.as_str(),
             trigger = name("_notify"),
         );
+        check
+            .triggers
+            .push(derived_name(shape.table.as_str(), "_notify"));
     }
-    sql
+    let digest = Sha256::digest(sql.as_bytes());
+    check.marker = format!("txoutbox schema {}", hex::encode(&digest[..8]));
+    sql += &format!(
+        "-- Marks this DDL as applied: a server with create_schema = true then runs none.\n\
+         COMMENT ON INDEX {} IS '{}';\n",
+        check.marker_on, check.marker
+    );
+    (sql, check)
 }
 
 /// One row of the live-columns query (`sql::LIVE_COLUMNS`).
@@ -294,14 +360,14 @@ mod tests {
         let columns = Columns::default();
         let n = Names::new(&columns, &DIALECT);
         let s = shape(&table, &columns, None);
-        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
+        let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(!sql.contains("pg_notify"));
         assert!(
             !sql.contains("ALTER TABLE"),
             "the relay's own table needs no additions"
         );
         let s = shape(&table, &columns, Some(&channel));
-        let sql = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
+        let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
         assert!(sql.contains("pg_notify('outbox_inserted', '')"));
         assert!(sql.contains("FOR EACH STATEMENT"));
@@ -322,7 +388,7 @@ mod tests {
         .unwrap();
         let n = Names::new(&columns, &DIALECT);
         let s = shape(&table, &columns, None);
-        let sql = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
+        let (sql, _) = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("\"body\"       JSONB"), "{sql}");
         assert!(
             sql.contains("ADD COLUMN IF NOT EXISTS \"relay_status\" TEXT"),

@@ -156,10 +156,71 @@ fn recovery_is_the_time_to_reach_ninety_percent_of_the_earlier_rate() {
     let findings = run(&inserts, &publishes, &[stop], &[]);
     let found = &findings.per_fault[0];
     assert!((found.pre_rate - 10.0).abs() < 0.5, "{}", found.pre_rate);
-    let recovery = found.recovery_s.expect("recovered");
+    let Recovery::After(recovery) = found.recovery else {
+        panic!("not recovered: {:?}", found.recovery);
+    };
     assert!((0.9..=1.1).contains(&recovery), "{recovery}");
     // The healthy replica (`b`'s) delivered nothing for the whole fault.
     let healthy = found.healthy.expect("a replica fault");
     assert_eq!(healthy.rows, 0);
     assert!((healthy.longest_gap_s - 2.0).abs() < 1e-6);
+}
+
+#[test]
+fn recovery_is_measured_against_the_producers_rate_not_a_backlog_draining() {
+    // 10 rows/s committed throughout; from 4 s to 9 s the relay also drains a backlog
+    // (an earlier fault's): 20 rows/s delivered. A fault from 9 s to 10 s delivers
+    // nothing; from 10 s deliveries keep up with the producer again.
+    let mut inserts = Vec::new();
+    let mut publishes = Vec::new();
+    let mut id = 0;
+    let mut at = 0;
+    while at < 20 * S {
+        id += 1;
+        inserts.push(insert(id, &format!("k{id}"), 0, at));
+        if !(9 * S..10 * S).contains(&at) {
+            publishes.push(publish(id, &format!("k{id}"), 0, "b", at));
+        }
+        if (4 * S..9 * S).contains(&at) {
+            id += 1;
+            publishes.push(publish(id, &format!("k{id}"), 0, "b", at));
+        }
+        at += S / 10;
+    }
+    let stop = fault(FaultKind::ReplicaStop, &["a"], 9 * S, 10 * S);
+    let findings = run(&inserts, &publishes, &[stop], &[]);
+    let found = &findings.per_fault[0];
+    assert!((found.pre_rate - 10.0).abs() < 0.5, "{}", found.pre_rate);
+    assert!(
+        matches!(found.recovery, Recovery::After(s) if s < 0.2),
+        "{:?}",
+        found.recovery
+    );
+}
+
+#[test]
+fn a_fault_after_which_the_producer_stops_is_not_measured() {
+    // 10 rows/s until 6 s, a fault from 5 s to 7 s, nothing produced after it.
+    let mut inserts = Vec::new();
+    let mut publishes = Vec::new();
+    let mut id = 0;
+    let mut at = 0;
+    while at < 6 * S {
+        id += 1;
+        inserts.push(insert(id, &format!("k{id}"), 0, at));
+        publishes.push(publish(id, &format!("k{id}"), 0, "b", at));
+        at += S / 10;
+    }
+    let stop = fault(FaultKind::ReplicaStop, &["a"], 5 * S, 7 * S);
+    let findings = run(&inserts, &publishes, std::slice::from_ref(&stop), &[]);
+    assert_eq!(findings.per_fault[0].recovery, Recovery::Unmeasured);
+
+    // While the producer goes on, the same silence is a failure to recover.
+    while at < 60 * S {
+        id += 1;
+        inserts.push(insert(id, &format!("k{id}"), 0, at));
+        at += S / 10;
+    }
+    let findings = run(&inserts, &publishes, &[stop], &[]);
+    assert_eq!(findings.per_fault[0].recovery, Recovery::NotWithin);
 }
