@@ -126,6 +126,8 @@ pub struct FaultFindings {
     /// The steady rate before the fault (rows/s) that recovery is measured against.
     pub pre_rate: f64,
     pub inserts: Latency,
+    /// The same inserts' statements, before their commits (see [`Insert::statement_us`]).
+    pub statements: Latency,
     pub healthy: Option<HealthyDelivery>,
     pub duplicates: usize,
 }
@@ -149,6 +151,9 @@ pub struct Findings {
     pub inserts_quiet: Latency,
     /// Inserts inside the windows of faults that strike a replica.
     pub inserts_relay_faults: Latency,
+    /// The statements of those inserts, before their commits.
+    pub statements_quiet: Latency,
+    pub statements_relay_faults: Latency,
 }
 
 impl Findings {
@@ -205,14 +210,13 @@ pub fn check(input: &Input<'_>) -> Findings {
     for (index, fault) in input.faults.iter().enumerate() {
         let (recovery, pre_rate) = recovery(&first_times, &commit_times, fault);
         let window_end = fault.end_us.max(fault.start_us + LATENCY_WINDOW);
-        let inserts = Latency::of(
-            input
-                .inserts
-                .iter()
-                .filter(|i| (fault.start_us..=window_end).contains(&i.at_us))
-                .map(|i| i.latency_us)
-                .collect(),
-        );
+        let during: Vec<&Insert> = input
+            .inserts
+            .iter()
+            .filter(|i| (fault.start_us..=window_end).contains(&i.at_us))
+            .collect();
+        let inserts = Latency::of(during.iter().map(|i| i.latency_us).collect());
+        let statements = Latency::of(during.iter().map(|i| i.statement_us).collect());
         let healthy = fault
             .kind
             .strikes_replica()
@@ -221,6 +225,7 @@ pub fn check(input: &Input<'_>) -> Findings {
             recovery,
             pre_rate,
             inserts,
+            statements,
             healthy,
             duplicates: by_fault[index],
         });
@@ -236,13 +241,18 @@ pub fn check(input: &Input<'_>) -> Findings {
             .filter(|f| in_window(f, insert.at_us))
             .collect();
         if faults.is_empty() {
-            quiet.push(insert.latency_us);
+            quiet.push(insert);
         } else if faults.iter().any(|f| f.kind.strikes_replica()) {
-            relay.push(insert.latency_us);
+            relay.push(insert);
         }
     }
-    findings.inserts_quiet = Latency::of(quiet);
-    findings.inserts_relay_faults = Latency::of(relay);
+    let of = |inserts: &[&Insert], field: fn(&Insert) -> i64| {
+        Latency::of(inserts.iter().map(|i| field(i)).collect())
+    };
+    findings.inserts_quiet = of(&quiet, |i| i.latency_us);
+    findings.inserts_relay_faults = of(&relay, |i| i.latency_us);
+    findings.statements_quiet = of(&quiet, |i| i.statement_us);
+    findings.statements_relay_faults = of(&relay, |i| i.statement_us);
     findings
 }
 

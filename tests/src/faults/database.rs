@@ -8,6 +8,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use anyhow::Context;
 use sqlx::Row;
 
+use super::history::now_us;
 use crate::{MariaDb, SqliteDb, TestDb};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -93,8 +94,9 @@ impl Database {
     }
 
     /// Inserts one row in a transaction of its own, as a producer's business transaction
-    /// would; returns its id once committed.
-    pub async fn insert(&self, key: Option<&str>, payload: &[u8]) -> sqlx::Result<i64> {
+    /// would; returns its id once committed, and when (Unix microseconds) the INSERT
+    /// statement answered, before the commit.
+    pub async fn insert(&self, key: Option<&str>, payload: &[u8]) -> sqlx::Result<(i64, i64)> {
         match self {
             Self::Postgres(db) => {
                 let mut tx = db.pool.begin().await?;
@@ -107,8 +109,9 @@ impl Database {
                 .bind(payload)
                 .fetch_one(&mut *tx)
                 .await?;
+                let answered = now_us();
                 tx.commit().await?;
-                Ok(id)
+                Ok((id, answered))
             }
             Self::Mariadb(db) => {
                 let mut tx = db.pool.begin().await?;
@@ -119,8 +122,9 @@ impl Database {
                         .bind(payload)
                         .execute(&mut *tx)
                         .await?;
+                let answered = now_us();
                 tx.commit().await?;
-                Ok(done.last_insert_id() as i64)
+                Ok((done.last_insert_id() as i64, answered))
             }
             Self::Sqlite(db) => {
                 let mut tx = db.pool().begin().await?;
@@ -132,8 +136,9 @@ impl Database {
                 .bind(payload)
                 .fetch_one(&mut *tx)
                 .await?;
+                let answered = now_us();
                 tx.commit().await?;
-                Ok(id)
+                Ok((id, answered))
             }
         }
     }

@@ -26,6 +26,10 @@ pub struct Insert {
     pub at_us: i64,
     /// From its start to its commit's confirmation (or its failure).
     pub latency_us: i64,
+    /// From its start to the INSERT's answer, before the commit: where a wait for a lock
+    /// the relay holds would show. The commit adds the database's flush to disk, which
+    /// is the machine's (other programs' writes), not the relay's.
+    pub statement_us: i64,
     pub key: Option<String>,
     pub seq: u64,
     /// The row's id once committed; `None` when the insert failed (its commit may or

@@ -111,12 +111,17 @@ async fn produce_task(
         if let Err(error) = &result {
             eprintln!("[faults] producer insert failed: {error}");
         }
+        let (id, statement_us) = match result {
+            Ok((id, answered)) => (Some(id), answered - at_us),
+            Err(_) => (None, latency_us),
+        };
         inserts.push(Insert {
             at_us,
             latency_us,
+            statement_us,
             key,
             seq,
-            id: result.ok(),
+            id,
         });
     }
 }

@@ -12,6 +12,7 @@ fn insert(id: i64, key: &str, seq: u64, at_us: i64) -> Insert {
     Insert {
         at_us,
         latency_us: 1000,
+        statement_us: 500,
         key: Some(key.to_owned()),
         seq,
         id: Some(id),
