@@ -6,7 +6,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use txoutbox_proto::v1;
 
-use super::convert;
+use super::{convert, dead_letters};
 use crate::config::Scope;
 use crate::relay::Relay;
 use crate::security::{audit, Caller};
@@ -119,5 +119,45 @@ impl v1::admin_server::Admin for AdminService {
         .await;
         audit::record(&caller, "insert", &outbox_name, &arguments, &outcome);
         outcome.map(Response::new)
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<v1::ListDeadLettersRequest>,
+    ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::list(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn count_dead_letters(
+        &self,
+        request: Request<v1::CountDeadLettersRequest>,
+    ) -> Result<Response<v1::CountDeadLettersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::count(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn redrive_dead_letters(
+        &self,
+        request: Request<v1::RedriveDeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLetterActionResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::redrive(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn discard_dead_letters(
+        &self,
+        request: Request<v1::DiscardDeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLetterActionResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::discard(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
     }
 }

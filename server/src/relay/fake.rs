@@ -15,7 +15,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
     RetryPolicy, Stats, Storage, StorageError, StorageResult,
 };
 
@@ -326,6 +326,38 @@ impl Storage for FakeStorage {
 
     async fn purge(&self, _older_than: Duration) -> StorageResult<u64> {
         Ok(0)
+    }
+
+    // The fake forgets dead rows (the relay's tests only count dead-letter calls): none
+    // to list, re-drive or discard.
+    async fn list_dead(
+        &self,
+        _filter: &DeadFilter,
+        _after_id: MessageId,
+        _limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        Ok(Vec::new())
+    }
+
+    async fn count_dead(&self, _filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        Ok(DeadCounts::default())
+    }
+
+    async fn redrive_dead(
+        &self,
+        _filter: &DeadFilter,
+        _limit: u32,
+        _delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        Ok(Vec::new())
+    }
+
+    async fn discard_dead(
+        &self,
+        _filter: &DeadFilter,
+        _limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        Ok(Vec::new())
     }
 
     fn schema_sql(&self) -> String {

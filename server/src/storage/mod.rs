@@ -12,6 +12,7 @@
 //! several servers (and a skewed application clock) agree on when a lease runs out.
 
 pub mod columns;
+pub mod dead;
 pub mod ident;
 pub mod mysql;
 pub mod nack;
@@ -29,6 +30,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
 
@@ -136,6 +138,14 @@ pub struct TopicStats {
     pub leased: u64,
     pub dead: u64,
     pub oldest_pending_age: Option<Duration>,
+}
+
+/// Dead rows by topic and error (see [`Storage::count_dead`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadCounts {
+    pub groups: Vec<DeadCount>,
+    /// Every selected dead row, also those of groups past the limit.
+    pub total: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -311,6 +321,33 @@ pub trait Storage: Send + Sync + 'static {
     /// what the outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`]
     /// otherwise).
     async fn verify_table(&self) -> StorageResult<()>;
+
+    /// Dead rows that `filter` selects with an id above `after_id`, in id order, at most
+    /// `limit` (at most [`dead::MAX_PER_CALL`]).
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>>;
+
+    /// The dead rows `filter` selects, by topic and error, largest groups first (at most
+    /// [`dead::MAX_COUNT_GROUPS`]), and their total.
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts>;
+
+    /// Makes the first `limit` dead rows that `filter` selects (lowest ids first) pending
+    /// again: attempts reset, claimable after `delay`, their error kept. Returns their
+    /// ids, in id order; rows no longer dead are left alone (a repeat is harmless).
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>>;
+
+    /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32)
+        -> StorageResult<Vec<MessageId>>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

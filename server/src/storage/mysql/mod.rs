@@ -69,7 +69,7 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
+    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest, NackResult,
     NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
     ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
@@ -443,6 +443,50 @@ impl Storage for MySqlStorage {
             ));
         }
         StorageError::unless_problems(&self.sql.display_table, problems)
+    }
+
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        self.dead_rows(filter, after_id, limit)
+            .await
+            .map_err(self.error("list dead letters"))
+    }
+
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        self.dead_counts(filter)
+            .await
+            .map_err(self.error("count dead letters"))
+    }
+
+    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        let ids = self
+            .retrying("re-drive dead letters", || {
+                self.redrive_once(filter, limit, delay)
+            })
+            .await?;
+        Ok(sorted_unique(ids))
+    }
+
+    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn discard_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        let ids = self
+            .retrying("discard dead letters", || self.discard_once(filter, limit))
+            .await?;
+        Ok(sorted_unique(ids))
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -44,7 +44,8 @@ use self::table::{accepts, live_column};
 use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
+    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    MessageId, NackRequest, NackResult,
     NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
     ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
@@ -432,6 +433,38 @@ impl Storage for PostgresStorage {
             }
         }
         StorageError::unless_problems(&self.sql.display_table, problems)
+    }
+
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        self.dead_rows(filter, after_id, limit).await
+    }
+
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        self.dead_counts(filter).await
+    }
+
+    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        self.redrive_rows(filter, limit, delay).await
+    }
+
+    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn discard_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        self.discard_rows(filter, limit).await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -16,6 +16,7 @@ use std::time::Duration;
 use super::heads;
 use super::table::{qualified, schema, StrictObjects, LIVE_COLUMNS};
 use crate::storage::columns::{Columns, PayloadFormat};
+use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
 
@@ -67,6 +68,11 @@ pub(super) struct Statements {
     pub schema: String,
     /// With strict ordering: the function calls (see `heads.rs`).
     pub strict: Option<StrictStatements>,
+    /// The columns as they appear in SQL, for the statements rendered per call (the
+    /// dead-letter operations, whose selector varies).
+    pub names: Names,
+    /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
+    pub heads: Option<String>,
 }
 
 #[derive(Debug)]
@@ -286,11 +292,107 @@ impl Statements {
                 advance: format!("SELECT {}($1)", objects.advance_function),
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
+            heads: shape.strict_ordering.then(|| objects.heads.clone()),
+            names: n,
             qualified_table: t,
             display_table,
         }
     }
+
+    /// Dead rows in id order: `$1` after this id, `$2` at most; `conditions` from
+    /// [`crate::storage::dead::conditions`] with placeholders from `$3`.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let n = &self.names;
+        format!(
+            "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
+             o.{processed_at} AS died_at FROM {t} o \
+             WHERE o.{status} = 'dead' AND o.{id} > $1{conditions} ORDER BY o.{id} LIMIT $2",
+            message = message(n, "o"),
+            last_error = n.last_error,
+            processed_at = n.processed_at,
+            status = n.status,
+            id = n.id,
+            t = self.qualified_table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, `$1` groups at most, each with
+    /// the total of every group; `conditions` with placeholders from `$2`.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let n = &self.names;
+        format!(
+            "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
+             (sum(count(*)) OVER ())::int8 AS total FROM {t} o \
+             WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1",
+            topic = n.topic("o."),
+            last_error = n.last_error,
+            status = n.status,
+            t = self.qualified_table,
+        )
+    }
+
+    /// Makes the first `$1` selected dead rows pending again, attempts reset, claimable
+    /// after `$2`; returns their ids. With strict ordering the heads of their keys move
+    /// back to the lowest re-driven row (a head may have moved past it, or to NULL, when
+    /// it died), so a strict claim finds it before the key's later rows. `conditions`
+    /// with placeholders from `$3`.
+    pub fn dead_redrive(&self, conditions: &str) -> String {
+        let n = &self.names;
+        let t = &self.qualified_table;
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = n;
+        let heads = match &self.heads {
+            Some(heads) => format!(
+                ", heads AS (\
+                   INSERT INTO {heads} AS h (key, head_id) \
+                   SELECT r.key, min(r.id) FROM redriven r WHERE r.key IS NOT NULL \
+                   GROUP BY 1 ORDER BY 1 \
+                   ON CONFLICT (key) DO UPDATE SET head_id = least(h.head_id, excluded.head_id))"
+            ),
+            None => String::new(),
+        };
+        format!(
+            "WITH chosen AS (\
+               SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             redriven AS (\
+               UPDATE {t} u SET {status} = 'pending', {attempts} = 0, \
+                 {available_at} = statement_timestamp() + $2::interval, {leased_by} = NULL, \
+                 {processed_at} = NULL \
+               FROM chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
+               RETURNING u.{id}::int8 AS id, u.{key}::text AS key){heads} \
+             SELECT id FROM redriven ORDER BY id"
+        )
+    }
+
+    /// Deletes the first `$1` selected dead rows; returns their ids. `conditions` with
+    /// placeholders from `$2`.
+    pub fn dead_discard(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        let t = &self.qualified_table;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED) AND {status} = 'dead' \
+             RETURNING {id}::int8"
+        )
+    }
 }
+
+/// How the dead-letter selector is written here: numbered `$n`, an id array.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |number| format!("${number}"),
+    in_ids: |column, next, _| format!("{column} = ANY({}::int8[])", next()),
+    contains: |column, placeholder| format!("strpos({column}, {placeholder}::text) > 0"),
+};
 
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
 /// `$5` topics (with `topics`) and the visibility delay (when configured) as the next

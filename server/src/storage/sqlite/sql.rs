@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use super::table::Schema;
 use crate::storage::columns::Columns;
+use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
 
@@ -62,6 +63,10 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
+    /// The table, quoted, and its columns as they appear in SQL, for the statements
+    /// rendered per call (the dead-letter operations, whose selector varies).
+    pub table: String,
+    pub names: Names,
 }
 
 /// What shapes the statements besides the table name.
@@ -237,9 +242,83 @@ impl Statements {
             ),
             schema: Schema::render(&t, shape.table, shape.columns, &c),
             display_table: shape.table.to_string(),
+            table: t.clone(),
+            names: c.clone(),
         }
     }
+
+    /// Dead rows in id order: `?1` after this id, `?2` at most; the selector's
+    /// `conditions` with placeholders from `?3`.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
+               o.{processed_at} AS died_at FROM {t} o \
+             WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
+            message = message(c),
+            last_error = c.last_error,
+            processed_at = c.processed_at,
+            status = c.status,
+            id = c.id,
+            t = self.table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, `?1` groups at most, each with
+    /// the total of every group; `conditions` with placeholders from `?2`.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
+               sum(count(*)) OVER () AS total FROM {t} o \
+             WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?1",
+            topic = c.topic("o."),
+            last_error = c.last_error,
+            status = c.status,
+            t = self.table,
+        )
+    }
+
+    /// Makes the first `?1` selected dead rows pending again, attempts reset, claimable
+    /// at `?2`; returns their ids. `conditions` with placeholders from `?3`.
+    pub fn dead_redrive(&self, conditions: &str) -> String {
+        let Names {
+            id,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {t} SET {status} = 'pending', {attempts} = 0, {available_at} = ?2, \
+             {leased_by} = NULL, {processed_at} = NULL WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
+
+    /// Deletes the first `?1` selected dead rows; returns their ids. `conditions` with
+    /// placeholders from `?2`.
+    pub fn dead_discard(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
 }
+
+/// How the dead-letter selector is written here: numbered `?n`, ids as a JSON array.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |number| format!("?{number}"),
+    in_ids: |column, next, _| format!("{column} IN (SELECT value FROM json_each({}))", next()),
+    contains: |column, placeholder| format!("instr({column}, {placeholder}) > 0"),
+};
 
 /// `?1` now, then `?2` topics (a JSON array, with `topics`) and the visibility cutoff (now
 /// minus the delay, when one is configured) as the next parameter: the rows a claim may
