@@ -270,7 +270,10 @@ fn report(
                 ids.join(", ")
             };
             if applied {
-                println!("{action}: {} rows of outbox {outbox}: {ids}", done.ids.len());
+                println!(
+                    "{action}: {} rows of outbox {outbox}: {ids}",
+                    done.ids.len()
+                );
                 if done.more {
                     println!("more dead rows match: run the same command again to go on");
                 }

@@ -179,7 +179,10 @@ mod tests {
             died_before: Some(now - chrono::Duration::seconds(1)),
             ..DeadFilter::default()
         };
-        assert!(check(&backwards).unwrap_err().to_string().contains("died_after"));
+        assert!(check(&backwards)
+            .unwrap_err()
+            .to_string()
+            .contains("died_after"));
         let many = DeadFilter {
             ids: vec![1; dead::MAX_PER_CALL as usize + 1],
             ..DeadFilter::default()

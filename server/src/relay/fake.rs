@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage::{
-    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest,
+    NackResult, NewMessage, OutboxMessage, RetryPolicy, Stats, Storage, StorageError,
+    StorageResult,
 };
 
 /// The kinds of storage call a test can count and hold.

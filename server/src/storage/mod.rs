@@ -346,8 +346,7 @@ pub trait Storage: Send + Sync + 'static {
     ) -> StorageResult<Vec<MessageId>>;
 
     /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32)
-        -> StorageResult<Vec<MessageId>>;
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

@@ -69,9 +69,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
-    ACQUIRE_TIMEOUT, PURGE_BATCH,
+    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
+    StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -478,11 +478,7 @@ impl Storage for MySqlStorage {
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(
-        &self,
-        filter: &DeadFilter,
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         let ids = self
             .retrying("discard dead letters", || self.discard_once(filter, limit))
             .await?;

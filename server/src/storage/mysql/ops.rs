@@ -425,7 +425,10 @@ impl MySqlStorage {
 
 /// `arguments` with the selector's values added, in the order [`dead::conditions`]
 /// rendered them: one `?` per id.
-fn add_filter(arguments: &mut MySqlArguments, values: &[FilterValue<'_>]) -> Result<(), sqlx::Error> {
+fn add_filter(
+    arguments: &mut MySqlArguments,
+    values: &[FilterValue<'_>],
+) -> Result<(), sqlx::Error> {
     for value in values {
         match value {
             FilterValue::Ids(ids) => {
@@ -452,7 +455,9 @@ impl MySqlStorage {
         let mut arguments = MySqlArguments::default();
         arguments.add(after_id).map_err(sqlx::Error::Encode)?;
         add_filter(&mut arguments, &values)?;
-        arguments.add(i64::from(limit)).map_err(sqlx::Error::Encode)?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)?;
         let statement = self.sql.dead_list(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pool)
@@ -490,7 +495,9 @@ impl MySqlStorage {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
         let mut arguments = MySqlArguments::default();
         add_filter(&mut arguments, &values)?;
-        arguments.add(i64::from(limit)).map_err(sqlx::Error::Encode)?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)?;
         let statement = self.sql.dead_lock(&conditions);
         sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(conn)

@@ -45,9 +45,8 @@ use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
-    ACQUIRE_TIMEOUT, PURGE_BATCH,
+    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
+    StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -459,11 +458,7 @@ impl Storage for PostgresStorage {
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(
-        &self,
-        filter: &DeadFilter,
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         self.discard_rows(filter, limit).await
     }
 

@@ -360,7 +360,7 @@ impl Statements {
             None => String::new(),
         };
         format!(
-            "WITH chosen AS (\
+            "WITH chosen AS MATERIALIZED (\
                SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
                ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED), \
              redriven AS (\
@@ -378,11 +378,14 @@ impl Statements {
     pub fn dead_discard(&self, conditions: &str) -> String {
         let Names { id, status, .. } = &self.names;
         let t = &self.qualified_table;
+        // The choice in a CTE of its own: a `LIMIT` subquery under `IN` may be run again
+        // per row by the plan, and took more rows than the limit.
         format!(
-            "DELETE FROM {t} WHERE {id} IN (\
-               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
-               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED) AND {status} = 'dead' \
-             RETURNING {id}::int8"
+            "WITH chosen AS MATERIALIZED (\
+               SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {t} u USING chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
+             RETURNING u.{id}::int8"
         )
     }
 }

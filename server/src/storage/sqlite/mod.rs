@@ -53,9 +53,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
-    PURGE_BATCH,
+    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
+    StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -489,11 +489,7 @@ impl Storage for SqliteStorage {
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(
-        &self,
-        filter: &DeadFilter,
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         self.discard_rows(filter, limit).await
     }
 

@@ -214,8 +214,14 @@ impl SqliteStorage {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_list(&conditions);
         let mut arguments = SqliteArguments::default();
-        arguments.add(after_id).map_err(sqlx::Error::Encode).map_err(err())?;
-        arguments.add(i64::from(limit)).map_err(sqlx::Error::Encode).map_err(err())?;
+        arguments
+            .add(after_id)
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
         add_filter(&mut arguments, values).map_err(err())?;
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pools.reader)
@@ -284,7 +290,10 @@ impl SqliteStorage {
         let statement = self.sql.dead_redrive(&conditions);
         let mut conn = self.writer("re-drive dead letters").await?;
         let mut arguments = SqliteArguments::default();
-        arguments.add(i64::from(limit)).map_err(sqlx::Error::Encode).map_err(err())?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
         arguments
             .add(after(now_ms(), delay))
             .map_err(sqlx::Error::Encode)
@@ -307,7 +316,10 @@ impl SqliteStorage {
         let statement = self.sql.dead_discard(&conditions);
         let mut conn = self.writer("discard dead letters").await?;
         let mut arguments = SqliteArguments::default();
-        arguments.add(i64::from(limit)).map_err(sqlx::Error::Encode).map_err(err())?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
         add_filter(&mut arguments, values).map_err(err())?;
         let ids = sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(&mut *conn)
