@@ -21,6 +21,8 @@
 // The crate root of a test resolves `mod x;` beside itself; these live in a folder.
 #[path = "storage_contract/cases.rs"]
 mod cases;
+#[path = "storage_contract/dead_letters.rs"]
+mod dead_letters;
 #[path = "storage_contract/edge_cases.rs"]
 mod edge_cases;
 #[path = "storage_contract/mysql.rs"]
@@ -203,6 +205,9 @@ macro_rules! storage_contract {
                 a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
+                dead_rows_are_listed_in_id_order_filtered_and_counted,
+                a_redriven_row_goes_before_later_rows_of_its_key,
+                redrive_and_discard_are_bounded_and_idempotent,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -5,6 +5,7 @@
 use txoutbox_server::storage::{NackResult, Stats, TopicStats};
 
 use super::*;
+pub use crate::dead_letters::*;
 pub use crate::edge_cases::*;
 
 pub async fn empty_claim(backend: &impl Backend) {
