@@ -10,6 +10,7 @@ mod exit;
 mod health;
 mod insert;
 mod output;
+mod pause;
 mod purge;
 mod relay;
 mod schema;
@@ -42,6 +43,7 @@ Examples:
   txoutbox --outbox orders purge --older-than 7d
   txoutbox --outbox orders dead count             (dead rows by topic and error)
   txoutbox --outbox orders dead redrive --key order-42 --yes
+  txoutbox --outbox orders pause                  (a broker is down: stop delivering)
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
@@ -125,6 +127,11 @@ enum Command {
     Purge(purge::Args),
     /// Dead-lettered rows: list, count, re-drive (in id order per key) or discard them.
     Dead(dead::Args),
+    /// Stop every replica handing out rows of the outbox (held in the database) until
+    /// `resume`: streams stay open, answers are still applied.
+    Pause,
+    /// Lift a `pause`.
+    Resume,
     /// Print the DDL of an outbox's table, for your migration tool.
     Schema(schema::Args),
     /// Health of the server and of each outbox (grpc.health.v1).
@@ -192,6 +199,8 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats => stats::run(&mut context).await,
         Command::Purge(args) => purge::run(&mut context, args).await,
         Command::Dead(args) => dead::run(&mut context, args).await,
+        Command::Pause => pause::run(&mut context, true).await,
+        Command::Resume => pause::run(&mut context, false).await,
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,

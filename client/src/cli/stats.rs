@@ -19,9 +19,11 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
         .await?
         .into_inner();
     let total = stats.total.unwrap_or_default();
+    let paused_since = super::pause::paused_since(&stats.paused_since);
     match context.format_or(Format::Table) {
         Format::Json => print_json(&json!({
             "outbox": outbox,
+            "paused_since": paused_since,
             "total": topic_json(&total),
             "topics": stats.topics.iter().map(topic_json).collect::<Vec<_>>(),
         })),
@@ -30,7 +32,10 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
             let mut total_row = topic_row(&total);
             total_row[0] = "(all topics)".to_owned();
             rows.push(total_row);
-            println!("outbox {outbox}");
+            match &paused_since {
+                Some(since) => println!("outbox {outbox} (PAUSED since {since})"),
+                None => println!("outbox {outbox}"),
+            }
             print_table(
                 &["TOPIC", "PENDING", "LEASED", "DEAD", "OLDEST PENDING"],
                 &rows,

@@ -29,12 +29,16 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::ListOutboxesRequest>,
     ) -> Result<Response<v1::ListOutboxesResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let outboxes = self
-            .relay
-            .outboxes()
-            .filter(|outbox| caller.sees(&outbox.name))
-            .map(|outbox| convert::outbox_info(outbox))
-            .collect();
+        let mut outboxes = Vec::new();
+        for outbox in self.relay.outboxes().filter(|o| caller.sees(&o.name)) {
+            // An outbox whose database is down is still listed: with this replica's
+            // last view of its pause.
+            let paused_since = match outbox.paused_since_now().await {
+                Ok(since) => since,
+                Err(_) => outbox.paused_since().await,
+            };
+            outboxes.push(convert::outbox_info(outbox, paused_since));
+        }
         Ok(Response::new(v1::ListOutboxesResponse { outboxes }))
     }
 
@@ -44,7 +48,12 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let caller = Caller::of(&request)?;
         let outbox = caller.outbox(&self.relay, Scope::Admin, &request.get_ref().outbox)?;
-        Ok(Response::new(convert::stats(outbox.stats().await?)))
+        let stats = outbox.stats().await?;
+        let paused_since = match outbox.paused_since_now().await {
+            Ok(since) => since,
+            Err(_) => outbox.paused_since().await,
+        };
+        Ok(Response::new(convert::stats(stats, paused_since)))
     }
 
     async fn purge(
@@ -159,5 +168,45 @@ impl v1::admin_server::Admin for AdminService {
         dead_letters::discard(&self.relay, &caller, request.into_inner())
             .await
             .map(Response::new)
+    }
+
+    async fn pause(
+        &self,
+        request: Request<v1::PauseRequest>,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.set_paused(&caller, &name, true).await
+    }
+
+    async fn resume(
+        &self,
+        request: Request<v1::ResumeRequest>,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.set_paused(&caller, &name, false).await
+    }
+}
+
+impl AdminService {
+    /// `Pause` and `Resume`, audited.
+    async fn set_paused(
+        &self,
+        caller: &Caller,
+        name: &str,
+        paused: bool,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let outcome = async {
+            let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
+            let since = outbox.set_paused(paused).await?;
+            Ok(v1::PauseResponse {
+                paused_since: since.map(convert::timestamp),
+            })
+        }
+        .await;
+        let action = if paused { "pause" } else { "resume" };
+        audit::record(caller, action, name, "", &outcome);
+        outcome.map(Response::new)
     }
 }

@@ -80,7 +80,8 @@ fn settled(settlement: Settlement) -> v1::Settled {
     }
 }
 
-pub fn outbox_info(outbox: &Outbox) -> v1::OutboxInfo {
+/// `paused_since`: the outbox's pause as the database holds it.
+pub fn outbox_info(outbox: &Outbox, paused_since: Option<DateTime<Utc>>) -> v1::OutboxInfo {
     let config = &outbox.config;
     v1::OutboxInfo {
         name: outbox.name.clone(),
@@ -99,13 +100,15 @@ pub fn outbox_info(outbox: &Outbox) -> v1::OutboxInfo {
         backoff_max_ms: millis(config.backoff.maximum),
         backoff_jitter: config.backoff.jitter,
         max_batch_size: config.max_batch_size,
+        paused_since: paused_since.map(timestamp),
     }
 }
 
-pub fn stats(stats: Stats) -> v1::StatsResponse {
+pub fn stats(stats: Stats, paused_since: Option<DateTime<Utc>>) -> v1::StatsResponse {
     v1::StatsResponse {
         total: Some(topic_stats(stats.total)),
         topics: stats.topics.into_iter().map(topic_stats).collect(),
+        paused_since: paused_since.map(timestamp),
     }
 }
 
@@ -175,12 +178,14 @@ mod tests {
         let unary = v1::ClaimResponse {
             messages: rows.iter().cloned().map(message).collect(),
             lease_expires_at: Some(timestamp(Utc::now())),
+            paused: false,
         };
         assert!(unary.encoded_len() <= bound);
         for row in rows {
             let alone = v1::ClaimResponse {
                 messages: vec![message(row.clone())],
                 lease_expires_at: None,
+                paused: false,
             };
             assert!(alone.encoded_len() <= message_bytes(&row));
         }

@@ -361,6 +361,15 @@ impl Storage for FakeStorage {
         Ok(Vec::new())
     }
 
+    // Never paused: the relay's tests are about its loop.
+    async fn paused_since(&self) -> StorageResult<Option<chrono::DateTime<Utc>>> {
+        Ok(None)
+    }
+
+    async fn set_paused(&self, _paused: bool) -> StorageResult<Option<chrono::DateTime<Utc>>> {
+        Ok(None)
+    }
+
     fn schema_sql(&self) -> String {
         String::new()
     }

@@ -11,6 +11,7 @@ pub mod drain;
 mod fake;
 pub mod idle;
 pub mod limits;
+pub mod pause;
 pub mod poller;
 pub mod response_size;
 pub mod subscription;
@@ -104,6 +105,8 @@ pub struct Outbox {
     /// Average encoded size of the rows of the latest claim, 0 before any: sizes the next
     /// claim to what one response holds (see [`Outbox::claim`]).
     row_bytes: AtomicUsize,
+    /// The pause as this replica last read it from the database (see [`pause`]).
+    pause: pause::PauseView,
 }
 
 impl Outbox {
@@ -124,6 +127,7 @@ impl Outbox {
             idle_polls,
             max_message_bytes,
             row_bytes: AtomicUsize::new(0),
+            pause: pause::PauseView::default(),
         }
     }
 
@@ -201,6 +205,15 @@ impl Outbox {
         let batch_size = batch_size
             .min(self.config.max_batch_size)
             .min(self.rows_per_response());
+        if self.paused_since().await.is_some() {
+            // Paused: nothing handed out, nothing asked of the table (see `pause`).
+            return Ok(Claimed {
+                messages: Vec::new(),
+                lease_expires_at: chrono::Utc::now()
+                    + chrono::Duration::from_std(lease).unwrap_or_default(),
+                exhausted: Vec::new(),
+            });
+        }
         let request = ClaimRequest {
             owner,
             batch_size,

@@ -348,6 +348,15 @@ pub trait Storage: Send + Sync + 'static {
     /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>>;
 
+    /// When the outbox was paused, if it is: the pause is a row of the outbox's pauses
+    /// table (`<table>_pauses`, created with the outbox's table), so every replica sharing
+    /// the database sees it, and it outlives restarts.
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>>;
+
+    /// Pauses (`true`) or resumes the outbox; idempotent (a second pause keeps the first
+    /// time). Returns the state after the call, as [`Storage::paused_since`].
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>>;
+
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;
 

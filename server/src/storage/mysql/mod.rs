@@ -60,6 +60,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::Executor;
 
@@ -483,6 +484,26 @@ impl Storage for MySqlStorage {
             .retrying("discard dead letters", || self.discard_once(filter, limit))
             .await?;
         Ok(sorted_unique(ids))
+    }
+
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        sqlx::query_scalar(&self.sql.paused_since)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(self.error("read the pause"))
+    }
+
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+        let statement = if paused {
+            &self.sql.pause
+        } else {
+            &self.sql.resume
+        };
+        sqlx::query(statement)
+            .execute(&self.pool)
+            .await
+            .map_err(self.error("pause"))?;
+        self.paused_since().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use super::table::Schema;
+use super::table::{pauses_table, Schema};
 use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -50,6 +50,10 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
+    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 /// What shapes the statements besides the table name.
@@ -115,6 +119,7 @@ impl Statements {
         } = &names;
         let topic = names.topic("");
         let inserted = names.inserted();
+        let pauses = pauses_table(shape);
         Self {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
@@ -176,6 +181,11 @@ impl Statements {
                 placeholders(inserted.len())
             ),
             schema: Schema::render(&t, &display_table, shape, &names),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
+            pause: format!(
+                "INSERT IGNORE INTO {pauses} (topic, paused_at) VALUES ('', UTC_TIMESTAMP(6))"
+            ),
+            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             names,
             table: t,

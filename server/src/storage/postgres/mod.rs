@@ -462,6 +462,26 @@ impl Storage for PostgresStorage {
         self.discard_rows(filter, limit).await
     }
 
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        sqlx::query_scalar(&self.sql.paused_since)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(self.error("read the pause"))
+    }
+
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+        let statement = if paused {
+            &self.sql.pause
+        } else {
+            &self.sql.resume
+        };
+        sqlx::query(statement)
+            .execute(&self.pool)
+            .await
+            .map_err(self.error("pause"))?;
+        self.paused_since().await
+    }
+
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
         let columns = &self.options.columns;
         let row = insert_row(columns, message)?;

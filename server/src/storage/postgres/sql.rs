@@ -14,7 +14,7 @@
 use std::time::Duration;
 
 use super::heads;
-use super::table::{qualified, schema, StrictObjects, LIVE_COLUMNS};
+use super::table::{pauses_table, qualified, schema, StrictObjects, LIVE_COLUMNS};
 use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -73,6 +73,10 @@ pub(super) struct Statements {
     pub names: Names,
     /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
     pub heads: Option<String>,
+    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 #[derive(Debug)]
@@ -202,6 +206,7 @@ impl Statements {
             Vec::new()
         };
         let schema = schema(&t, shape, &n, &objects);
+        let pauses = pauses_table(shape);
         Self {
             claim_all: claim(&t, shape, &n, false),
             claim_topics: claim(&t, shape, &n, true),
@@ -293,6 +298,12 @@ impl Statements {
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
             heads: shape.strict_ordering.then(|| objects.heads.clone()),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
+            pause: format!(
+                "INSERT INTO {pauses} (topic, paused_at) VALUES ('', statement_timestamp()) \
+                 ON CONFLICT (topic) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
             names: n,
             qualified_table: t,
             display_table,

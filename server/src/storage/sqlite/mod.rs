@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -491,6 +492,30 @@ impl Storage for SqliteStorage {
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         self.discard_rows(filter, limit).await
+    }
+
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        let err = || self.error("read the pause");
+        let since: Option<i64> = sqlx::query_scalar(&self.sql.paused_since)
+            .fetch_optional(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        since.map(datetime).transpose().map_err(err())
+    }
+
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+        let mut conn = self.writer("pause").await?;
+        let query = if paused {
+            sqlx::query(&self.sql.pause).bind(now_ms())
+        } else {
+            sqlx::query(&self.sql.resume)
+        };
+        query
+            .execute(&mut *conn)
+            .await
+            .map_err(self.error("pause"))?;
+        drop(conn);
+        self.paused_since().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

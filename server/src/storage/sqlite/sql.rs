@@ -17,7 +17,7 @@
 
 use std::time::Duration;
 
-use super::table::Schema;
+use super::table::{pauses_table, Schema};
 use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -67,6 +67,10 @@ pub(super) struct Statements {
     /// rendered per call (the dead-letter operations, whose selector varies).
     pub table: String,
     pub names: Names,
+    /// The outbox's pause: when it began, if paused; `?1` now: pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 /// What shapes the statements besides the table name.
@@ -151,6 +155,7 @@ impl Statements {
         } = &c;
         let topic_value = &c.topic("");
         let inserted = c.inserted();
+        let pauses = pauses_table(shape.table);
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
         // A fixed topic is never filtered in SQL (see `candidates`): its "topics"
         // statements are the unfiltered ones, and unused.
@@ -242,6 +247,9 @@ impl Statements {
             ),
             schema: Schema::render(&t, shape.table, shape.columns, &c),
             display_table: shape.table.to_string(),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
+            pause: format!("INSERT OR IGNORE INTO {pauses} (topic, paused_at) VALUES ('', ?1)"),
+            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
             table: t.clone(),
             names: c.clone(),
         }

@@ -96,6 +96,13 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
             processed = index("_processed_idx"),
             dead = index("_dead_idx"),
         );
+        // The outbox's pause (see `Storage::paused_since`): a row with an empty topic
+        // pauses the whole outbox. Times in epoch milliseconds, as the outbox's.
+        let indexes = format!(
+            "{indexes}CREATE TABLE IF NOT EXISTS {} (\n    topic     TEXT    PRIMARY KEY,\n    \
+             paused_at INTEGER NOT NULL\n);\n",
+            pauses_table(table)
+        );
         Self {
             create_table,
             add_columns,
@@ -132,6 +139,11 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
         }
         text + &self.indexes
     }
+}
+
+/// The outbox's pauses table, quoted.
+pub(super) fn pauses_table(table: &Ident) -> String {
+    ident::quote(&format!("{table}_pauses"))
 }
 
 /// A column of the `CREATE TABLE`, by its key under `columns.`: its name as written and
