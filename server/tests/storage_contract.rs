@@ -21,12 +21,12 @@
 // The crate root of a test resolves `mod x;` beside itself; these live in a folder.
 #[path = "storage_contract/cases.rs"]
 mod cases;
-#[path = "storage_contract/dead_letters.rs"]
-mod dead_letters;
 #[path = "storage_contract/edge_cases.rs"]
 mod edge_cases;
 #[path = "storage_contract/mysql.rs"]
 mod mysql;
+#[path = "storage_contract/operations.rs"]
+mod operations;
 #[path = "storage_contract/pg.rs"]
 mod pg;
 #[path = "storage_contract/pg_mapped.rs"]
@@ -208,6 +208,7 @@ macro_rules! storage_contract {
                 dead_rows_are_listed_in_id_order_filtered_and_counted,
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,
+                a_pause_is_seen_by_every_server_on_the_table,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

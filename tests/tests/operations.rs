@@ -1,11 +1,14 @@
 //! Operations (issue 14) against a real `txoutboxd` on every backend: dead letters listed,
 //! counted, re-driven in id order per key (checked through a real streaming subscriber)
-//! and discarded, through the Admin RPCs and the `txoutbox` command line.
+//! and discarded; an outbox paused and resumed across two replicas and a restart; through
+//! the Admin RPCs and the `txoutbox` command line.
 //! `operations_suite!(name, database)` expands to one test per case of
 //! `operations/dead_letters.rs`, each on its own fresh database.
 
 #[path = "operations/dead_letters.rs"]
 mod dead_letters;
+#[path = "operations/pause.rs"]
+mod pause;
 
 use txoutbox_tests::{MappedPgDb, MariaDb, SqliteDb, TestDb};
 
@@ -18,6 +21,8 @@ macro_rules! operations_suite {
                 dead_letters::dead_letters_are_listed_counted_and_discarded,
                 dead_letters::redriven_rows_arrive_in_id_order_per_key,
                 dead_letters::the_command_line_acts_only_with_yes,
+                pause::a_pause_holds_on_every_replica_and_across_a_restart,
+                pause::the_command_line_pauses_shows_it_and_resumes,
             );
         }
     };

@@ -5,8 +5,8 @@
 use txoutbox_server::storage::{NackResult, Stats, TopicStats};
 
 use super::*;
-pub use crate::dead_letters::*;
 pub use crate::edge_cases::*;
+pub use crate::operations::*;
 
 pub async fn empty_claim(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;

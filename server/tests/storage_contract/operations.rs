@@ -1,4 +1,5 @@
-//! The dead-letter operations of the contract: list, count, re-drive, discard.
+//! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
+//! and the outbox's pause.
 
 use txoutbox_server::storage::{DeadCount, DeadFilter};
 
@@ -183,4 +184,23 @@ pub async fn redrive_and_discard_are_bounded_and_idempotent(backend: &impl Backe
     );
     let got = claim(&*storage, "w1", 10, LEASE).await;
     assert_eq!(ids(&got), [dead[0], dead[1], pending]);
+}
+
+/// The pause is held in the database: another server on the table sees it; pausing twice
+/// keeps the first time; resuming twice is harmless.
+pub async fn a_pause_is_seen_by_every_server_on_the_table(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let other = backend.open(Setup::default()).await;
+    assert_eq!(other.paused_since().await.unwrap(), None);
+    let since = storage.set_paused(true).await.unwrap().expect("paused");
+    assert!((Utc::now() - since).num_seconds().abs() < 5);
+    assert_eq!(other.paused_since().await.unwrap(), Some(since));
+    assert_eq!(
+        other.set_paused(true).await.unwrap(),
+        Some(since),
+        "idempotent"
+    );
+    assert_eq!(other.set_paused(false).await.unwrap(), None);
+    assert_eq!(storage.set_paused(false).await.unwrap(), None);
+    assert_eq!(storage.paused_since().await.unwrap(), None);
 }
