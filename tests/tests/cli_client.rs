@@ -111,7 +111,7 @@ async fn stats_shows_a_table_and_json() {
     let table = stdout(&output);
     assert!(table.contains("outbox orders"), "{table}");
     assert!(
-        table.contains("TOPIC           PENDING  LEASED  DEAD  OLDEST PENDING"),
+        table.contains("TOPIC           PENDING  LEASED  RETRY WAITING  DEAD  OLDEST PENDING"),
         "{table}"
     );
     let row = |topic: &str| {

@@ -9,6 +9,8 @@
 mod dead_letters;
 #[path = "operations/pause.rs"]
 mod pause;
+#[path = "operations/stats.rs"]
+mod stats;
 
 use txoutbox_tests::{MappedPgDb, MariaDb, SqliteDb, TestDb};
 
@@ -23,6 +25,7 @@ macro_rules! operations_suite {
                 dead_letters::the_command_line_acts_only_with_yes,
                 pause::a_pause_holds_on_every_replica_and_across_a_restart,
                 pause::the_command_line_pauses_shows_it_and_resumes,
+                stats::stats_count_retry_waiting_throughput_and_fenced_answers,
             );
         }
     };

@@ -53,7 +53,12 @@ impl v1::admin_server::Admin for AdminService {
             Ok(since) => since,
             Err(_) => outbox.paused_since().await,
         };
-        Ok(Response::new(convert::stats(stats, paused_since)))
+        let extras = convert::StatsExtras {
+            paused_since,
+            delivered_last_minute: outbox.delivered_last_minute().await?,
+            fenced_answers: outbox.fenced_count(),
+        };
+        Ok(Response::new(convert::stats(stats, extras)))
     }
 
     async fn purge(

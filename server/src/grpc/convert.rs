@@ -104,11 +104,20 @@ pub fn outbox_info(outbox: &Outbox, paused_since: Option<DateTime<Utc>>) -> v1::
     }
 }
 
-pub fn stats(stats: Stats, paused_since: Option<DateTime<Utc>>) -> v1::StatsResponse {
+/// What the Stats call adds to the storage's counts.
+pub struct StatsExtras {
+    pub paused_since: Option<DateTime<Utc>>,
+    pub delivered_last_minute: Option<u64>,
+    pub fenced_answers: u64,
+}
+
+pub fn stats(stats: Stats, extras: StatsExtras) -> v1::StatsResponse {
     v1::StatsResponse {
         total: Some(topic_stats(stats.total)),
         topics: stats.topics.into_iter().map(topic_stats).collect(),
-        paused_since: paused_since.map(timestamp),
+        paused_since: extras.paused_since.map(timestamp),
+        delivered_last_minute: extras.delivered_last_minute,
+        fenced_answers: extras.fenced_answers,
     }
 }
 
@@ -118,6 +127,7 @@ fn topic_stats(stats: TopicStats) -> v1::TopicStats {
         pending: stats.pending,
         leased: stats.leased,
         dead: stats.dead,
+        retry_waiting: stats.retry_waiting,
         oldest_pending_age: stats.oldest_pending_age.and_then(|age| age.try_into().ok()),
     }
 }

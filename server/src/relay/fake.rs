@@ -325,6 +325,10 @@ impl Storage for FakeStorage {
         Ok(Stats::default())
     }
 
+    async fn delivered_within(&self, _window: Duration) -> StorageResult<Option<u64>> {
+        Ok(None)
+    }
+
     async fn purge(&self, _older_than: Duration) -> StorageResult<u64> {
         Ok(0)
     }

@@ -17,7 +17,7 @@ pub mod response_size;
 pub mod subscription;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -107,6 +107,8 @@ pub struct Outbox {
     row_bytes: AtomicUsize,
     /// The pause as this replica last read it from the database (see [`pause`]).
     pause: pause::PauseView,
+    /// Answers ignored since start because the caller no longer held the row.
+    fenced: AtomicU64,
 }
 
 impl Outbox {
@@ -128,6 +130,7 @@ impl Outbox {
             max_message_bytes,
             row_bytes: AtomicUsize::new(0),
             pause: pause::PauseView::default(),
+            fenced: AtomicU64::new(0),
         }
     }
 
@@ -154,6 +157,7 @@ impl Outbox {
 
     /// Logs answers about rows the caller no longer held, which were ignored.
     fn log_fenced(&self, n: usize) {
+        self.fenced.fetch_add(n as u64, Ordering::Relaxed);
         if n > 0 {
             tracing::debug!(outbox = %self.name, fenced = n, "stale answers ignored");
         }
@@ -413,6 +417,21 @@ impl Outbox {
 
     pub async fn stats(&self) -> RelayResult<Stats> {
         Ok(self.storage.stats().await?)
+    }
+
+    /// Rows delivered in the last minute by every replica (see
+    /// [`Storage::delivered_within`]).
+    pub async fn delivered_last_minute(&self) -> RelayResult<Option<u64>> {
+        Ok(self
+            .storage
+            .delivered_within(Duration::from_secs(60))
+            .await?)
+    }
+
+    /// Answers this replica ignored since it started because the caller no longer held
+    /// the row.
+    pub fn fenced_count(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
     }
 
     pub async fn purge(&self, older_than: Duration) -> RelayResult<u64> {

@@ -137,6 +137,8 @@ pub struct TopicStats {
     pub pending: u64,
     pub leased: u64,
     pub dead: u64,
+    /// Pending rows nobody holds that wait for a retry (or a delayed release).
+    pub retry_waiting: u64,
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -164,6 +166,7 @@ impl Stats {
                 pending: total.pending + topic.pending,
                 leased: total.leased + topic.leased,
                 dead: total.dead + topic.dead,
+                retry_waiting: total.retry_waiting + topic.retry_waiting,
                 oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
             });
         Self { total, topics }
@@ -304,6 +307,10 @@ pub trait Storage: Send + Sync + 'static {
     async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64>;
 
     async fn stats(&self) -> StorageResult<Stats>;
+
+    /// Rows delivered within the last `window`, every replica's; `None` when the table
+    /// keeps no delivered rows (`delete_on_ack`).
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>>;
 
     /// Deletes delivered rows whose delivery is older than `older_than`.
     async fn purge(&self, older_than: Duration) -> StorageResult<u64>;

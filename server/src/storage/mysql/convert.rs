@@ -157,6 +157,7 @@ pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Err
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
     })
 }

@@ -367,6 +367,18 @@ impl Storage for MySqlStorage {
         Ok(Stats::from_topics(topics))
     }
 
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
+        if self.options.delete_on_ack {
+            return Ok(None);
+        }
+        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
+            .bind(sql::micros(window))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.error("stats"))?;
+        Ok(Some(super::rows::count(delivered)))
+    }
+
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         if self.options.delete_on_ack {

@@ -40,6 +40,8 @@ pub(super) struct Statements {
     pub successors_select: String,
     pub dead_letter: String,
     pub stats: String,
+    /// Rows delivered within `?` microseconds.
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// `?` database (`NULL`: the connection's), `?` table: the live table's columns.
@@ -155,11 +157,17 @@ impl Statements {
                    CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS leased, \
                    CAST(SUM({status} = 'dead') AS SIGNED) AS dead, \
+                   CAST(SUM({status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS retry_waiting, \
                    TIMESTAMPDIFF(MICROSECOND, \
                      MIN(CASE WHEN {status} = 'pending' THEN {created_at} END), \
                      UTC_TIMESTAMP(6)) AS oldest_pending_us \
                  FROM {t} WHERE {status} IN ('pending', 'dead') \
                  GROUP BY {topic} ORDER BY {topic}"
+            ),
+            delivered_within: format!(
+                "SELECT COUNT(*) FROM {t} WHERE {status} = 'done' \
+                 AND {processed_at} > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
             ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {status} = 'done' \

@@ -117,6 +117,7 @@ pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error>
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.and_then(|secs| Duration::try_from_secs_f64(secs.max(0.0)).ok()),
     })
 }

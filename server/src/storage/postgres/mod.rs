@@ -353,6 +353,18 @@ impl Storage for PostgresStorage {
         Ok(Stats::from_topics(topics))
     }
 
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
+        if self.options.delete_on_ack {
+            return Ok(None);
+        }
+        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
+            .bind(interval(window))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.error("stats"))?;
+        Ok(Some(super::rows::count(delivered)))
+    }
+
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         // With delete_on_ack there are no delivered rows to purge, only drained heads.

@@ -51,6 +51,8 @@ pub(super) struct Statements {
     pub extend_lease: String,
     pub return_leases: String,
     pub stats: String,
+    /// Rows delivered within `$1` (the processed index of delivered rows).
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// Describes the live table's columns; `$1` is [`Statements::qualified_table`].
@@ -257,12 +259,18 @@ impl Statements {
                    count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > statement_timestamp()) AS leased, \
                    count(*) FILTER (WHERE {status} = 'dead') AS dead, \
+                   count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > statement_timestamp()) AS retry_waiting, \
                    EXTRACT(EPOCH FROM statement_timestamp() \
                      - min({created_at}) FILTER (WHERE {status} = 'pending'))::float8 \
                      AS oldest_pending_secs \
                  FROM {t} o WHERE {status} = 'pending' OR {status} = 'dead' \
                  GROUP BY 1 ORDER BY 1",
                 topic = n.topic("o."),
+            ),
+            delivered_within: format!(
+                "SELECT count(*) FROM {t} WHERE {status} = 'done' \
+                 AND {processed_at} > statement_timestamp() - $1::interval"
             ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {id} IN (\

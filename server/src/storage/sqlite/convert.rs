@@ -150,6 +150,7 @@ pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest
             .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
     })

@@ -53,6 +53,8 @@ pub(super) struct Statements {
     pub extend_lease: String,
     pub return_leases: String,
     pub stats: String,
+    /// `?1` cutoff: rows delivered after it.
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
@@ -223,6 +225,8 @@ impl Statements {
                    sum({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > ?1) AS leased, \
                    sum({status} = 'dead') AS dead, \
+                   sum({status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > ?1) AS retry_waiting, \
                    min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                      AS oldest_pending_created_at \
                  FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \
@@ -230,6 +234,9 @@ impl Statements {
                 topic = aliased(topic_value, "topic"),
             ),
             // `?1` cutoff, `?2` batch size.
+            delivered_within: format!(
+                "SELECT count(*) FROM {t} WHERE {status} = 'done' AND {processed_at} > ?1"
+            ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {id} IN (\
                    SELECT {id} FROM {t} WHERE {status} = 'done' AND {processed_at} < ?1 \
