@@ -209,6 +209,7 @@ macro_rules! storage_contract {
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,
                 a_pause_is_seen_by_every_server_on_the_table,
+                blocked_keys_are_listed_oldest_head_first,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -5,6 +5,7 @@
 //! One file per command, dispatched by [`Command`]; [`Context`] holds what every command
 //! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
 
+mod blocked;
 mod dead;
 mod exit;
 mod health;
@@ -44,6 +45,7 @@ Examples:
   txoutbox --outbox orders dead count             (dead rows by topic and error)
   txoutbox --outbox orders dead redrive --key order-42 --yes
   txoutbox --outbox orders pause                  (a broker is down: stop delivering)
+  txoutbox --outbox orders blocked                (keys stuck behind a leased or retrying row)
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
@@ -132,6 +134,9 @@ enum Command {
     Pause,
     /// Lift a `pause`.
     Resume,
+    /// Keys whose oldest pending row is leased or waiting for a retry: who holds them,
+    /// until when, how many rows wait behind.
+    Blocked(blocked::Args),
     /// Print the DDL of an outbox's table, for your migration tool.
     Schema(schema::Args),
     /// Health of the server and of each outbox (grpc.health.v1).
@@ -201,6 +206,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Dead(args) => dead::run(&mut context, args).await,
         Command::Pause => pause::run(&mut context, true).await,
         Command::Resume => pause::run(&mut context, false).await,
+        Command::Blocked(args) => blocked::run(&mut context, args).await,
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,

@@ -192,6 +192,25 @@ impl v1::admin_server::Admin for AdminService {
         let name = request.into_inner().outbox;
         self.set_paused(&caller, &name, false).await
     }
+
+    async fn list_blocked_keys(
+        &self,
+        request: Request<v1::ListBlockedKeysRequest>,
+    ) -> Result<Response<v1::ListBlockedKeysResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        let outbox = caller.outbox(&self.relay, Scope::Admin, &request.outbox)?;
+        let keys = outbox.blocked_keys(request.after_id, request.limit).await?;
+        let page = crate::relay::dead_letters::limit(request.limit)?;
+        let next_after_id = match keys.last() {
+            Some(last) if keys.len() == page as usize => last.head_id,
+            _ => 0,
+        };
+        Ok(Response::new(v1::ListBlockedKeysResponse {
+            keys: keys.into_iter().map(convert::blocked_key).collect(),
+            next_after_id,
+        }))
+    }
 }
 
 impl AdminService {

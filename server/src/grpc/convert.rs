@@ -8,7 +8,7 @@ use txoutbox_proto::v1;
 
 use crate::relay::subscription::{Event, Settlement};
 use crate::relay::Outbox;
-use crate::storage::{OutboxMessage, Stats, TopicStats};
+use crate::storage::{BlockedKey, OutboxMessage, Stats, TopicStats};
 
 pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
     Timestamp {
@@ -77,6 +77,20 @@ fn settled(settlement: Settlement) -> v1::Settled {
             ids: rejection.ids,
             reason: rejection.reason,
         }),
+    }
+}
+
+pub fn blocked_key(key: BlockedKey) -> v1::BlockedKey {
+    v1::BlockedKey {
+        key: key.key,
+        head_id: key.head_id,
+        state: key.state.as_str().to_owned(),
+        owner: key.owner,
+        attempts: key.attempts,
+        last_error: key.last_error,
+        head_created_at: Some(timestamp(key.head_created_at)),
+        until: Some(timestamp(key.until)),
+        waiting_behind: key.waiting_behind,
     }
 }
 

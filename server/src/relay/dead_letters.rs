@@ -23,7 +23,7 @@ pub struct DeadAction {
     pub more: bool,
 }
 
-/// `limit` as a count of rows: 0 means [`DEFAULT_LIMIT`]; above [`dead::MAX_PER_CALL`] is
+/// `limit` as a count of rows (of any operator's page): 0 means [`DEFAULT_LIMIT`]; above [`dead::MAX_PER_CALL`] is
 /// refused, so a caller never believes it acted on more rows than it did.
 pub fn limit(limit: u32) -> RelayResult<u32> {
     match limit {

@@ -365,6 +365,14 @@ impl Storage for FakeStorage {
         Ok(Vec::new())
     }
 
+    async fn blocked_keys(
+        &self,
+        _after_id: MessageId,
+        _limit: u32,
+    ) -> StorageResult<Vec<crate::storage::BlockedKey>> {
+        Ok(Vec::new())
+    }
+
     // Never paused: the relay's tests are about its loop.
     async fn paused_since(&self) -> StorageResult<Option<chrono::DateTime<Utc>>> {
         Ok(None)

@@ -5,6 +5,7 @@
 //! Nothing here knows about protobuf: the gRPC layer translates to and from these types.
 
 pub mod backoff;
+pub mod blocked;
 pub mod dead_letters;
 pub mod drain;
 #[cfg(test)]

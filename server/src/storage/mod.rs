@@ -11,6 +11,7 @@
 //! All times that matter for leases and retries are taken from the database clock, so
 //! several servers (and a skewed application clock) agree on when a lease runs out.
 
+pub mod blocked;
 pub mod columns;
 pub mod dead;
 pub mod ident;
@@ -30,6 +31,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+pub use self::blocked::{BlockedKey, HeadState};
 pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
@@ -354,6 +356,11 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>>;
+
+    /// Keys whose head is leased or waiting for a retry, oldest head first, heads with an
+    /// id above `after_id`, at most `limit` (see [`blocked`] for the cost).
+    async fn blocked_keys(&self, after_id: MessageId, limit: u32)
+        -> StorageResult<Vec<BlockedKey>>;
 
     /// When the outbox was paused, if it is: the pause is a row of the outbox's pauses
     /// table (`<table>_pauses`, created with the outbox's table), so every replica sharing

@@ -1,7 +1,7 @@
 //! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
-//! and the outbox's pause.
+//! the outbox's pause, blocked keys.
 
-use txoutbox_server::storage::{DeadCount, DeadFilter};
+use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, NackResult};
 
 use super::*;
 
@@ -203,4 +203,52 @@ pub async fn a_pause_is_seen_by_every_server_on_the_table(backend: &impl Backend
     assert_eq!(other.set_paused(false).await.unwrap(), None);
     assert_eq!(storage.set_paused(false).await.unwrap(), None);
     assert_eq!(storage.paused_since().await.unwrap(), None);
+}
+
+/// `k`'s head waits for a retry with two rows behind it; `j`'s head is leased with one
+/// behind; keyless rows and keys whose head is due are not blocked.
+pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let a = insert(&*storage, "t", "a", Some("k")).await;
+    insert(&*storage, "t", "b", Some("k")).await;
+    insert(&*storage, "t", "c", Some("k")).await;
+    let d = insert(&*storage, "t", "d", Some("j")).await;
+    insert(&*storage, "t", "e", Some("j")).await;
+    insert(&*storage, "t", "f", None).await;
+    assert_eq!(claim(&*storage, "w1", 10, LEASE).await.len(), 6);
+    let nacked = storage
+        .nack(a, "w1", "broker busy", Some(FUTURE), &POLICY)
+        .await
+        .unwrap();
+    assert!(matches!(nacked, NackResult::Retried { .. }), "{nacked:?}");
+    insert(&*storage, "t", "g", Some("free")).await;
+
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    let seen: Vec<(&str, MessageId, HeadState, Option<&str>, u64)> = blocked
+        .iter()
+        .map(|b| {
+            (
+                b.key.as_str(),
+                b.head_id,
+                b.state,
+                b.owner.as_deref(),
+                b.waiting_behind,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("k", a, HeadState::RetryWaiting, None, 2),
+            ("j", d, HeadState::Leased, Some("w1"), 1),
+        ]
+    );
+    assert_eq!(blocked[0].last_error.as_deref(), Some("broker busy"));
+    assert_eq!(blocked[0].attempts, 1);
+    assert_about_from_now(blocked[0].until, FUTURE);
+    assert_about_from_now(blocked[1].until, LEASE);
+    assert!(blocked[0].head_created_at <= Utc::now());
+    let next = storage.blocked_keys(a, 10).await.unwrap();
+    assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [d]);
+    assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
 }

@@ -8,7 +8,10 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
-use crate::storage::{DeadCount, DeadLetter, MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::{
+    BlockedKey, DeadCount, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError,
+    TopicStats,
+};
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -112,6 +115,27 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
         headers: headers_from_text(headers.as_deref()),
         attempts: attempts(stored_attempts.saturating_add(1)),
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+    })
+}
+
+/// A row of `sql::blocked_keys`.
+pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> {
+    let owner = text(row, "owner")?;
+    let stored_attempts: i64 = row.try_get("attempts")?;
+    Ok(BlockedKey {
+        key: required_text(row, "key")?,
+        head_id: row.try_get("head_id")?,
+        state: if owner.is_some() {
+            HeadState::Leased
+        } else {
+            HeadState::RetryWaiting
+        },
+        owner,
+        attempts: attempts(stored_attempts),
+        last_error: text(row, "last_error")?,
+        head_created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+        until: row.try_get::<DateTime<Utc>, _>("until")?,
+        waiting_behind: count(row.try_get("waiting")?),
     })
 }
 

@@ -70,9 +70,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
-    StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
+    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
+    Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -496,6 +496,23 @@ impl Storage for MySqlStorage {
             .retrying("discard dead letters", || self.discard_once(filter, limit))
             .await?;
         Ok(sorted_unique(ids))
+    }
+
+    async fn blocked_keys(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(convert::decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
     }
 
     async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {

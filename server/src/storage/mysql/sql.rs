@@ -52,6 +52,9 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
+    /// Keys whose head is not due (see `blocked.rs`): `?` after this head id, `?` at
+    /// most.
+    pub blocked_keys: String,
     /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
     pub paused_since: String,
     pub pause: String,
@@ -189,6 +192,18 @@ impl Statements {
                 placeholders(inserted.len())
             ),
             schema: Schema::render(&t, &display_table, shape, &names),
+            blocked_keys: format!(
+                "SELECT o.{key} AS `key`, CAST(o.{id} AS SIGNED) AS head_id, o.{leased_by} AS owner, \
+               CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT CAST(COUNT(*) AS SIGNED) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > UTC_TIMESTAMP(6) AND o.{id} > ? \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT ?"
+            ),
             paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
             pause: format!(
                 "INSERT IGNORE INTO {pauses} (topic, paused_at) VALUES ('', UTC_TIMESTAMP(6))"

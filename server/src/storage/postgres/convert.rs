@@ -9,7 +9,7 @@ use sqlx::types::Json;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_json};
-use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::{BlockedKey, HeadState, MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// The one place driver errors become [`StorageError`]s: by kind, not by message.
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
@@ -106,6 +106,26 @@ pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> 
         headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
         attempts: attempts(row.try_get::<i32, _>("attempts")?),
         created_at: row.try_get("created_at")?,
+    })
+}
+
+/// A row of `sql::blocked_keys`.
+pub(super) fn decode_blocked(row: &PgRow) -> Result<BlockedKey, sqlx::Error> {
+    let owner: Option<String> = row.try_get("owner")?;
+    Ok(BlockedKey {
+        key: row.try_get("key")?,
+        head_id: row.try_get("head_id")?,
+        state: if owner.is_some() {
+            HeadState::Leased
+        } else {
+            HeadState::RetryWaiting
+        },
+        owner,
+        attempts: attempts(row.try_get::<i32, _>("attempts")?),
+        last_error: row.try_get("last_error")?,
+        head_created_at: row.try_get("created_at")?,
+        until: row.try_get("until")?,
+        waiting_behind: count(row.try_get("waiting")?),
     })
 }
 

@@ -44,9 +44,9 @@ use self::table::{accepts, live_column};
 use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
-    StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
+    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
+    Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -472,6 +472,23 @@ impl Storage for PostgresStorage {
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         self.discard_rows(filter, limit).await
+    }
+
+    async fn blocked_keys(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(convert::decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
     }
 
     async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {

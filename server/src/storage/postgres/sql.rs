@@ -75,6 +75,9 @@ pub(super) struct Statements {
     pub names: Names,
     /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
     pub heads: Option<String>,
+    /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
+    /// most.
+    pub blocked_keys: String,
     /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
     pub paused_since: String,
     pub pause: String,
@@ -306,6 +309,18 @@ impl Statements {
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
             heads: shape.strict_ordering.then(|| objects.heads.clone()),
+            blocked_keys: format!(
+                "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+               o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT $2"
+            ),
             paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
             pause: format!(
                 "INSERT INTO {pauses} (topic, paused_at) VALUES ('', statement_timestamp()) \

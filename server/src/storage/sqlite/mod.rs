@@ -54,9 +54,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats, Storage, StorageError,
-    StorageResult, TableOptions, PURGE_BATCH,
+    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
+    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
+    Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -504,6 +504,24 @@ impl Storage for SqliteStorage {
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
         self.discard_rows(filter, limit).await
+    }
+
+    async fn blocked_keys(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(convert::decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
     }
 
     async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {

@@ -69,6 +69,9 @@ pub(super) struct Statements {
     /// rendered per call (the dead-letter operations, whose selector varies).
     pub table: String,
     pub names: Names,
+    /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
+    /// most, `?3` now.
+    pub blocked_keys: String,
     /// The outbox's pause: when it began, if paused; `?1` now: pause (idempotent); resume.
     pub paused_since: String,
     pub pause: String,
@@ -254,6 +257,18 @@ impl Statements {
             ),
             schema: Schema::render(&t, shape.table, shape.columns, &c),
             display_table: shape.table.to_string(),
+            blocked_keys: format!(
+                "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
+               o.{attempts} AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > ?3 AND o.{id} > ?1 \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT ?2"
+            ),
             paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
             pause: format!("INSERT OR IGNORE INTO {pauses} (topic, paused_at) VALUES ('', ?1)"),
             resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
