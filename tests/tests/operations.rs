@@ -5,6 +5,8 @@
 //! `operations_suite!(name, database)` expands to one test per case of
 //! `operations/dead_letters.rs`, each on its own fresh database.
 
+#[path = "operations/blocked.rs"]
+mod blocked;
 #[path = "operations/dead_letters.rs"]
 mod dead_letters;
 #[path = "operations/pause.rs"]
@@ -26,6 +28,7 @@ macro_rules! operations_suite {
                 pause::a_pause_holds_on_every_replica_and_across_a_restart,
                 pause::the_command_line_pauses_shows_it_and_resumes,
                 stats::stats_count_retry_waiting_throughput_and_fenced_answers,
+                blocked::a_stuck_key_is_found_with_its_holder,
             );
         }
     };
