@@ -146,7 +146,8 @@ mod tests {
             in_ids: expanded,
             contains: |column, p| format!("strpos({column}, {p}) > 0"),
         };
-        let (sql, values) = conditions(&DeadFilter::default(), &n, &dialect, 1);
+        let none = DeadFilter::default();
+        let (sql, values) = conditions(&none, &n, &dialect, 1);
         assert!(sql.is_empty() && values.is_empty());
         let filter = DeadFilter {
             ids: vec![4, 9],

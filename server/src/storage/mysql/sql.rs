@@ -204,11 +204,11 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
             pause: format!(
-                "INSERT IGNORE INTO {pauses} (topic, paused_at) VALUES ('', UTC_TIMESTAMP(6))"
+                "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES ('', UTC_TIMESTAMP(6))"
             ),
-            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             names,
             table: t,

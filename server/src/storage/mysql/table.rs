@@ -137,10 +137,10 @@ impl Schema {
             "CREATE TABLE IF NOT EXISTS {t} (\n{}\n) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
             lines.join(",\n")
         ));
-        // The outbox's pause (see `Storage::paused_since`): a row with an empty topic
+        // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty
         // pauses the whole outbox.
         create.push(format!(
-            "CREATE TABLE IF NOT EXISTS {} (\n    topic     VARCHAR(255) NOT NULL PRIMARY KEY,\n    \
+            "CREATE TABLE IF NOT EXISTS {} (\n    target    VARCHAR(255) NOT NULL PRIMARY KEY,\n    \
              paused_at DATETIME(6) NOT NULL\n) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
             pauses_table(shape)
         ));
@@ -384,6 +384,10 @@ CREATE TABLE IF NOT EXISTS `app`.`outbox` (
     KEY `outbox_key_idx` (`key`, status, id),
     KEY `outbox_due_idx` (status, available_at),
     KEY `outbox_processed_idx` (status, processed_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+CREATE TABLE IF NOT EXISTS `app`.`outbox_pauses` (
+    target    VARCHAR(255) NOT NULL PRIMARY KEY,
+    paused_at DATETIME(6) NOT NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 ";
         assert_eq!(

@@ -321,12 +321,12 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT $2"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
             pause: format!(
-                "INSERT INTO {pauses} (topic, paused_at) VALUES ('', statement_timestamp()) \
-                 ON CONFLICT (topic) DO NOTHING"
+                "INSERT INTO {pauses} (target, paused_at) VALUES ('', statement_timestamp()) \
+                 ON CONFLICT (target) DO NOTHING"
             ),
-            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
             names: n,
             qualified_table: t,
             display_table,

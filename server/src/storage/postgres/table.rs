@@ -174,11 +174,11 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         processed = name("_processed_idx"),
         dead = name("_dead_idx"),
     );
-    // The outbox's pause (see `Storage::paused_since`): a row with an empty topic pauses
+    // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty pauses
     // the whole outbox.
     sql += &format!(
         "CREATE TABLE IF NOT EXISTS {} (
-    topic     TEXT        PRIMARY KEY,
+    target    TEXT        PRIMARY KEY,
     paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 ",

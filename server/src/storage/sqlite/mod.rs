@@ -453,6 +453,7 @@ impl Storage for SqliteStorage {
             }
         }
         tx.execute(schema.indexes.as_str()).await.map_err(err())?;
+        tx.execute(schema.pauses.as_str()).await.map_err(err())?;
         tx.commit().await.map_err(err())
     }
 

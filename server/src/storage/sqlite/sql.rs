@@ -269,9 +269,9 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?2"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE topic = ''"),
-            pause: format!("INSERT OR IGNORE INTO {pauses} (topic, paused_at) VALUES ('', ?1)"),
-            resume: format!("DELETE FROM {pauses} WHERE topic = ''"),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pause: format!("INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES ('', ?1)"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
             table: t.clone(),
             names: c.clone(),
         }
