@@ -1,4 +1,5 @@
-//! `txoutbox.v1.Admin`: what is configured, queue depth and lag, housekeeping.
+//! `txoutbox.v1.Admin`: what is configured, queue depth and lag, housekeeping, and the
+//! operator's calls (dead letters in `dead_letters.rs`, pause and resume, blocked keys).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,9 @@
 //! dead-letter) plus what a server needs: lease extension, giving back the leases of a
 //! lost subscriber, stats, purge, the DDL ([`Storage::ensure_table`]) and a check of the
 //! live table that changes nothing ([`Storage::verify_table`]), an insert for tests and
-//! demos, and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
+//! demos, and insert wake-ups; and an operator's calls: dead letters listed, counted,
+//! re-driven and discarded ([`dead`]), blocked keys ([`blocked`]), the outbox's pause,
+//! rows delivered lately. Every write-back is fenced: it only touches rows currently leased
 //! by the given owner, and reports which ids it applied to so callers can count the rest
 //! as fenced.
 //!
