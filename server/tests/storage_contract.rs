@@ -25,6 +25,8 @@ mod cases;
 mod edge_cases;
 #[path = "storage_contract/mysql.rs"]
 mod mysql;
+#[path = "storage_contract/operations.rs"]
+mod operations;
 #[path = "storage_contract/pg.rs"]
 mod pg;
 #[path = "storage_contract/pg_mapped.rs"]
@@ -203,6 +205,11 @@ macro_rules! storage_contract {
                 a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
+                dead_rows_are_listed_in_id_order_filtered_and_counted,
+                a_redriven_row_goes_before_later_rows_of_its_key,
+                redrive_and_discard_are_bounded_and_idempotent,
+                a_pause_is_seen_by_every_server_on_the_table,
+                blocked_keys_are_listed_oldest_head_first,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -53,7 +53,7 @@ fn command(server: &str, args: &[&str]) -> Command {
     command
 }
 
-async fn txoutbox(server: &str, args: &[&str]) -> Output {
+pub(crate) async fn txoutbox(server: &str, args: &[&str]) -> Output {
     let output = tokio::time::timeout(DEADLINE, command(server, args).output())
         .await
         .expect("txoutbox did not exit in time")
@@ -67,7 +67,7 @@ async fn txoutbox(server: &str, args: &[&str]) -> Output {
     output
 }
 
-fn stdout(output: &Output) -> String {
+pub(crate) fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
@@ -75,7 +75,7 @@ fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-fn json(output: &Output) -> Value {
+pub(crate) fn json(output: &Output) -> Value {
     assert!(output.status.success(), "{output:?}");
     serde_json::from_slice(&output.stdout).expect("JSON output")
 }
@@ -111,7 +111,7 @@ async fn stats_shows_a_table_and_json() {
     let table = stdout(&output);
     assert!(table.contains("outbox orders"), "{table}");
     assert!(
-        table.contains("TOPIC           PENDING  LEASED  DEAD  OLDEST PENDING"),
+        table.contains("TOPIC           PENDING  LEASED  RETRY WAITING  DEAD  OLDEST PENDING"),
         "{table}"
     );
     let row = |topic: &str| {

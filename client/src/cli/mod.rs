@@ -1,14 +1,17 @@
 //! The `txoutbox` command line: look at an outbox (`tail`, `stats`, `health`, `schema`),
-//! keep it small (`purge`), put a demo row in (`insert`), and run a ready relay to a
+//! keep it small (`purge`), act on dead letters (`dead`), put a demo row in (`insert`), and run a ready relay to a
 //! broker (`relay --kafka`, `--nats`, `--amqp`, `--webhook`, `--redis`).
 //!
 //! One file per command, dispatched by [`Command`]; [`Context`] holds what every command
 //! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
 
+mod blocked;
+mod dead;
 mod exit;
 mod health;
 mod insert;
 mod output;
+mod pause;
 mod purge;
 mod relay;
 mod schema;
@@ -39,6 +42,10 @@ Examples:
   txoutbox --outbox orders tail --ack            (consume: print and ack, until Ctrl-C)
   txoutbox --outbox orders insert --topic orders.paid --key order-42 '{\"order\": 42}'
   txoutbox --outbox orders purge --older-than 7d
+  txoutbox --outbox orders dead count             (dead rows by topic and error)
+  txoutbox --outbox orders dead redrive --key order-42 --yes
+  txoutbox --outbox orders pause                  (a broker is down: stop delivering)
+  txoutbox --outbox orders blocked                (keys stuck behind a leased or retrying row)
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
@@ -120,6 +127,16 @@ enum Command {
     Stats,
     /// Delete delivered rows older than a duration.
     Purge(purge::Args),
+    /// Dead-lettered rows: list, count, re-drive (in id order per key) or discard them.
+    Dead(dead::Args),
+    /// Stop every replica handing out rows of the outbox (held in the database) until
+    /// `resume`: streams stay open, answers are still applied.
+    Pause,
+    /// Lift a `pause`.
+    Resume,
+    /// Keys whose oldest pending row is leased or waiting for a retry: who holds them,
+    /// until when, how many rows wait behind.
+    Blocked(blocked::Args),
     /// Print the DDL of an outbox's table, for your migration tool.
     Schema(schema::Args),
     /// Health of the server and of each outbox (grpc.health.v1).
@@ -186,6 +203,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tail(args) => tail::run(&mut context, args).await,
         Command::Stats => stats::run(&mut context).await,
         Command::Purge(args) => purge::run(&mut context, args).await,
+        Command::Dead(args) => dead::run(&mut context, args).await,
+        Command::Pause => pause::run(&mut context, true).await,
+        Command::Resume => pause::run(&mut context, false).await,
+        Command::Blocked(args) => blocked::run(&mut context, args).await,
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,

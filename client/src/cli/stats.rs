@@ -1,4 +1,5 @@
-//! `txoutbox stats`: queue depth and lag of one outbox, overall and per topic.
+//! `txoutbox stats`: queue depth and lag of one outbox, overall and per topic; whether
+//! it is paused, what was delivered in the last minute, answers fenced.
 
 use std::time::Duration;
 
@@ -19,9 +20,13 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
         .await?
         .into_inner();
     let total = stats.total.unwrap_or_default();
+    let paused_since = super::pause::paused_since(&stats.paused_since);
     match context.format_or(Format::Table) {
         Format::Json => print_json(&json!({
             "outbox": outbox,
+            "paused_since": paused_since,
+            "delivered_last_minute": stats.delivered_last_minute,
+            "fenced_answers": stats.fenced_answers,
             "total": topic_json(&total),
             "topics": stats.topics.iter().map(topic_json).collect::<Vec<_>>(),
         })),
@@ -30,11 +35,30 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
             let mut total_row = topic_row(&total);
             total_row[0] = "(all topics)".to_owned();
             rows.push(total_row);
-            println!("outbox {outbox}");
+            match &paused_since {
+                Some(since) => println!("outbox {outbox} (PAUSED since {since})"),
+                None => println!("outbox {outbox}"),
+            }
             print_table(
-                &["TOPIC", "PENDING", "LEASED", "DEAD", "OLDEST PENDING"],
+                &[
+                    "TOPIC",
+                    "PENDING",
+                    "LEASED",
+                    "RETRY WAITING",
+                    "DEAD",
+                    "OLDEST PENDING",
+                ],
                 &rows,
-            )
+            )?;
+            match stats.delivered_last_minute {
+                Some(delivered) => println!("delivered in the last minute: {delivered}"),
+                None => println!("delivered in the last minute: unknown (delete_on_ack)"),
+            }
+            println!(
+                "answers fenced by this replica since it started: {}",
+                stats.fenced_answers
+            );
+            Ok(())
         }
     }
 }
@@ -52,6 +76,7 @@ fn topic_json(stats: &TopicStats) -> serde_json::Value {
         "topic": stats.topic,
         "pending": stats.pending,
         "leased": stats.leased,
+        "retry_waiting": stats.retry_waiting,
         "dead": stats.dead,
         "oldest_pending_age_ms": oldest(stats).map(|age| age.as_millis() as u64),
     })
@@ -62,6 +87,7 @@ fn topic_row(stats: &TopicStats) -> Vec<String> {
         stats.topic.clone(),
         stats.pending.to_string(),
         stats.leased.to_string(),
+        stats.retry_waiting.to_string(),
         stats.dead.to_string(),
         oldest(stats).map_or_else(|| "-".to_owned(), human_age),
     ]

@@ -1,4 +1,5 @@
-//! `txoutbox.v1.Admin`: what is configured, queue depth and lag, housekeeping.
+//! `txoutbox.v1.Admin`: what is configured, queue depth and lag, housekeeping, and the
+//! operator's calls (dead letters in `dead_letters.rs`, pause and resume, blocked keys).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,7 +7,7 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 use txoutbox_proto::v1;
 
-use super::convert;
+use super::{convert, dead_letters};
 use crate::config::Scope;
 use crate::relay::Relay;
 use crate::security::{audit, Caller};
@@ -29,12 +30,16 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::ListOutboxesRequest>,
     ) -> Result<Response<v1::ListOutboxesResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let outboxes = self
-            .relay
-            .outboxes()
-            .filter(|outbox| caller.sees(&outbox.name))
-            .map(|outbox| convert::outbox_info(outbox))
-            .collect();
+        let mut outboxes = Vec::new();
+        for outbox in self.relay.outboxes().filter(|o| caller.sees(&o.name)) {
+            // An outbox whose database is down is still listed: with this replica's
+            // last view of its pause.
+            let paused_since = match outbox.paused_since_now().await {
+                Ok(since) => since,
+                Err(_) => outbox.paused_since().await,
+            };
+            outboxes.push(convert::outbox_info(outbox, paused_since));
+        }
         Ok(Response::new(v1::ListOutboxesResponse { outboxes }))
     }
 
@@ -44,7 +49,17 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let caller = Caller::of(&request)?;
         let outbox = caller.outbox(&self.relay, Scope::Admin, &request.get_ref().outbox)?;
-        Ok(Response::new(convert::stats(outbox.stats().await?)))
+        let stats = outbox.stats().await?;
+        let paused_since = match outbox.paused_since_now().await {
+            Ok(since) => since,
+            Err(_) => outbox.paused_since().await,
+        };
+        let extras = convert::StatsExtras {
+            paused_since,
+            delivered_last_minute: outbox.delivered_last_minute().await?,
+            fenced_answers: outbox.fenced_count(),
+        };
+        Ok(Response::new(convert::stats(stats, extras)))
     }
 
     async fn purge(
@@ -118,6 +133,105 @@ impl v1::admin_server::Admin for AdminService {
         }
         .await;
         audit::record(&caller, "insert", &outbox_name, &arguments, &outcome);
+        outcome.map(Response::new)
+    }
+
+    async fn list_dead_letters(
+        &self,
+        request: Request<v1::ListDeadLettersRequest>,
+    ) -> Result<Response<v1::ListDeadLettersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::list(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn count_dead_letters(
+        &self,
+        request: Request<v1::CountDeadLettersRequest>,
+    ) -> Result<Response<v1::CountDeadLettersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::count(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn redrive_dead_letters(
+        &self,
+        request: Request<v1::RedriveDeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLetterActionResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::redrive(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn discard_dead_letters(
+        &self,
+        request: Request<v1::DiscardDeadLettersRequest>,
+    ) -> Result<Response<v1::DeadLetterActionResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        dead_letters::discard(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    async fn pause(
+        &self,
+        request: Request<v1::PauseRequest>,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.set_paused(&caller, &name, true).await
+    }
+
+    async fn resume(
+        &self,
+        request: Request<v1::ResumeRequest>,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.set_paused(&caller, &name, false).await
+    }
+
+    async fn list_blocked_keys(
+        &self,
+        request: Request<v1::ListBlockedKeysRequest>,
+    ) -> Result<Response<v1::ListBlockedKeysResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let request = request.into_inner();
+        let outbox = caller.outbox(&self.relay, Scope::Admin, &request.outbox)?;
+        let keys = outbox.blocked_keys(request.after_id, request.limit).await?;
+        let page = crate::relay::dead_letters::limit(request.limit)?;
+        let next_after_id = match keys.last() {
+            Some(last) if keys.len() == page as usize => last.head_id,
+            _ => 0,
+        };
+        Ok(Response::new(v1::ListBlockedKeysResponse {
+            keys: keys.into_iter().map(convert::blocked_key).collect(),
+            next_after_id,
+        }))
+    }
+}
+
+impl AdminService {
+    /// `Pause` and `Resume`, audited.
+    async fn set_paused(
+        &self,
+        caller: &Caller,
+        name: &str,
+        paused: bool,
+    ) -> Result<Response<v1::PauseResponse>, Status> {
+        let outcome = async {
+            let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
+            let since = outbox.set_paused(paused).await?;
+            Ok(v1::PauseResponse {
+                paused_since: since.map(convert::timestamp),
+            })
+        }
+        .await;
+        let action = if paused { "pause" } else { "resume" };
+        audit::record(caller, action, name, "", &outcome);
         outcome.map(Response::new)
     }
 }

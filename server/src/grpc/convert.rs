@@ -8,7 +8,7 @@ use txoutbox_proto::v1;
 
 use crate::relay::subscription::{Event, Settlement};
 use crate::relay::Outbox;
-use crate::storage::{OutboxMessage, Stats, TopicStats};
+use crate::storage::{BlockedKey, OutboxMessage, Stats, TopicStats};
 
 pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
     Timestamp {
@@ -80,7 +80,22 @@ fn settled(settlement: Settlement) -> v1::Settled {
     }
 }
 
-pub fn outbox_info(outbox: &Outbox) -> v1::OutboxInfo {
+pub fn blocked_key(key: BlockedKey) -> v1::BlockedKey {
+    v1::BlockedKey {
+        key: key.key,
+        head_id: key.head_id,
+        state: key.state.as_str().to_owned(),
+        owner: key.owner,
+        attempts: key.attempts,
+        last_error: key.last_error,
+        head_created_at: Some(timestamp(key.head_created_at)),
+        until: Some(timestamp(key.until)),
+        waiting_behind: key.waiting_behind,
+    }
+}
+
+/// `paused_since`: the outbox's pause as the database holds it.
+pub fn outbox_info(outbox: &Outbox, paused_since: Option<DateTime<Utc>>) -> v1::OutboxInfo {
     let config = &outbox.config;
     v1::OutboxInfo {
         name: outbox.name.clone(),
@@ -99,13 +114,24 @@ pub fn outbox_info(outbox: &Outbox) -> v1::OutboxInfo {
         backoff_max_ms: millis(config.backoff.maximum),
         backoff_jitter: config.backoff.jitter,
         max_batch_size: config.max_batch_size,
+        paused_since: paused_since.map(timestamp),
     }
 }
 
-pub fn stats(stats: Stats) -> v1::StatsResponse {
+/// What the Stats call adds to the storage's counts.
+pub struct StatsExtras {
+    pub paused_since: Option<DateTime<Utc>>,
+    pub delivered_last_minute: Option<u64>,
+    pub fenced_answers: u64,
+}
+
+pub fn stats(stats: Stats, extras: StatsExtras) -> v1::StatsResponse {
     v1::StatsResponse {
         total: Some(topic_stats(stats.total)),
         topics: stats.topics.into_iter().map(topic_stats).collect(),
+        paused_since: extras.paused_since.map(timestamp),
+        delivered_last_minute: extras.delivered_last_minute,
+        fenced_answers: extras.fenced_answers,
     }
 }
 
@@ -115,6 +141,7 @@ fn topic_stats(stats: TopicStats) -> v1::TopicStats {
         pending: stats.pending,
         leased: stats.leased,
         dead: stats.dead,
+        retry_waiting: stats.retry_waiting,
         oldest_pending_age: stats.oldest_pending_age.and_then(|age| age.try_into().ok()),
     }
 }
@@ -175,12 +202,14 @@ mod tests {
         let unary = v1::ClaimResponse {
             messages: rows.iter().cloned().map(message).collect(),
             lease_expires_at: Some(timestamp(Utc::now())),
+            paused: false,
         };
         assert!(unary.encoded_len() <= bound);
         for row in rows {
             let alone = v1::ClaimResponse {
                 messages: vec![message(row.clone())],
                 lease_expires_at: None,
+                paused: false,
             };
             assert!(alone.encoded_len() <= message_bytes(&row));
         }

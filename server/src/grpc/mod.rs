@@ -3,5 +3,6 @@
 
 pub mod admin_service;
 pub mod convert;
+pub mod dead_letters;
 pub mod relay_service;
 pub mod status;

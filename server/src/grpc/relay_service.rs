@@ -128,9 +128,12 @@ impl v1::relay_server::Relay for RelayService {
                 &request.topics,
             )
             .await?;
+        // The view the claim just used (fresh within a second): says why it came back empty.
+        let paused = claimed.messages.is_empty() && outbox.paused_since().await.is_some();
         Ok(Response::new(v1::ClaimResponse {
             messages: claimed.messages.into_iter().map(convert::message).collect(),
             lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
+            paused,
         }))
     }
 

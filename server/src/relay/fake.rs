@@ -15,8 +15,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, OutboxMessage,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest,
+    NackResult, NewMessage, OutboxMessage, RetryPolicy, Stats, Storage, StorageError,
+    StorageResult,
 };
 
 /// The kinds of storage call a test can count and hold.
@@ -324,8 +325,61 @@ impl Storage for FakeStorage {
         Ok(Stats::default())
     }
 
+    async fn delivered_within(&self, _window: Duration) -> StorageResult<Option<u64>> {
+        Ok(None)
+    }
+
     async fn purge(&self, _older_than: Duration) -> StorageResult<u64> {
         Ok(0)
+    }
+
+    // The fake forgets dead rows (the relay's tests only count dead-letter calls): none
+    // to list, re-drive or discard.
+    async fn list_dead(
+        &self,
+        _filter: &DeadFilter,
+        _after_id: MessageId,
+        _limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        Ok(Vec::new())
+    }
+
+    async fn count_dead(&self, _filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        Ok(DeadCounts::default())
+    }
+
+    async fn redrive_dead(
+        &self,
+        _filter: &DeadFilter,
+        _limit: u32,
+        _delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        Ok(Vec::new())
+    }
+
+    async fn discard_dead(
+        &self,
+        _filter: &DeadFilter,
+        _limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        Ok(Vec::new())
+    }
+
+    async fn blocked_keys(
+        &self,
+        _after_id: MessageId,
+        _limit: u32,
+    ) -> StorageResult<Vec<crate::storage::BlockedKey>> {
+        Ok(Vec::new())
+    }
+
+    // Never paused: the relay's tests are about its loop.
+    async fn paused_since(&self) -> StorageResult<Option<chrono::DateTime<Utc>>> {
+        Ok(None)
+    }
+
+    async fn set_paused(&self, _paused: bool) -> StorageResult<Option<chrono::DateTime<Utc>>> {
+        Ok(None)
     }
 
     fn schema_sql(&self) -> String {

@@ -5,17 +5,20 @@
 //! Nothing here knows about protobuf: the gRPC layer translates to and from these types.
 
 pub mod backoff;
+pub mod blocked;
+pub mod dead_letters;
 pub mod drain;
 #[cfg(test)]
 mod fake;
 pub mod idle;
 pub mod limits;
+pub mod pause;
 pub mod poller;
 pub mod response_size;
 pub mod subscription;
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -103,6 +106,10 @@ pub struct Outbox {
     /// Average encoded size of the rows of the latest claim, 0 before any: sizes the next
     /// claim to what one response holds (see [`Outbox::claim`]).
     row_bytes: AtomicUsize,
+    /// The pause as this replica last read it from the database (see [`pause`]).
+    pause: pause::PauseView,
+    /// Answers ignored since start because the caller no longer held the row.
+    fenced: AtomicU64,
 }
 
 impl Outbox {
@@ -123,6 +130,8 @@ impl Outbox {
             idle_polls,
             max_message_bytes,
             row_bytes: AtomicUsize::new(0),
+            pause: pause::PauseView::default(),
+            fenced: AtomicU64::new(0),
         }
     }
 
@@ -149,6 +158,7 @@ impl Outbox {
 
     /// Logs answers about rows the caller no longer held, which were ignored.
     fn log_fenced(&self, n: usize) {
+        self.fenced.fetch_add(n as u64, Ordering::Relaxed);
         if n > 0 {
             tracing::debug!(outbox = %self.name, fenced = n, "stale answers ignored");
         }
@@ -200,6 +210,15 @@ impl Outbox {
         let batch_size = batch_size
             .min(self.config.max_batch_size)
             .min(self.rows_per_response());
+        if self.paused_since().await.is_some() {
+            // Paused: nothing handed out, nothing asked of the table (see `pause`).
+            return Ok(Claimed {
+                messages: Vec::new(),
+                lease_expires_at: chrono::Utc::now()
+                    + chrono::Duration::from_std(lease).unwrap_or_default(),
+                exhausted: Vec::new(),
+            });
+        }
         let request = ClaimRequest {
             owner,
             batch_size,
@@ -399,6 +418,21 @@ impl Outbox {
 
     pub async fn stats(&self) -> RelayResult<Stats> {
         Ok(self.storage.stats().await?)
+    }
+
+    /// Rows delivered in the last minute by every replica (see
+    /// [`Storage::delivered_within`]).
+    pub async fn delivered_last_minute(&self) -> RelayResult<Option<u64>> {
+        Ok(self
+            .storage
+            .delivered_within(Duration::from_secs(60))
+            .await?)
+    }
+
+    /// Answers this replica ignored since it started because the caller no longer held
+    /// the row.
+    pub fn fenced_count(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
     }
 
     pub async fn purge(&self, older_than: Duration) -> RelayResult<u64> {

@@ -4,14 +4,18 @@
 //! dead-letter) plus what a server needs: lease extension, giving back the leases of a
 //! lost subscriber, stats, purge, the DDL ([`Storage::ensure_table`]) and a check of the
 //! live table that changes nothing ([`Storage::verify_table`]), an insert for tests and
-//! demos, and insert wake-ups. Every write-back is fenced: it only touches rows currently leased
+//! demos, and insert wake-ups; and an operator's calls: dead letters listed, counted,
+//! re-driven and discarded ([`dead`]), blocked keys ([`blocked`]), the outbox's pause,
+//! rows delivered lately. Every write-back is fenced: it only touches rows currently leased
 //! by the given owner, and reports which ids it applied to so callers can count the rest
 //! as fenced.
 //!
 //! All times that matter for leases and retries are taken from the database clock, so
 //! several servers (and a skewed application clock) agree on when a lease runs out.
 
+pub mod blocked;
 pub mod columns;
+pub mod dead;
 pub mod ident;
 pub mod mysql;
 pub mod nack;
@@ -29,6 +33,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use tokio::sync::watch;
 
+pub use self::blocked::{BlockedKey, HeadState};
+pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
 
@@ -135,7 +141,17 @@ pub struct TopicStats {
     pub pending: u64,
     pub leased: u64,
     pub dead: u64,
+    /// Pending rows nobody holds that wait for a retry (or a delayed release).
+    pub retry_waiting: u64,
     pub oldest_pending_age: Option<Duration>,
+}
+
+/// Dead rows by topic and error (see [`Storage::count_dead`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeadCounts {
+    pub groups: Vec<DeadCount>,
+    /// Every selected dead row, also those of groups past the limit.
+    pub total: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -154,6 +170,7 @@ impl Stats {
                 pending: total.pending + topic.pending,
                 leased: total.leased + topic.leased,
                 dead: total.dead + topic.dead,
+                retry_waiting: total.retry_waiting + topic.retry_waiting,
                 oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
             });
         Self { total, topics }
@@ -295,6 +312,10 @@ pub trait Storage: Send + Sync + 'static {
 
     async fn stats(&self) -> StorageResult<Stats>;
 
+    /// Rows delivered within the last `window`, every replica's; `None` when the table
+    /// keeps no delivered rows (`delete_on_ack`).
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>>;
+
     /// Deletes delivered rows whose delivery is older than `older_than`.
     async fn purge(&self, older_than: Duration) -> StorageResult<u64>;
 
@@ -311,6 +332,46 @@ pub trait Storage: Send + Sync + 'static {
     /// what the outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`]
     /// otherwise).
     async fn verify_table(&self) -> StorageResult<()>;
+
+    /// Dead rows that `filter` selects with an id above `after_id`, in id order, at most
+    /// `limit` (at most [`dead::MAX_PER_CALL`]).
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>>;
+
+    /// The dead rows `filter` selects, by topic and error, largest groups first (at most
+    /// [`dead::MAX_COUNT_GROUPS`]), and their total.
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts>;
+
+    /// Makes the first `limit` dead rows that `filter` selects (lowest ids first) pending
+    /// again: attempts reset, claimable after `delay`, their error kept. Returns their
+    /// ids, in id order; rows no longer dead are left alone (a repeat is harmless).
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>>;
+
+    /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>>;
+
+    /// Keys whose head is leased or waiting for a retry, oldest head first, heads with an
+    /// id above `after_id`, at most `limit` (see [`blocked`] for the cost).
+    async fn blocked_keys(&self, after_id: MessageId, limit: u32)
+        -> StorageResult<Vec<BlockedKey>>;
+
+    /// When the outbox was paused, if it is: the pause is a row of the outbox's pauses
+    /// table (`<table>_pauses`, created with the outbox's table), so every replica sharing
+    /// the database sees it, and it outlives restarts.
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>>;
+
+    /// Pauses (`true`) or resumes the outbox; idempotent (a second pause keeps the first
+    /// time). Returns the state after the call, as [`Storage::paused_since`].
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

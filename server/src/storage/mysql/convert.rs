@@ -8,7 +8,10 @@ use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
-use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::{
+    BlockedKey, DeadCount, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError,
+    TopicStats,
+};
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -115,6 +118,56 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
     })
 }
 
+/// A row of `sql::blocked_keys`.
+pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> {
+    let owner = text(row, "owner")?;
+    let stored_attempts: i64 = row.try_get("attempts")?;
+    Ok(BlockedKey {
+        key: required_text(row, "key")?,
+        head_id: row.try_get("head_id")?,
+        state: if owner.is_some() {
+            HeadState::Leased
+        } else {
+            HeadState::RetryWaiting
+        },
+        owner,
+        attempts: attempts(stored_attempts),
+        last_error: text(row, "last_error")?,
+        head_created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+        until: row.try_get::<DateTime<Utc>, _>("until")?,
+        waiting_behind: count(row.try_get("waiting")?),
+    })
+}
+
+/// A row of `sql::dead_list`.
+pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
+    let headers: Option<Vec<u8>> = row.try_get("headers")?;
+    let stored_attempts: i64 = row.try_get("attempts")?;
+    Ok(DeadLetter {
+        message: OutboxMessage {
+            id: row.try_get("id")?,
+            topic: required_text(row, "topic")?,
+            key: text(row, "key")?,
+            payload: row.try_get("payload")?,
+            headers: headers_from_text(headers.as_deref()),
+            attempts: attempts(stored_attempts),
+            created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
+        },
+        last_error: required_text(row, "last_error")?,
+        died_at: row.try_get::<Option<DateTime<Utc>>, _>("died_at")?,
+    })
+}
+
+/// A row of `sql::dead_count`.
+pub(super) fn decode_dead_count(row: &MySqlRow) -> Result<(DeadCount, u64), sqlx::Error> {
+    let group = DeadCount {
+        topic: required_text(row, "topic")?,
+        error: required_text(row, "error")?,
+        count: count(row.try_get("count")?),
+    };
+    Ok((group, count(row.try_get("total")?)))
+}
+
 /// A row of a claim's candidate scan: its id and key.
 pub(super) fn decode_scanned(row: &MySqlRow) -> Result<(MessageId, Option<String>), sqlx::Error> {
     Ok((row.try_get("id")?, text(row, "key")?))
@@ -128,6 +181,7 @@ pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Err
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
     })
 }

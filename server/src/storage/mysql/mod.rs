@@ -65,6 +65,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::Executor;
 
@@ -74,9 +75,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
-    ACQUIRE_TIMEOUT, PURGE_BATCH,
+    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
+    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
+    Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -371,6 +372,18 @@ impl Storage for MySqlStorage {
         Ok(Stats::from_topics(topics))
     }
 
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
+        if self.options.delete_on_ack {
+            return Ok(None);
+        }
+        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
+            .bind(sql::micros(window))
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.error("stats"))?;
+        Ok(Some(super::rows::count(delivered)))
+    }
+
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         if self.options.delete_on_ack {
@@ -448,6 +461,83 @@ impl Storage for MySqlStorage {
             ));
         }
         StorageError::unless_problems(&self.sql.display_table, problems)
+    }
+
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        self.dead_rows(filter, after_id, limit)
+            .await
+            .map_err(self.error("list dead letters"))
+    }
+
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        self.dead_counts(filter)
+            .await
+            .map_err(self.error("count dead letters"))
+    }
+
+    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        let ids = self
+            .retrying("re-drive dead letters", || {
+                self.redrive_once(filter, limit, delay)
+            })
+            .await?;
+        Ok(sorted_unique(ids))
+    }
+
+    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
+        let ids = self
+            .retrying("discard dead letters", || self.discard_once(filter, limit))
+            .await?;
+        Ok(sorted_unique(ids))
+    }
+
+    async fn blocked_keys(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(convert::decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
+    }
+
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        sqlx::query_scalar(&self.sql.paused_since)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(self.error("read the pause"))
+    }
+
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+        let statement = if paused {
+            &self.sql.pause
+        } else {
+            &self.sql.resume
+        };
+        sqlx::query(statement)
+            .execute(&self.pool)
+            .await
+            .map_err(self.error("pause"))?;
+        self.paused_since().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

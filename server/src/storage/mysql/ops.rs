@@ -4,17 +4,18 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::MySqlConnection;
-use sqlx::Row;
+use sqlx::mysql::{MySqlArguments, MySqlConnection};
+use sqlx::{Arguments, Row};
 
 use super::convert::{self, after, decode_candidate, decode_scanned};
 use super::sql::{self, ClaimShape};
 use super::MySqlStorage;
 use crate::storage::columns::TopicSource;
+use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::attempts;
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, FailureDecision, MessageId, NackResult, OutboxMessage,
-    RetryPolicy,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, FailureDecision,
+    MessageId, NackResult, OutboxMessage, RetryPolicy,
 };
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -427,5 +428,126 @@ impl MySqlStorage {
         }
         let done = query.bind(owner).execute(&self.pool).await?;
         Ok(done.rows_affected())
+    }
+}
+
+/// `arguments` with the selector's values added, in the order [`dead::conditions`]
+/// rendered them: one `?` per id.
+fn add_filter(
+    arguments: &mut MySqlArguments,
+    values: &[FilterValue<'_>],
+) -> Result<(), sqlx::Error> {
+    for value in values {
+        match value {
+            FilterValue::Ids(ids) => {
+                for id in *ids {
+                    arguments.add(*id).map_err(sqlx::Error::Encode)?;
+                }
+            }
+            FilterValue::Text(text) => arguments.add(*text).map_err(sqlx::Error::Encode)?,
+            FilterValue::Time(at) => arguments.add(*at).map_err(sqlx::Error::Encode)?,
+        }
+    }
+    Ok(())
+}
+
+/// The dead-letter operations (see `dead.rs`), one attempt each.
+impl MySqlStorage {
+    pub(super) async fn dead_rows(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, sqlx::Error> {
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
+        let mut arguments = MySqlArguments::default();
+        arguments.add(after_id).map_err(sqlx::Error::Encode)?;
+        add_filter(&mut arguments, &values)?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)?;
+        let statement = self.sql.dead_list(&conditions);
+        let rows = sqlx::query_with(&statement, arguments)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(convert::decode_dead).collect()
+    }
+
+    pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> Result<DeadCounts, sqlx::Error> {
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
+        let mut arguments = MySqlArguments::default();
+        add_filter(&mut arguments, &values)?;
+        arguments
+            .add(dead::MAX_COUNT_GROUPS)
+            .map_err(sqlx::Error::Encode)?;
+        let statement = self.sql.dead_count(&conditions);
+        let rows = sqlx::query_with(&statement, arguments)
+            .fetch_all(&self.pool)
+            .await?;
+        let mut counts = DeadCounts::default();
+        for row in &rows {
+            let (group, total) = convert::decode_dead_count(row)?;
+            counts.groups.push(group);
+            counts.total = total;
+        }
+        Ok(counts)
+    }
+
+    /// Locks the first `limit` selected dead rows in `conn`'s transaction.
+    async fn lock_dead(
+        &self,
+        conn: &mut MySqlConnection,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> Result<Vec<MessageId>, sqlx::Error> {
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
+        let mut arguments = MySqlArguments::default();
+        add_filter(&mut arguments, &values)?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)?;
+        let statement = self.sql.dead_lock(&conditions);
+        sqlx::query_scalar_with(&statement, arguments)
+            .fetch_all(conn)
+            .await
+    }
+
+    pub(super) async fn redrive_once(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> Result<Vec<MessageId>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let ids = self.lock_dead(&mut tx, filter, limit).await?;
+        if !ids.is_empty() {
+            let statement = self.sql.dead_redrive(ids.len());
+            let mut query = sqlx::query(&statement).bind(sql::micros(delay));
+            for id in &ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
+    }
+
+    pub(super) async fn discard_once(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> Result<Vec<MessageId>, sqlx::Error> {
+        let mut tx = self.pool.begin().await?;
+        let ids = self.lock_dead(&mut tx, filter, limit).await?;
+        if !ids.is_empty() {
+            let statement = self.sql.dead_discard(ids.len());
+            let mut query = sqlx::query(&statement);
+            for id in &ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(ids)
     }
 }

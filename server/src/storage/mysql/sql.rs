@@ -15,8 +15,9 @@
 
 use std::time::Duration;
 
-use super::table::Schema;
+use super::table::{pauses_table, Schema};
 use crate::storage::columns::Columns;
+use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
@@ -39,6 +40,8 @@ pub(super) struct Statements {
     pub successors_select: String,
     pub dead_letter: String,
     pub stats: String,
+    /// Rows delivered within `?` microseconds.
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// `?` database (`NULL`: the connection's), `?` table: the live table's columns.
@@ -49,6 +52,13 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
+    /// Keys whose head is not due (see `blocked.rs`): `?` after this head id, `?` at
+    /// most.
+    pub blocked_keys: String,
+    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 /// What shapes the statements besides the table name.
@@ -114,6 +124,7 @@ impl Statements {
         } = &names;
         let topic = names.topic("");
         let inserted = names.inserted();
+        let pauses = pauses_table(shape);
         Self {
             now: "SELECT UTC_TIMESTAMP(6)".to_owned(),
             nack_select: format!(
@@ -151,11 +162,17 @@ impl Statements {
                    CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS leased, \
                    CAST(SUM({status} = 'dead') AS SIGNED) AS dead, \
+                   CAST(SUM({status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS retry_waiting, \
                    TIMESTAMPDIFF(MICROSECOND, \
                      MIN(CASE WHEN {status} = 'pending' THEN {created_at} END), \
                      UTC_TIMESTAMP(6)) AS oldest_pending_us \
                  FROM {t} WHERE {status} IN ('pending', 'dead') \
                  GROUP BY {topic} ORDER BY {topic}"
+            ),
+            delivered_within: format!(
+                "SELECT COUNT(*) FROM {t} WHERE {status} = 'done' \
+                 AND {processed_at} > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
             ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {status} = 'done' \
@@ -177,6 +194,23 @@ impl Statements {
                 placeholders(inserted.len())
             ),
             schema: Schema::render(&t, &display_table, shape, &names),
+            blocked_keys: format!(
+                "SELECT o.{key} AS `key`, CAST(o.{id} AS SIGNED) AS head_id, o.{leased_by} AS owner, \
+               CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT CAST(COUNT(*) AS SIGNED) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > UTC_TIMESTAMP(6) AND o.{id} > ? \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT ?"
+            ),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pause: format!(
+                "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES ('', UTC_TIMESTAMP(6))"
+            ),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             names,
             table: t,
@@ -184,6 +218,108 @@ impl Statements {
         }
     }
 }
+
+/// The dead-letter statements (see `dead.rs`), rendered per call: the selector's
+/// `conditions` vary. Placeholders are `?` in the order the statement reads.
+impl Statements {
+    /// Dead rows in id order: `?` after this id, the selector, `?` at most.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let c = &self.names;
+        let Names {
+            id,
+            key,
+            status,
+            created_at,
+            attempts,
+            payload,
+            last_error,
+            processed_at,
+            ..
+        } = c;
+        let headers = c
+            .headers
+            .as_ref()
+            .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
+        format!(
+            "SELECT CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
+               o.{payload} AS payload, {headers} AS headers, \
+               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
+               COALESCE(o.{last_error}, '') AS last_error, o.{processed_at} AS died_at \
+             FROM {t} o WHERE o.{status} = 'dead' AND o.{id} > ?{conditions} \
+             ORDER BY o.{id} LIMIT ?",
+            topic = c.topic("o."),
+            t = self.table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, each with the total of every
+    /// group: the selector, then `?` groups at most.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {topic} AS topic, COALESCE(o.{last_error}, '') AS error, \
+               CAST(COUNT(*) AS SIGNED) AS count, \
+               CAST(SUM(COUNT(*)) OVER () AS SIGNED) AS total \
+             FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+             GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
+            topic = c.topic("o."),
+            last_error = c.last_error,
+            status = c.status,
+            t = self.table,
+        )
+    }
+
+    /// Locks the first `?` selected dead rows (the selector first), in id order, for a
+    /// re-drive or a discard in the same transaction.
+    pub fn dead_lock(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        format!(
+            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
+            t = self.table,
+        )
+    }
+
+    /// Makes `n` locked dead rows pending again: `?` delay in microseconds, then the ids.
+    pub fn dead_redrive(&self, n: usize) -> String {
+        let Names {
+            id,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {t} SET {status} = 'pending', {attempts} = 0, \
+             {available_at} = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, {leased_by} = NULL, \
+             {processed_at} = NULL WHERE {id} IN ({ids})",
+            t = self.table,
+            ids = placeholders(n)
+        )
+    }
+
+    /// Deletes `n` locked dead rows.
+    pub fn dead_discard(&self, n: usize) -> String {
+        let id = &self.names.id;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN ({ids})",
+            t = self.table,
+            ids = placeholders(n)
+        )
+    }
+}
+
+/// How the dead-letter selector is written here: `?` in reading order, one per id.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |_| "?".to_owned(),
+    in_ids: |column, next, count| {
+        let list: Vec<String> = (0..count).map(|_| next()).collect();
+        format!("{column} IN ({})", list.join(", "))
+    },
+    contains: |column, placeholder| format!("LOCATE({placeholder}, {column}) > 0"),
+};
 
 /// Backtick-quotes an identifier, doubling embedded backticks. Validated identifiers have
 /// none, but quoting stays correct for any input. (`"` quotes strings in MySQL unless

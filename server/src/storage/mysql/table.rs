@@ -55,6 +55,15 @@ pub(super) struct Schema {
     skip_existing: String,
 }
 
+/// The outbox's pauses table, quoted, in the table's database.
+pub(super) fn pauses_table(shape: &Shape<'_>) -> String {
+    let name = quote(&derived_name(shape.table.as_str(), "_pauses"));
+    match shape.database {
+        Some(database) => format!("{}.{name}", quote(database.as_str())),
+        None => name,
+    }
+}
+
 /// A column or index that `ALTER TABLE` can add: its name as the live table lists it, and
 /// its definition.
 #[derive(Debug)]
@@ -127,6 +136,13 @@ impl Schema {
         create.push(format!(
             "CREATE TABLE IF NOT EXISTS {t} (\n{}\n) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
             lines.join(",\n")
+        ));
+        // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty
+        // pauses the whole outbox.
+        create.push(format!(
+            "CREATE TABLE IF NOT EXISTS {} (\n    target    VARCHAR(255) NOT NULL PRIMARY KEY,\n    \
+             paused_at DATETIME(6) NOT NULL\n) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4",
+            pauses_table(shape)
         ));
         Self {
             create,
@@ -368,6 +384,10 @@ CREATE TABLE IF NOT EXISTS `app`.`outbox` (
     KEY `outbox_key_idx` (`key`, status, id),
     KEY `outbox_due_idx` (status, available_at),
     KEY `outbox_processed_idx` (status, processed_at)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+CREATE TABLE IF NOT EXISTS `app`.`outbox_pauses` (
+    target    VARCHAR(255) NOT NULL PRIMARY KEY,
+    paused_at DATETIME(6) NOT NULL
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
 ";
         assert_eq!(

@@ -9,7 +9,7 @@ use sqlx::types::Json;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_json};
-use crate::storage::{MessageId, OutboxMessage, StorageError, TopicStats};
+use crate::storage::{BlockedKey, HeadState, MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// The one place driver errors become [`StorageError`]s: by kind, not by message.
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
@@ -109,6 +109,26 @@ pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> 
     })
 }
 
+/// A row of `sql::blocked_keys`.
+pub(super) fn decode_blocked(row: &PgRow) -> Result<BlockedKey, sqlx::Error> {
+    let owner: Option<String> = row.try_get("owner")?;
+    Ok(BlockedKey {
+        key: row.try_get("key")?,
+        head_id: row.try_get("head_id")?,
+        state: if owner.is_some() {
+            HeadState::Leased
+        } else {
+            HeadState::RetryWaiting
+        },
+        owner,
+        attempts: attempts(row.try_get::<i32, _>("attempts")?),
+        last_error: row.try_get("last_error")?,
+        head_created_at: row.try_get("created_at")?,
+        until: row.try_get("until")?,
+        waiting_behind: count(row.try_get("waiting")?),
+    })
+}
+
 pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error> {
     let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<f64> = row.try_get("oldest_pending_secs")?;
@@ -117,6 +137,7 @@ pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error>
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.and_then(|secs| Duration::try_from_secs_f64(secs.max(0.0)).ok()),
     })
 }

@@ -3,17 +3,21 @@
 //! statement is a transaction of its own (see the module docs of `mod.rs`).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
+use sqlx::Row;
 
 use super::convert::{decode_claim, decode_message, interval};
+use super::sql::FILTER;
 use super::PostgresStorage;
+use crate::storage::dead::{self, FilterValue};
 use crate::storage::nack::{plan_nacks, HeldRow};
-use crate::storage::rows::attempts;
+use crate::storage::rows::{attempts, count};
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, FailureDecision, MessageId, NackRequest, NackResult,
-    RetryPolicy, StorageResult,
+    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
+    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult,
 };
 
 impl PostgresStorage {
@@ -199,4 +203,120 @@ struct NackBatch<'a> {
     attempts: Vec<i32>,
     delays: Vec<Option<PgInterval>>,
     errors: Vec<&'a str>,
+}
+
+/// `query` with the selector's values bound, in the order [`dead::conditions`] rendered
+/// them (after the statement's own parameters).
+fn bind_filter<'q>(
+    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    values: Vec<FilterValue<'q>>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    for value in values {
+        query = match value {
+            FilterValue::Ids(ids) => query.bind(ids),
+            FilterValue::Text(text) => query.bind(text),
+            FilterValue::Time(at) => query.bind(at),
+        };
+    }
+    query
+}
+
+/// The dead-letter operations (see `dead.rs`): one statement each.
+impl PostgresStorage {
+    pub(super) async fn dead_rows(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        let err = || self.error("list dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_list(&conditions);
+        let query = sqlx::query(&statement)
+            .bind(after_id)
+            .bind(i64::from(limit));
+        let rows = bind_filter(query, values)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err())?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadLetter {
+                    message: decode_message(row)?,
+                    last_error: row.try_get("last_error")?,
+                    died_at: row.try_get("died_at")?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())
+    }
+
+    pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        let err = || self.error("count dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_count(&conditions);
+        let query = sqlx::query(&statement).bind(dead::MAX_COUNT_GROUPS);
+        let rows = bind_filter(query, values)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(err())?;
+        let mut counts = DeadCounts::default();
+        for row in &rows {
+            counts.total = count(row.try_get("total").map_err(err())?);
+            counts.groups.push(DeadCount {
+                topic: row.try_get("topic").map_err(err())?,
+                error: row.try_get("error").map_err(err())?,
+                count: count(row.try_get("count").map_err(err())?),
+            });
+        }
+        Ok(counts)
+    }
+
+    pub(super) async fn redrive_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_redrive(&conditions);
+        let query = sqlx::query_scalar(&statement)
+            .bind(i64::from(limit))
+            .bind(interval(delay));
+        let ids = bind_filter_scalar(query, values)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("re-drive dead letters"))?;
+        Ok(sorted_unique(ids))
+    }
+
+    pub(super) async fn discard_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_discard(&conditions);
+        let query = sqlx::query_scalar(&statement).bind(i64::from(limit));
+        let ids = bind_filter_scalar(query, values)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("discard dead letters"))?;
+        Ok(sorted_unique(ids))
+    }
+}
+
+/// [`bind_filter`] for a statement returning ids.
+fn bind_filter_scalar<'q>(
+    mut query: sqlx::query::QueryScalar<'q, sqlx::Postgres, MessageId, sqlx::postgres::PgArguments>,
+    values: Vec<FilterValue<'q>>,
+) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, MessageId, sqlx::postgres::PgArguments> {
+    for value in values {
+        query = match value {
+            FilterValue::Ids(ids) => query.bind(ids),
+            FilterValue::Text(text) => query.bind(text),
+            FilterValue::Time(at) => query.bind(at),
+        };
+    }
+    query
 }

@@ -14,8 +14,9 @@
 use std::time::Duration;
 
 use super::heads;
-use super::table::{qualified, schema, SchemaCheck, StrictObjects, LIVE_COLUMNS};
+use super::table::{pauses_table, qualified, schema, SchemaCheck, StrictObjects, LIVE_COLUMNS};
 use crate::storage::columns::{Columns, PayloadFormat};
+use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
 
@@ -50,6 +51,8 @@ pub(super) struct Statements {
     pub extend_lease: String,
     pub return_leases: String,
     pub stats: String,
+    /// Rows delivered within `$1` (the processed index of delivered rows).
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// Describes the live table's columns; `$1` is [`Statements::qualified_table`].
@@ -68,6 +71,18 @@ pub(super) struct Statements {
     pub schema_check: SchemaCheck,
     /// With strict ordering: the function calls (see `heads.rs`).
     pub strict: Option<StrictStatements>,
+    /// The columns as they appear in SQL, for the statements rendered per call (the
+    /// dead-letter operations, whose selector varies).
+    pub names: Names,
+    /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
+    pub heads: Option<String>,
+    /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
+    /// most.
+    pub blocked_keys: String,
+    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 #[derive(Debug)]
@@ -197,6 +212,7 @@ impl Statements {
             Vec::new()
         };
         let (schema, schema_check) = schema(&t, shape, &n, &objects);
+        let pauses = pauses_table(shape);
         Self {
             claim_all: claim(&t, shape, &n, false),
             claim_topics: claim(&t, shape, &n, true),
@@ -247,12 +263,18 @@ impl Statements {
                    count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > statement_timestamp()) AS leased, \
                    count(*) FILTER (WHERE {status} = 'dead') AS dead, \
+                   count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > statement_timestamp()) AS retry_waiting, \
                    EXTRACT(EPOCH FROM statement_timestamp() \
                      - min({created_at}) FILTER (WHERE {status} = 'pending'))::float8 \
                      AS oldest_pending_secs \
                  FROM {t} o WHERE {status} = 'pending' OR {status} = 'dead' \
                  GROUP BY 1 ORDER BY 1",
                 topic = n.topic("o."),
+            ),
+            delivered_within: format!(
+                "SELECT count(*) FROM {t} WHERE {status} = 'done' \
+                 AND {processed_at} > statement_timestamp() - $1::interval"
             ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {id} IN (\
@@ -288,11 +310,128 @@ impl Statements {
                 advance: format!("SELECT {}($1)", objects.advance_function),
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
+            heads: shape.strict_ordering.then(|| objects.heads.clone()),
+            blocked_keys: format!(
+                "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+               o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT $2"
+            ),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pause: format!(
+                "INSERT INTO {pauses} (target, paused_at) VALUES ('', statement_timestamp()) \
+                 ON CONFLICT (target) DO NOTHING"
+            ),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            names: n,
             qualified_table: t,
             display_table,
         }
     }
+
+    /// Dead rows in id order: `$1` after this id, `$2` at most; `conditions` from
+    /// [`crate::storage::dead::conditions`] with placeholders from `$3`.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let n = &self.names;
+        format!(
+            "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
+             o.{processed_at} AS died_at FROM {t} o \
+             WHERE o.{status} = 'dead' AND o.{id} > $1{conditions} ORDER BY o.{id} LIMIT $2",
+            message = message(n, "o"),
+            last_error = n.last_error,
+            processed_at = n.processed_at,
+            status = n.status,
+            id = n.id,
+            t = self.qualified_table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, `$1` groups at most, each with
+    /// the total of every group; `conditions` with placeholders from `$2`.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let n = &self.names;
+        format!(
+            "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
+             (sum(count(*)) OVER ())::int8 AS total FROM {t} o \
+             WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1",
+            topic = n.topic("o."),
+            last_error = n.last_error,
+            status = n.status,
+            t = self.qualified_table,
+        )
+    }
+
+    /// Makes the first `$1` selected dead rows pending again, attempts reset, claimable
+    /// after `$2`; returns their ids. With strict ordering the heads of their keys move
+    /// back to the lowest re-driven row (a head may have moved past it, or to NULL, when
+    /// it died), so a strict claim finds it before the key's later rows. `conditions`
+    /// with placeholders from `$3`.
+    pub fn dead_redrive(&self, conditions: &str) -> String {
+        let n = &self.names;
+        let t = &self.qualified_table;
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = n;
+        let heads = match &self.heads {
+            Some(heads) => format!(
+                ", heads AS (\
+                   INSERT INTO {heads} AS h (key, head_id) \
+                   SELECT r.key, min(r.id) FROM redriven r WHERE r.key IS NOT NULL \
+                   GROUP BY 1 ORDER BY 1 \
+                   ON CONFLICT (key) DO UPDATE SET head_id = least(h.head_id, excluded.head_id))"
+            ),
+            None => String::new(),
+        };
+        format!(
+            "WITH chosen AS MATERIALIZED (\
+               SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             redriven AS (\
+               UPDATE {t} u SET {status} = 'pending', {attempts} = 0, \
+                 {available_at} = statement_timestamp() + $2::interval, {leased_by} = NULL, \
+                 {processed_at} = NULL \
+               FROM chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
+               RETURNING u.{id}::int8 AS id, u.{key}::text AS key){heads} \
+             SELECT id FROM redriven ORDER BY id"
+        )
+    }
+
+    /// Deletes the first `$1` selected dead rows; returns their ids. `conditions` with
+    /// placeholders from `$2`.
+    pub fn dead_discard(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        let t = &self.qualified_table;
+        // The choice in a CTE of its own: a `LIMIT` subquery under `IN` may be run again
+        // per row by the plan, and took more rows than the limit.
+        format!(
+            "WITH chosen AS MATERIALIZED (\
+               SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             DELETE FROM {t} u USING chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
+             RETURNING u.{id}::int8"
+        )
+    }
 }
+
+/// How the dead-letter selector is written here: numbered `$n`, an id array.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |number| format!("${number}"),
+    in_ids: |column, next, _| format!("{column} = ANY({}::int8[])", next()),
+    contains: |column, placeholder| format!("strpos({column}, {placeholder}::text) > 0"),
+};
 
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
 /// `$5` topics (with `topics`) and the visibility delay (when configured) as the next

@@ -225,6 +225,17 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
     ] {
         check.relations.push(qualified(shape, &name(suffix)));
     }
+    // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty pauses
+    // the whole outbox.
+    sql += &format!(
+        "CREATE TABLE IF NOT EXISTS {} (
+    target    TEXT        PRIMARY KEY,
+    paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+",
+        pauses_table(shape)
+    );
+    check.relations.push(pauses_table(shape));
     if shape.strict_ordering {
         sql += &heads::schema(&strict.objects(t), n);
         check.relations.push(strict.heads.clone());
@@ -320,6 +331,14 @@ pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'sta
 }
 
 /// `table` + `suffix`, kept within PostgreSQL's 63 bytes (see [`names::derived_name`]).
+/// The outbox's pauses table, quoted and qualified.
+pub(super) fn pauses_table(shape: &Shape<'_>) -> String {
+    qualified(
+        shape,
+        &ident::quote(&derived_name(shape.table.as_str(), "_pauses")),
+    )
+}
+
 fn derived_name(table: &str, suffix: &str) -> String {
     names::derived_name(table, suffix, ident::MAX_LEN)
 }

@@ -8,7 +8,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
-use crate::storage::{OutboxMessage, StorageError, TopicStats};
+use crate::storage::{BlockedKey, HeadState, OutboxMessage, StorageError, TopicStats};
 
 // Primary result codes (the low byte of an extended code), from sqlite3.h.
 const SQLITE_ERROR: i32 = 1;
@@ -142,6 +142,26 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
     Ok(messages)
 }
 
+/// A row of `sql::blocked_keys`.
+pub(super) fn decode_blocked(row: &SqliteRow) -> Result<BlockedKey, sqlx::Error> {
+    let owner: Option<String> = row.try_get("owner")?;
+    Ok(BlockedKey {
+        key: row.try_get("key")?,
+        head_id: row.try_get("head_id")?,
+        state: if owner.is_some() {
+            HeadState::Leased
+        } else {
+            HeadState::RetryWaiting
+        },
+        owner,
+        attempts: attempts(row.try_get::<i64, _>("attempts")?),
+        last_error: row.try_get("last_error")?,
+        head_created_at: datetime(row.try_get("created_at")?)?,
+        until: datetime(row.try_get("until")?)?,
+        waiting_behind: count(row.try_get("waiting")?),
+    })
+}
+
 pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats, sqlx::Error> {
     let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_created_at")?;
@@ -150,6 +170,7 @@ pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats
         pending: count("pending")?,
         leased: count("leased")?,
         dead: count("dead")?,
+        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest
             .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
     })

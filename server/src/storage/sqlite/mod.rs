@@ -38,6 +38,7 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -53,9 +54,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult,
-    NewMessage, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
-    PURGE_BATCH,
+    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
+    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
+    Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -394,6 +395,18 @@ impl Storage for SqliteStorage {
         Ok(Stats::from_topics(topics))
     }
 
+    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
+        if self.options.delete_on_ack {
+            return Ok(None);
+        }
+        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
+            .bind(before(now_ms(), window))
+            .fetch_one(&self.pools.reader)
+            .await
+            .map_err(self.error("stats"))?;
+        Ok(Some(super::rows::count(delivered)))
+    }
+
     #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         if self.options.delete_on_ack {
@@ -440,6 +453,7 @@ impl Storage for SqliteStorage {
             }
         }
         tx.execute(schema.indexes.as_str()).await.map_err(err())?;
+        tx.execute(schema.pauses.as_str()).await.map_err(err())?;
         tx.commit().await.map_err(err())
     }
 
@@ -463,6 +477,76 @@ impl Storage for SqliteStorage {
             Err(error @ StorageError::ReadOnly(_)) => Err(error),
             _ => Ok(()),
         }
+    }
+
+    async fn list_dead(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        self.dead_rows(filter, after_id, limit).await
+    }
+
+    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        self.dead_counts(filter).await
+    }
+
+    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn redrive_dead(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        self.redrive_rows(filter, limit, delay).await
+    }
+
+    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
+        self.discard_rows(filter, limit).await
+    }
+
+    async fn blocked_keys(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys)
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(convert::decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
+    }
+
+    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
+        let err = || self.error("read the pause");
+        let since: Option<i64> = sqlx::query_scalar(&self.sql.paused_since)
+            .fetch_optional(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        since.map(datetime).transpose().map_err(err())
+    }
+
+    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+        let mut conn = self.writer("pause").await?;
+        let query = if paused {
+            sqlx::query(&self.sql.pause).bind(now_ms())
+        } else {
+            sqlx::query(&self.sql.resume)
+        };
+        query
+            .execute(&mut *conn)
+            .await
+            .map_err(self.error("pause"))?;
+        drop(conn);
+        self.paused_since().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -2,13 +2,20 @@
 //! used their attempts, lease) and one nack of a batch (read, decide, write, give back the
 //! later rows of its key). `mod.rs` runs them and implements the trait.
 
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Arguments, Row};
+
 use super::convert::{after, before, datetime, decode_messages, json_list, now_ms};
+use super::sql::FILTER;
 use super::SqliteStorage;
 use crate::storage::columns::TopicSource;
-use crate::storage::rows::attempts;
+use crate::storage::dead::{self, FilterValue};
+use crate::storage::rows::{attempts, count};
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, FailureDecision, MessageId, NackRequest, NackResult,
-    RetryPolicy, StorageResult,
+    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
+    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult,
 };
 
 impl SqliteStorage {
@@ -174,5 +181,150 @@ impl SqliteStorage {
         };
         let at = datetime(successors_at).map_err(err())?;
         Ok(NackResult::applied(decision, at, sorted_unique(released)))
+    }
+}
+
+/// `arguments` with the selector's values added, in the order [`dead::conditions`]
+/// rendered them: ids as a JSON array, times in epoch milliseconds (see `sql`).
+fn add_filter<'q>(
+    arguments: &mut SqliteArguments<'q>,
+    values: Vec<FilterValue<'q>>,
+) -> Result<(), sqlx::Error> {
+    for value in values {
+        match value {
+            FilterValue::Ids(ids) => arguments.add(json_list(ids)),
+            FilterValue::Text(text) => arguments.add(text),
+            FilterValue::Time(at) => arguments.add(at.timestamp_millis()),
+        }
+        .map_err(sqlx::Error::Encode)?;
+    }
+    Ok(())
+}
+
+/// The dead-letter operations (see `dead.rs`): reads on the reader pool, writes one
+/// statement each on the writer.
+impl SqliteStorage {
+    pub(super) async fn dead_rows(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        let err = || self.error("list dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_list(&conditions);
+        let mut arguments = SqliteArguments::default();
+        arguments
+            .add(after_id)
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        add_filter(&mut arguments, values).map_err(err())?;
+        let rows = sqlx::query_with(&statement, arguments)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        let died: Vec<Option<i64>> = rows
+            .iter()
+            .map(|row| row.try_get("died_at"))
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        let errors: Vec<String> = rows
+            .iter()
+            .map(|row| row.try_get("last_error"))
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        let messages = decode_messages(rows).map_err(err())?;
+        messages
+            .into_iter()
+            .zip(errors)
+            .zip(died)
+            .map(|((message, last_error), died_at)| {
+                Ok(DeadLetter {
+                    message,
+                    last_error,
+                    died_at: died_at.map(datetime).transpose()?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())
+    }
+
+    pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        let err = || self.error("count dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_count(&conditions);
+        let mut arguments = SqliteArguments::default();
+        arguments
+            .add(dead::MAX_COUNT_GROUPS)
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        add_filter(&mut arguments, values).map_err(err())?;
+        let rows = sqlx::query_with(&statement, arguments)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        let mut counts = DeadCounts::default();
+        for row in &rows {
+            counts.total = count(row.try_get("total").map_err(err())?);
+            counts.groups.push(DeadCount {
+                topic: row.try_get("topic").map_err(err())?,
+                error: row.try_get("error").map_err(err())?,
+                count: count(row.try_get("count").map_err(err())?),
+            });
+        }
+        Ok(counts)
+    }
+
+    pub(super) async fn redrive_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<Vec<MessageId>> {
+        let err = || self.error("re-drive dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_redrive(&conditions);
+        let mut conn = self.writer("re-drive dead letters").await?;
+        let mut arguments = SqliteArguments::default();
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        arguments
+            .add(after(now_ms(), delay))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        add_filter(&mut arguments, values).map_err(err())?;
+        let ids = sqlx::query_scalar_with(&statement, arguments)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err())?;
+        Ok(sorted_unique(ids))
+    }
+
+    pub(super) async fn discard_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> StorageResult<Vec<MessageId>> {
+        let err = || self.error("discard dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_discard(&conditions);
+        let mut conn = self.writer("discard dead letters").await?;
+        let mut arguments = SqliteArguments::default();
+        arguments
+            .add(i64::from(limit))
+            .map_err(sqlx::Error::Encode)
+            .map_err(err())?;
+        add_filter(&mut arguments, values).map_err(err())?;
+        let ids = sqlx::query_scalar_with(&statement, arguments)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err())?;
+        Ok(sorted_unique(ids))
     }
 }

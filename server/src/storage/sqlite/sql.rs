@@ -17,8 +17,9 @@
 
 use std::time::Duration;
 
-use super::table::Schema;
+use super::table::{pauses_table, Schema};
 use crate::storage::columns::Columns;
+use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
 
@@ -52,6 +53,8 @@ pub(super) struct Statements {
     pub extend_lease: String,
     pub return_leases: String,
     pub stats: String,
+    /// `?1` cutoff: rows delivered after it.
+    pub delivered_within: String,
     pub purge_batch: String,
     pub ping: String,
     /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
@@ -62,6 +65,17 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
+    /// The table, quoted, and its columns as they appear in SQL, for the statements
+    /// rendered per call (the dead-letter operations, whose selector varies).
+    pub table: String,
+    pub names: Names,
+    /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
+    /// most, `?3` now.
+    pub blocked_keys: String,
+    /// The outbox's pause: when it began, if paused; `?1` now: pause (idempotent); resume.
+    pub paused_since: String,
+    pub pause: String,
+    pub resume: String,
 }
 
 /// What shapes the statements besides the table name.
@@ -146,6 +160,7 @@ impl Statements {
         } = &c;
         let topic_value = &c.topic("");
         let inserted = c.inserted();
+        let pauses = pauses_table(shape.table);
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
         // A fixed topic is never filtered in SQL (see `candidates`): its "topics"
         // statements are the unfiltered ones, and unused.
@@ -213,6 +228,8 @@ impl Statements {
                    sum({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > ?1) AS leased, \
                    sum({status} = 'dead') AS dead, \
+                   sum({status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > ?1) AS retry_waiting, \
                    min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                      AS oldest_pending_created_at \
                  FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \
@@ -220,6 +237,9 @@ impl Statements {
                 topic = aliased(topic_value, "topic"),
             ),
             // `?1` cutoff, `?2` batch size.
+            delivered_within: format!(
+                "SELECT count(*) FROM {t} WHERE {status} = 'done' AND {processed_at} > ?1"
+            ),
             purge_batch: format!(
                 "DELETE FROM {t} WHERE {id} IN (\
                    SELECT {id} FROM {t} WHERE {status} = 'done' AND {processed_at} < ?1 \
@@ -237,9 +257,98 @@ impl Statements {
             ),
             schema: Schema::render(&t, shape.table, shape.columns, &c),
             display_table: shape.table.to_string(),
+            blocked_keys: format!(
+                "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
+               o.{attempts} AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > ?3 AND o.{id} > ?1 \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+             ORDER BY o.{id} LIMIT ?2"
+            ),
+            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pause: format!("INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES ('', ?1)"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            table: t.clone(),
+            names: c.clone(),
         }
     }
+
+    /// Dead rows in id order: `?1` after this id, `?2` at most; the selector's
+    /// `conditions` with placeholders from `?3`.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
+               o.{processed_at} AS died_at FROM {t} o \
+             WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
+            message = message(c),
+            last_error = c.last_error,
+            processed_at = c.processed_at,
+            status = c.status,
+            id = c.id,
+            t = self.table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, `?1` groups at most, each with
+    /// the total of every group; `conditions` with placeholders from `?2`.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
+               sum(count(*)) OVER () AS total FROM {t} o \
+             WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?1",
+            topic = c.topic("o."),
+            last_error = c.last_error,
+            status = c.status,
+            t = self.table,
+        )
+    }
+
+    /// Makes the first `?1` selected dead rows pending again, attempts reset, claimable
+    /// at `?2`; returns their ids. `conditions` with placeholders from `?3`.
+    pub fn dead_redrive(&self, conditions: &str) -> String {
+        let Names {
+            id,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {t} SET {status} = 'pending', {attempts} = 0, {available_at} = ?2, \
+             {leased_by} = NULL, {processed_at} = NULL WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
+
+    /// Deletes the first `?1` selected dead rows; returns their ids. `conditions` with
+    /// placeholders from `?2`.
+    pub fn dead_discard(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
 }
+
+/// How the dead-letter selector is written here: numbered `?n`, ids as a JSON array.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |number| format!("?{number}"),
+    in_ids: |column, next, _| format!("{column} IN (SELECT value FROM json_each({}))", next()),
+    contains: |column, placeholder| format!("instr({column}, {placeholder}) > 0"),
+};
 
 /// `?1` now, then `?2` topics (a JSON array, with `topics`) and the visibility cutoff (now
 /// minus the delay, when one is configured) as the next parameter: the rows a claim may

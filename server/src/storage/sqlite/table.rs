@@ -36,6 +36,8 @@ pub(super) struct Schema {
     /// `CREATE INDEX IF NOT EXISTS` of the claim's, strict ordering's, purge's and the
     /// dead rows' indexes.
     pub indexes: String,
+    /// `CREATE TABLE IF NOT EXISTS` of the outbox's pauses table.
+    pub pauses: String,
     /// The table as named, and whether its names are the relay's own.
     table: String,
     own_names: bool,
@@ -96,10 +98,18 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
             processed = index("_processed_idx"),
             dead = index("_dead_idx"),
         );
+        // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty
+        // pauses the whole outbox. Times in epoch milliseconds, as the outbox's.
+        let pauses = format!(
+            "CREATE TABLE IF NOT EXISTS {} (\n    target    TEXT    PRIMARY KEY,\n    \
+             paused_at INTEGER NOT NULL\n);\n",
+            pauses_table(table)
+        );
         Self {
             create_table,
             add_columns,
             indexes,
+            pauses,
             table: table.to_string(),
             own_names: columns.is_default(),
             skip_existing: format!(
@@ -130,8 +140,13 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
                 self.skip_existing
             );
         }
-        text + &self.indexes
+        text + &self.indexes + &self.pauses
     }
+}
+
+/// The outbox's pauses table, quoted.
+pub(super) fn pauses_table(table: &Ident) -> String {
+    ident::quote(&format!("{table}_pauses"))
 }
 
 /// A column of the `CREATE TABLE`, by its key under `columns.`: its name as written and
@@ -316,6 +331,10 @@ CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\" ON \"Outbox\" (id) WHERE statu
 CREATE INDEX IF NOT EXISTS \"Outbox_key_pending_idx\" ON \"Outbox\" (key, id) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS \"Outbox_processed_idx\" ON \"Outbox\" (processed_at) WHERE status = 'done';
 CREATE INDEX IF NOT EXISTS \"Outbox_dead_idx\" ON \"Outbox\" (id) WHERE status = 'dead';
+CREATE TABLE IF NOT EXISTS \"Outbox_pauses\" (
+    target    TEXT    PRIMARY KEY,
+    paused_at INTEGER NOT NULL
+);
 "
         );
         assert_eq!(schema("Outbox", &Columns::default()).text(), expected);

@@ -1,0 +1,170 @@
+//! The dead-letter calls of `txoutbox.v1.Admin`: the selector from protobuf, the rows and
+//! counts back, and the audit record of each re-drive and discard (dry runs included,
+//! marked so). Called by [`super::admin_service`].
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tonic::Status;
+use txoutbox_proto::v1;
+
+use super::convert::timestamp;
+use crate::config::Scope;
+use crate::relay::limits::echo;
+use crate::relay::Relay;
+use crate::security::{audit, Caller};
+use crate::storage::{DeadFilter, DeadLetter};
+
+/// The selector as the storage takes it; times must be valid timestamps.
+pub fn filter(selector: Option<v1::DeadLetterSelector>) -> Result<DeadFilter, Status> {
+    let selector = selector.unwrap_or_default();
+    let time = |field: &str, at: Option<prost_types::Timestamp>| {
+        at.map(|at| {
+            u32::try_from(at.nanos)
+                .ok()
+                .and_then(|nanos| DateTime::<Utc>::from_timestamp(at.seconds, nanos))
+                .ok_or_else(|| Status::invalid_argument(format!("{field} is not a valid time")))
+        })
+        .transpose()
+    };
+    Ok(DeadFilter {
+        ids: selector.ids,
+        topic: selector.topic,
+        key: selector.key,
+        error_contains: selector.error_contains,
+        died_after: time("died_after", selector.died_after)?,
+        died_before: time("died_before", selector.died_before)?,
+    })
+}
+
+/// The selector as audit arguments: short, the caller's strings escaped and cut.
+fn describe(filter: &DeadFilter) -> String {
+    let mut parts = Vec::new();
+    if !filter.ids.is_empty() {
+        parts.push(format!("ids={}", filter.ids.len()));
+    }
+    for (name, value) in [
+        ("topic", &filter.topic),
+        ("key", &filter.key),
+        ("error_contains", &filter.error_contains),
+    ] {
+        if let Some(value) = value {
+            parts.push(format!("{name}={}", echo(value)));
+        }
+    }
+    if let Some(at) = filter.died_after {
+        parts.push(format!("died_after={}", at.to_rfc3339()));
+    }
+    if let Some(at) = filter.died_before {
+        parts.push(format!("died_before={}", at.to_rfc3339()));
+    }
+    parts.join(" ")
+}
+
+pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
+    let message = row.message;
+    v1::DeadLetter {
+        id: message.id,
+        topic: message.topic,
+        key: message.key,
+        payload: message.payload,
+        headers: message.headers.into_iter().collect(),
+        attempts: message.attempts,
+        last_error: row.last_error,
+        created_at: Some(timestamp(message.created_at)),
+        died_at: row.died_at.map(timestamp),
+    }
+}
+
+pub async fn list(
+    relay: &Relay,
+    caller: &Caller,
+    request: v1::ListDeadLettersRequest,
+) -> Result<v1::ListDeadLettersResponse, Status> {
+    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+    let filter = filter(request.selector)?;
+    let rows = outbox
+        .list_dead(&filter, request.after_id, request.limit)
+        .await?;
+    let page = crate::relay::dead_letters::limit(request.limit)?;
+    let next_after_id = match rows.last() {
+        Some(last) if rows.len() == page as usize => last.message.id,
+        _ => 0,
+    };
+    Ok(v1::ListDeadLettersResponse {
+        dead_letters: rows.into_iter().map(dead_letter).collect(),
+        next_after_id,
+    })
+}
+
+pub async fn count(
+    relay: &Relay,
+    caller: &Caller,
+    request: v1::CountDeadLettersRequest,
+) -> Result<v1::CountDeadLettersResponse, Status> {
+    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+    let counts = outbox.count_dead(&filter(request.selector)?).await?;
+    Ok(v1::CountDeadLettersResponse {
+        counts: counts
+            .groups
+            .into_iter()
+            .map(|group| v1::DeadLetterCount {
+                topic: group.topic,
+                error: group.error,
+                count: group.count,
+            })
+            .collect(),
+        total: counts.total,
+    })
+}
+
+pub async fn redrive(
+    relay: &Relay,
+    caller: &Caller,
+    request: v1::RedriveDeadLettersRequest,
+) -> Result<v1::DeadLetterActionResponse, Status> {
+    let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
+    let outcome = async {
+        let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+        let filter = filter(request.selector)?;
+        arguments = format!("{arguments} {}", describe(&filter));
+        let delay = match request.delay {
+            Some(delay) => Duration::try_from(delay)
+                .map_err(|_| Status::invalid_argument("delay must not be negative"))?,
+            None => Duration::ZERO,
+        };
+        let action = outbox
+            .redrive_dead(&filter, request.limit, delay, request.dry_run)
+            .await?;
+        Ok(v1::DeadLetterActionResponse {
+            ids: action.ids,
+            more: action.more,
+        })
+    }
+    .await;
+    audit::record(caller, "redrive", &request.outbox, &arguments, &outcome);
+    outcome
+}
+
+pub async fn discard(
+    relay: &Relay,
+    caller: &Caller,
+    request: v1::DiscardDeadLettersRequest,
+) -> Result<v1::DeadLetterActionResponse, Status> {
+    let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
+    let outcome = async {
+        let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+        let filter = filter(request.selector)?;
+        arguments = format!("{arguments} {}", describe(&filter));
+        let action = outbox
+            .discard_dead(&filter, request.limit, request.dry_run)
+            .await?;
+        Ok(v1::DeadLetterActionResponse {
+            ids: action.ids,
+            more: action.more,
+        })
+    }
+    .await;
+    audit::record(caller, "discard", &request.outbox, &arguments, &outcome);
+    outcome
+}

@@ -1,0 +1,254 @@
+//! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
+//! the outbox's pause, blocked keys.
+
+use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, NackResult};
+
+use super::*;
+
+/// Inserts a row, claims it alone and dead-letters it with `error`.
+async fn dead_row(storage: &dyn Storage, topic: &str, key: Option<&str>, error: &str) -> MessageId {
+    let id = insert(storage, topic, "p", key).await;
+    let got = claim_topics(storage, "killer", 1, LEASE, &[topic.to_owned()]).await;
+    assert_eq!(ids(&got), [id]);
+    assert!(storage.dead_letter(id, "killer", error).await.unwrap());
+    id
+}
+
+fn listed(rows: &[txoutbox_server::storage::DeadLetter]) -> Vec<MessageId> {
+    rows.iter().map(|row| row.message.id).collect()
+}
+
+pub async fn dead_rows_are_listed_in_id_order_filtered_and_counted(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let before = Utc::now() - chrono::Duration::seconds(5);
+    let a = dead_row(&*storage, "a", Some("k1"), "timeout after 5s").await;
+    let pending = insert(&*storage, "z", "p", None).await;
+    let b = dead_row(&*storage, "b", None, "bad payload").await;
+    let c = dead_row(&*storage, "a", Some("k2"), "timeout after 5s").await;
+    let all = DeadFilter::default();
+
+    let rows = storage.list_dead(&all, 0, 10).await.unwrap();
+    assert_eq!(listed(&rows), [a, b, c], "dead rows only, in id order");
+    let first = &rows[0];
+    assert_eq!(first.last_error, "timeout after 5s");
+    assert_eq!(
+        (first.message.attempts, first.message.key.as_deref()),
+        (1, Some("k1"))
+    );
+    assert!(first
+        .died_at
+        .is_some_and(|at| at > before && at <= Utc::now()));
+    assert_eq!(listed(&storage.list_dead(&all, a, 1).await.unwrap()), [b]);
+
+    for (filter, expected) in [
+        (
+            DeadFilter {
+                topic: Some("a".into()),
+                ..all.clone()
+            },
+            vec![a, c],
+        ),
+        (
+            DeadFilter {
+                key: Some("k2".into()),
+                ..all.clone()
+            },
+            vec![c],
+        ),
+        (
+            DeadFilter {
+                error_contains: Some("payload".into()),
+                ..all.clone()
+            },
+            vec![b],
+        ),
+        (
+            DeadFilter {
+                ids: vec![c, pending, a],
+                ..all.clone()
+            },
+            vec![a, c],
+        ),
+        (
+            DeadFilter {
+                died_after: Some(before),
+                ..all.clone()
+            },
+            vec![a, b, c],
+        ),
+        (
+            DeadFilter {
+                died_before: Some(before),
+                ..all.clone()
+            },
+            vec![],
+        ),
+    ] {
+        let rows = storage.list_dead(&filter, 0, 10).await.unwrap();
+        assert_eq!(listed(&rows), expected, "{filter:?}");
+    }
+
+    let counts = storage.count_dead(&all).await.unwrap();
+    assert_eq!(counts.total, 3);
+    assert_eq!(
+        counts.groups,
+        [
+            DeadCount {
+                topic: "a".into(),
+                error: "timeout after 5s".into(),
+                count: 2
+            },
+            DeadCount {
+                topic: "b".into(),
+                error: "bad payload".into(),
+                count: 1
+            },
+        ]
+    );
+    let only_b = DeadFilter {
+        topic: Some("b".into()),
+        ..all
+    };
+    assert_eq!(storage.count_dead(&only_b).await.unwrap().total, 1);
+}
+
+/// Two keys' heads die; a later row of each is inserted while they are dead. Re-driven
+/// with a delay, `k`'s head holds its later row back; re-driven now, `j`'s head comes
+/// before its later row, attempts reset.
+pub async fn a_redriven_row_goes_before_later_rows_of_its_key(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let head_k = dead_row(&*storage, "t", Some("k"), "poison").await;
+    let head_j = dead_row(&*storage, "t", Some("j"), "poison").await;
+    insert(&*storage, "t", "later", Some("k")).await;
+    let later_j = insert(&*storage, "t", "later", Some("j")).await;
+    let only = |id| DeadFilter {
+        ids: vec![id],
+        ..DeadFilter::default()
+    };
+
+    let redriven = storage
+        .redrive_dead(&only(head_k), 10, FUTURE)
+        .await
+        .unwrap();
+    assert_eq!(redriven, [head_k]);
+    let redriven = storage
+        .redrive_dead(&only(head_j), 10, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(redriven, [head_j]);
+    assert!(storage
+        .list_dead(&DeadFilter::default(), 0, 10)
+        .await
+        .unwrap()
+        .is_empty());
+    let got = claim(&*storage, "w1", 10, LEASE).await;
+    assert_eq!(
+        ids(&got),
+        [head_j, later_j],
+        "in id order; k's later row waits behind its re-driven head"
+    );
+    assert_eq!(got[0].attempts, 1, "attempts were reset");
+}
+
+pub async fn redrive_and_discard_are_bounded_and_idempotent(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let mut dead = Vec::new();
+    for i in 0..5 {
+        dead.push(dead_row(&*storage, "t", Some(&format!("k{i}")), "e").await);
+    }
+    let pending = insert(&*storage, "t", "p", None).await;
+    let all = DeadFilter::default();
+    assert_eq!(
+        storage.redrive_dead(&all, 2, Duration::ZERO).await.unwrap(),
+        dead[..2]
+    );
+    assert_eq!(storage.discard_dead(&all, 2).await.unwrap(), dead[2..4]);
+    let by_id = DeadFilter {
+        ids: dead.clone(),
+        ..all.clone()
+    };
+    assert_eq!(storage.discard_dead(&by_id, 10).await.unwrap(), dead[4..]);
+    assert!(
+        storage.discard_dead(&by_id, 10).await.unwrap().is_empty(),
+        "a repeat"
+    );
+    assert!(storage
+        .redrive_dead(&by_id, 10, Duration::ZERO)
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        backend.row_count().await,
+        3,
+        "the re-driven and the pending rows stay"
+    );
+    let got = claim(&*storage, "w1", 10, LEASE).await;
+    assert_eq!(ids(&got), [dead[0], dead[1], pending]);
+}
+
+/// The pause is held in the database: another server on the table sees it; pausing twice
+/// keeps the first time; resuming twice is harmless.
+pub async fn a_pause_is_seen_by_every_server_on_the_table(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let other = backend.open(Setup::default()).await;
+    assert_eq!(other.paused_since().await.unwrap(), None);
+    let since = storage.set_paused(true).await.unwrap().expect("paused");
+    assert!((Utc::now() - since).num_seconds().abs() < 5);
+    assert_eq!(other.paused_since().await.unwrap(), Some(since));
+    assert_eq!(
+        other.set_paused(true).await.unwrap(),
+        Some(since),
+        "idempotent"
+    );
+    assert_eq!(other.set_paused(false).await.unwrap(), None);
+    assert_eq!(storage.set_paused(false).await.unwrap(), None);
+    assert_eq!(storage.paused_since().await.unwrap(), None);
+}
+
+/// `k`'s head waits for a retry with two rows behind it; `j`'s head is leased with one
+/// behind; keyless rows and keys whose head is due are not blocked.
+pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let a = insert(&*storage, "t", "a", Some("k")).await;
+    insert(&*storage, "t", "b", Some("k")).await;
+    insert(&*storage, "t", "c", Some("k")).await;
+    let d = insert(&*storage, "t", "d", Some("j")).await;
+    insert(&*storage, "t", "e", Some("j")).await;
+    insert(&*storage, "t", "f", None).await;
+    assert_eq!(claim(&*storage, "w1", 10, LEASE).await.len(), 6);
+    let nacked = storage
+        .nack(a, "w1", "broker busy", Some(FUTURE), &POLICY)
+        .await
+        .unwrap();
+    assert!(matches!(nacked, NackResult::Retried { .. }), "{nacked:?}");
+    insert(&*storage, "t", "g", Some("free")).await;
+
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    let seen: Vec<(&str, MessageId, HeadState, Option<&str>, u64)> = blocked
+        .iter()
+        .map(|b| {
+            (
+                b.key.as_str(),
+                b.head_id,
+                b.state,
+                b.owner.as_deref(),
+                b.waiting_behind,
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("k", a, HeadState::RetryWaiting, None, 2),
+            ("j", d, HeadState::Leased, Some("w1"), 1),
+        ]
+    );
+    assert_eq!(blocked[0].last_error.as_deref(), Some("broker busy"));
+    assert_eq!(blocked[0].attempts, 1);
+    assert_about_from_now(blocked[0].until, FUTURE);
+    assert_about_from_now(blocked[1].until, LEASE);
+    assert!(blocked[0].head_created_at <= Utc::now());
+    let next = storage.blocked_keys(a, 10).await.unwrap();
+    assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [d]);
+    assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
+}

@@ -1,0 +1,48 @@
+//! Operations (issue 14) against a real `txoutboxd` on every backend: dead letters listed,
+//! counted, re-driven in id order per key (checked through a real streaming subscriber)
+//! and discarded; an outbox paused and resumed across two replicas and a restart; through
+//! the Admin RPCs and the `txoutbox` command line.
+//! `operations_suite!(name, database)` expands to one test per case of
+//! `operations/dead_letters.rs`, each on its own fresh database.
+
+#[path = "operations/blocked.rs"]
+mod blocked;
+#[path = "operations/dead_letters.rs"]
+mod dead_letters;
+#[path = "operations/pause.rs"]
+mod pause;
+#[path = "operations/stats.rs"]
+mod stats;
+
+use txoutbox_tests::{MappedPgDb, MariaDb, SqliteDb, TestDb};
+
+macro_rules! operations_suite {
+    ($backend:ident, $database:expr) => {
+        mod $backend {
+            use super::*;
+
+            operations_suite!(@cases $database;
+                dead_letters::dead_letters_are_listed_counted_and_discarded,
+                dead_letters::redriven_rows_arrive_in_id_order_per_key,
+                dead_letters::the_command_line_acts_only_with_yes,
+                pause::a_pause_holds_on_every_replica_and_across_a_restart,
+                pause::the_command_line_pauses_shows_it_and_resumes,
+                stats::stats_count_retry_waiting_throughput_and_fenced_answers,
+                blocked::a_stuck_key_is_found_with_its_holder,
+            );
+        }
+    };
+    (@cases $database:expr; $($module:ident :: $case:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                $module::$case($database).await;
+            }
+        )+
+    };
+}
+
+operations_suite!(postgres, TestDb::new().await);
+operations_suite!(postgres_mapped, MappedPgDb::new().await);
+operations_suite!(sqlite, SqliteDb::new().await);
+operations_suite!(mariadb, MariaDb::new().await);
