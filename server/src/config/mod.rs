@@ -50,6 +50,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// Shortest health interval: the checks query every outbox's database.
 const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Shortest depth-gauge interval: each refresh counts every outbox's pending and dead rows.
+const MIN_DEPTH_INTERVAL: Duration = Duration::from_millis(100);
+
 /// What gRPC clients accept by default, in every language: the default response cap.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Bounds of `server.max_message_bytes`: room for a row of real size; at most two
@@ -98,6 +101,14 @@ pub struct ServerConfig {
     pub auth: AuthConfig,
     /// Serve a non-loopback address without TLS or without credentials. Refused otherwise.
     pub allow_insecure: bool,
+    /// Prometheus metrics (`GET /metrics`) on this address, plain HTTP on a listener of
+    /// its own; none when absent (see [`crate::telemetry::metrics`]).
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the depth gauges (pending, leased, waiting, dead, oldest pending age)
+    /// are refreshed: one count query per outbox per interval, on the health checks'
+    /// connection. Only with `metrics_listen`.
+    #[serde(with = "humantime_serde")]
+    pub metrics_depth_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -112,6 +123,8 @@ impl Default for ServerConfig {
             tls: None,
             auth: AuthConfig::default(),
             allow_insecure: false,
+            metrics_listen: None,
+            metrics_depth_interval: Duration::from_secs(15),
         }
     }
 }
@@ -238,6 +251,13 @@ impl Config {
             server.health_interval,
             MIN_HEALTH_INTERVAL,
             "5s",
+        );
+        check_duration(
+            &mut problems,
+            "server.metrics_depth_interval",
+            server.metrics_depth_interval,
+            MIN_DEPTH_INTERVAL,
+            "15s",
         );
         if !MESSAGE_BYTES_RANGE.contains(&server.max_message_bytes) {
             problems.push(format!(

@@ -134,6 +134,9 @@ pub struct TopicStats {
     pub topic: String,
     pub pending: u64,
     pub leased: u64,
+    /// Pending rows nobody holds that are not due yet: waiting for a retry after a nack,
+    /// the delay of a release, or the outbox's visibility delay.
+    pub waiting: u64,
     pub dead: u64,
     pub oldest_pending_age: Option<Duration>,
 }
@@ -153,6 +156,7 @@ impl Stats {
                 topic: String::new(),
                 pending: total.pending + topic.pending,
                 leased: total.leased + topic.leased,
+                waiting: total.waiting + topic.waiting,
                 dead: total.dead + topic.dead,
                 oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
             });

@@ -212,6 +212,8 @@ impl Statements {
                    sum({status} = 'pending') AS pending, \
                    sum({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > ?1) AS leased, \
+                   sum({status} = 'pending' AND {leased_by} IS NULL \
+                     AND {available_at} > ?1) AS waiting, \
                    sum({status} = 'dead') AS dead, \
                    min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                      AS oldest_pending_created_at \

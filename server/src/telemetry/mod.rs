@@ -1,0 +1,14 @@
+//! Operations: what an operator reads about a running server.
+//!
+//! - [`logging`]: `tracing` to stderr, text or JSON;
+//! - [`metrics`]: the Prometheus metrics, their names and meanings, and the handles the
+//!   relay counts on; [`depth`] refreshes the gauges that need the database;
+//!   [`http`] serves them on `server.metrics_listen`.
+
+pub mod depth;
+pub mod http;
+pub mod logging;
+pub mod metrics;
+
+pub use logging::init;
+pub use metrics::Metrics;
