@@ -20,6 +20,7 @@ pub mod mariadb;
 pub mod outbox_db;
 pub mod pg_link;
 pub mod pki;
+pub mod prometheus;
 pub mod relay_cli;
 pub mod server;
 pub mod sqlite_db;

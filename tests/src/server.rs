@@ -222,6 +222,26 @@ impl Server {
             .unwrap()
     }
 
+    /// `http://ADDRESS/metrics`: the metrics listener's address from the "listening" line
+    /// (`server.metrics_listen` must be set, and `log_format = "json"`).
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_address())
+    }
+
+    /// The `host:port` of the metrics listener.
+    pub fn metrics_address(&self) -> String {
+        let log = self.log.lock().unwrap();
+        let line = log
+            .iter()
+            .find(|line| line.contains("txoutboxd listening"))
+            .expect("the listening line");
+        let value: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+        value["fields"]["metrics_address"]
+            .as_str()
+            .expect("metrics_address in the listening line: is server.metrics_listen set?")
+            .to_owned()
+    }
+
     /// How many log lines so far contain `needle`.
     pub fn log_count(&self, needle: &str) -> usize {
         let log = self.log.lock().unwrap();

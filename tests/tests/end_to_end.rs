@@ -60,6 +60,8 @@ mod mariadb;
 mod newcomer;
 #[path = "node_client.rs"]
 mod node_client;
+#[path = "observability.rs"]
+mod observability;
 #[path = "python_client.rs"]
 mod python_client;
 #[path = "replica_stall.rs"]

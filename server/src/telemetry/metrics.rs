@@ -100,6 +100,16 @@ impl AnswerKind {
     }
 }
 
+/// The `kind` labels of `txoutbox_storage_errors_total`, one per [`StorageError`] variant.
+const ERROR_KINDS: [&str; 6] = [
+    "unavailable",
+    "read_only",
+    "missing_table",
+    "mismatched_table",
+    "invalid_message",
+    "other",
+];
+
 /// The `kind` label of `txoutbox_storage_errors_total`.
 fn error_kind(error: &StorageError) -> &'static str {
     match error {
@@ -141,6 +151,7 @@ pub struct Metrics {
     streams_open: IntGaugeVec,
     subscriber_streams: IntGaugeVec,
     in_flight: IntGaugeVec,
+    serving: IntGaugeVec,
     depth: DepthGauges,
     pool_connections: IntGaugeVec,
     pool_max: IntGaugeVec,
@@ -239,6 +250,7 @@ impl Metrics {
             streams_open: gauge("txoutbox_streams_open", "Subscribe streams open.", outbox),
             subscriber_streams: gauge("txoutbox_subscriber_streams", "Subscribe streams open, by subscriber name.", &["outbox", "subscriber"]),
             in_flight: gauge("txoutbox_messages_in_flight", "Rows held by open streams: sent, not answered yet.", outbox),
+            serving: gauge("txoutbox_outbox_serving", "1 while the outbox's health check passes (its grpc.health.v1 status is SERVING), 0 otherwise.", outbox),
             depth: DepthGauges {
                 pending: gauge("txoutbox_outbox_pending_rows", "Rows not delivered yet, leased and waiting ones included, at the last depth refresh.", by_topic),
                 leased: gauge("txoutbox_outbox_leased_rows", "Pending rows under a live lease, at the last depth refresh.", by_topic),
@@ -281,7 +293,9 @@ impl Metrics {
             batch_rows: self.batch_rows.with_label_values(&[name]),
             streams_open: self.streams_open.with_label_values(&[name]),
             in_flight: self.in_flight.with_label_values(&[name]),
-            storage_errors: self.storage_errors.clone(),
+            storage_errors: ERROR_KINDS
+                .map(|kind| self.storage_errors.with_label_values(&[name, kind])),
+            serving: self.serving.with_label_values(&[name]),
             subscriber_streams: self.subscriber_streams.clone(),
             subscribers_lock: Arc::clone(&self.subscribers_lock),
             outbox: name.to_owned(),
@@ -384,10 +398,12 @@ pub struct OutboxMetrics {
     pub batch_rows: Histogram,
     pub streams_open: IntGauge,
     pub in_flight: IntGauge,
+    /// Set by the health checks.
+    pub serving: IntGauge,
     dead_lettered: [IntCounter; 4],
     fenced: [IntCounter; 5],
     answer_duration: [Histogram; 5],
-    storage_errors: IntCounterVec,
+    storage_errors: [IntCounter; 6],
     subscriber_streams: IntGaugeVec,
     subscribers_lock: Arc<Mutex<()>>,
 }
@@ -414,9 +430,9 @@ impl OutboxMetrics {
     }
 
     pub fn storage_error(&self, error: &StorageError) {
-        self.storage_errors
-            .with_label_values(&[self.outbox.as_str(), error_kind(error)])
-            .inc();
+        let kind = error_kind(error);
+        let index = ERROR_KINDS.iter().position(|k| *k == kind);
+        self.storage_errors[index.expect("every kind listed")].inc();
     }
 
     /// Counts a stream of `subscriber` open until the guard drops.
