@@ -101,6 +101,7 @@ pub mod publisher;
 #[cfg(feature = "redis")]
 pub mod redis_stream;
 pub mod subscriber;
+mod trace_context;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 pub mod worker;

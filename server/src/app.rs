@@ -277,6 +277,8 @@ pub async fn run(
         // Streams per connection: a client opening more waits for one to end (tonic
         // passes "unlimited" to hyper otherwise).
         .max_concurrent_streams(config.server.max_streams_per_connection)
+        // A span per call (admin calls included), the parent of the relay's own spans.
+        .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
         .layer(AuthLayer::new(Arc::clone(&access)))
         .add_service(health_service)
         .add_service(reflection)

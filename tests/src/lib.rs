@@ -17,6 +17,7 @@ pub mod db;
 pub mod faults;
 pub mod journal;
 pub mod mariadb;
+pub mod otlp_receiver;
 pub mod outbox_db;
 pub mod pg_link;
 pub mod pki;

@@ -82,6 +82,20 @@ impl Server {
         Self::spawn(command, Some(file), echo).await
     }
 
+    /// [`Server::start`] with these environment variables set for the server (the
+    /// `OTEL_*` variables of the trace tests).
+    pub async fn start_with_env(config: &str, env: &[(&str, &str)]) -> Self {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+        let mut command = Command::new(binary());
+        command
+            .arg("--config")
+            .arg(file.path())
+            .env("RUST_LOG", "info,txoutbox_server=debug")
+            .envs(env.iter().copied());
+        Self::spawn(command, Some(file), true).await
+    }
+
     /// Starts `txoutboxd` with no configuration at all, in `dir` as its working directory,
     /// so it serves the embedded default (a SQLite outbox `default` in `dir/txoutbox.db`).
     /// Only the port (`--listen`, to run beside other tests) and the log format (JSON, to

@@ -72,6 +72,8 @@ mod security;
 mod sqlite;
 #[path = "subscribe.rs"]
 mod subscribe;
+#[path = "traces.rs"]
+mod traces;
 #[path = "unary_and_admin.rs"]
 mod unary_and_admin;
 #[path = "version.rs"]

@@ -68,6 +68,8 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     #[serde(default)]
     pub outboxes: BTreeMap<String, OutboxConfig>,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// Built on [`EMBEDDED_DEFAULT`] (not a key: set by [`Config::load`]), so the server
     /// says so at start with how to try it.
     #[serde(skip)]
@@ -127,6 +129,19 @@ impl Default for ServerConfig {
             metrics_depth_interval: Duration::from_secs(15),
         }
     }
+}
+
+/// `[telemetry]`: OpenTelemetry traces over OTLP/gRPC (see [`crate::telemetry::traces`]).
+/// Off unless `otlp_endpoint` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` /
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; `OTEL_SDK_DISABLED=true` turns it off.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/gRPC endpoint, for example `http://127.0.0.1:4317`; the
+    /// `OTEL_EXPORTER_OTLP_*` variables set it too (and its timeout, headers...).
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the spans; else `OTEL_SERVICE_NAME`, else `txoutboxd`.
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -26,6 +26,7 @@ use crate::storage::{
     Storage, StorageError, StorageResult,
 };
 use crate::telemetry::metrics::{AnswerKind, DeadLetterReason, OutboxMetrics};
+use crate::telemetry::traces;
 use backoff::Backoff;
 use idle::{IdlePolls, PollGroup};
 pub use limits::MAX_IDS;
@@ -255,6 +256,7 @@ impl Outbox {
     /// response on its own is dead-lettered with an error saying so. The claim asks the
     /// database for no more rows than the latest claim's average row size says fit, so a
     /// claim of large rows neither loads nor gives back many.
+    #[tracing::instrument(name = "outbox.claim", skip_all, fields(outbox = %self.name))]
     pub async fn claim(
         &self,
         owner: &str,
@@ -283,8 +285,13 @@ impl Outbox {
         let result = self.storage.claim(request).await;
         timer.observe_duration();
         let claimed = self.counted(result)?;
-        let claimed = self.fit_response(owner, claimed).await;
+        let mut claimed = self.fit_response(owner, claimed).await;
         self.count_claim(&claimed, lease);
+        if traces::enabled() {
+            for message in &mut claimed.messages {
+                traces::relay_span(&self.name, message);
+            }
+        }
         Ok(claimed)
     }
 
@@ -358,6 +365,7 @@ impl Outbox {
     }
 
     /// Returns (acked, fenced).
+    #[tracing::instrument(name = "outbox.ack", skip_all, fields(outbox = %self.name))]
     pub async fn ack(
         &self,
         owner: &str,
@@ -377,6 +385,7 @@ impl Outbox {
         Ok((applied, fenced))
     }
 
+    #[tracing::instrument(name = "outbox.nack", skip_all, fields(outbox = %self.name))]
     pub async fn nack(
         &self,
         owner: &str,
@@ -400,6 +409,7 @@ impl Outbox {
 
     /// [`Self::nack`] for several nacks in one storage call; one outcome per nack, in
     /// order.
+    #[tracing::instrument(name = "outbox.nack_many", skip_all, fields(outbox = %self.name))]
     pub async fn nack_many(
         &self,
         owner: &str,
@@ -424,6 +434,7 @@ impl Outbox {
     }
 
     /// Returns (released, fenced).
+    #[tracing::instrument(name = "outbox.release", skip_all, fields(outbox = %self.name))]
     pub async fn release(
         &self,
         owner: &str,
@@ -445,6 +456,7 @@ impl Outbox {
     }
 
     /// True when dead-lettered, false when fenced.
+    #[tracing::instrument(name = "outbox.dead_letter", skip_all, fields(outbox = %self.name))]
     pub async fn dead_letter(&self, owner: &str, id: MessageId, error: &str) -> RelayResult<bool> {
         limits::name("worker_id", owner)?;
         limits::text("error", error)?;
@@ -462,6 +474,7 @@ impl Outbox {
     }
 
     /// Returns the extension and the fenced ids.
+    #[tracing::instrument(name = "outbox.extend_lease", skip_all, fields(outbox = %self.name))]
     pub async fn extend_lease(
         &self,
         owner: &str,
