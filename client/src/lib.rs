@@ -93,6 +93,8 @@ pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
+#[cfg(feature = "prometheus")]
+pub mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

@@ -312,3 +312,61 @@ async fn no_metrics_listener_unless_configured() {
         "metrics listener without server.metrics_listen: {line}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribers_metrics_match_its_counters_and_pass_promtool() {
+    let db = SqliteDb::new().await;
+    let retry_fast =
+        "max_attempts = 2\n[outboxes.orders.backoff]\nbase = \"10ms\"\nmaximum = \"20ms\"\n";
+    let server = Server::start(&db.config(retry_fast)).await;
+    server.wait_serving("orders").await;
+    for payload in ["ok", "ok", "fail", "ok"] {
+        db.insert("t", None, payload.as_bytes()).await;
+    }
+    let subscriber = Subscriber::builder([server.url()], "orders")
+        .name("billing")
+        .build(publish)
+        .unwrap();
+    let registry = prometheus::Registry::new();
+    txoutbox_client::metrics::register(&subscriber, &registry).unwrap();
+    let counters = subscriber.counters();
+    let handle = subscriber.spawn();
+    eventually("three published, one dead-lettered", DEADLINE, || async {
+        let totals = counters.snapshot();
+        (totals.acked == 3 && totals.dead_lettered == 1).then_some(())
+    })
+    .await;
+    // The latency task observes the events it was sent: wait for the three publishes.
+    let labels = r#"{outbox="orders",subscriber="billing"}"#;
+    let scrape = eventually("three publish latencies", DEADLINE, || async {
+        let scrape = prometheus::TextEncoder::new()
+            .encode_to_string(&registry.gather())
+            .unwrap();
+        let count = sample(
+            &scrape,
+            &format!("txoutbox_client_publish_duration_seconds_count{labels}"),
+        );
+        (count == Some(3.0)).then_some(scrape)
+    })
+    .await;
+    let totals = counters.snapshot();
+    for (name, value) in [
+        ("published", totals.published),
+        ("acked", totals.acked),
+        ("retried", totals.retried),
+        ("dead_lettered", totals.dead_lettered),
+        ("connects", totals.connects),
+        ("received", totals.received),
+    ] {
+        let series = format!("txoutbox_client_{name}_total{labels}");
+        assert_eq!(
+            sample(&scrape, &series),
+            Some(value as f64),
+            "{series} in:\n{scrape}"
+        );
+    }
+    assert_eq!((totals.published, totals.retried), (3, 1), "{totals:?}");
+    let (ok, output) = promtool(&["check", "metrics"], &scrape, &rules_dir());
+    assert!(ok, "promtool check metrics:\n{output}\n{scrape}");
+    handle.stop().await.unwrap();
+}
