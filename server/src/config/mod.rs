@@ -462,6 +462,30 @@ mod tests {
     }
 
     #[test]
+    fn metrics_and_traces_are_off_unless_set() {
+        let config = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(config.server.metrics_listen, None);
+        assert_eq!(config.telemetry.otlp_endpoint, None);
+        let text = format!(
+            "[server]\nmetrics_listen = \"127.0.0.1:9464\"\nmetrics_depth_interval = \"0s\"\n\
+             [telemetry]\notlp_endpoint = \"http://collector:4317\"\n{MINIMAL}"
+        );
+        let error = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(error.contains("server.metrics_depth_interval"), "{error}");
+        let text = text.replace("\"0s\"", "\"2s\"");
+        let config = Config::from_toml(&text).unwrap();
+        assert_eq!(
+            config.server.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(config.server.metrics_depth_interval, Duration::from_secs(2));
+        assert_eq!(
+            config.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4317")
+        );
+    }
+
+    #[test]
     fn the_embedded_default_is_one_sqlite_outbox_on_the_documented_port() {
         let config = Config::from_toml(EMBEDDED_DEFAULT).unwrap();
         assert_eq!(config.server.listen.to_string(), "127.0.0.1:7411");
