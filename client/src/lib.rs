@@ -93,6 +93,8 @@ pub mod events;
 #[cfg(feature = "kafka")]
 pub mod kafka;
 pub mod message;
+#[cfg(feature = "prometheus")]
+pub mod metrics;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
@@ -101,6 +103,7 @@ pub mod publisher;
 #[cfg(feature = "redis")]
 pub mod redis_stream;
 pub mod subscriber;
+mod trace_context;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 pub mod worker;

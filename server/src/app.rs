@@ -27,6 +27,8 @@ use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
 use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
 use crate::storage::{Storage, StorageError, TableOptions};
+use crate::telemetry::metrics::{Metrics, PoolUsage};
+use crate::telemetry::{depth, http as metrics_http};
 
 /// Extra time, past the drain timeout, for subscriptions to give their leases back.
 const GIVE_BACK_GRACE: Duration = Duration::from_secs(5);
@@ -59,6 +61,12 @@ fn open_storages_for(
     config: &Config,
     purpose: Purpose,
 ) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
+    let pools = open_pools(config, purpose)?;
+    storages_on(config, &pools, purpose)
+}
+
+/// One pool (SQLite: a writer and a reader pool) per `[databases.NAME]`, connecting lazily.
+fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<String, Pools>> {
     let mut pools = BTreeMap::new();
     for (name, database) in &config.databases {
         let size = match purpose {
@@ -74,6 +82,15 @@ fn open_storages_for(
         .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);
     }
+    Ok(pools)
+}
+
+/// A storage per outbox on the pools of its database.
+fn storages_on(
+    config: &Config,
+    pools: &BTreeMap<String, Pools>,
+    purpose: Purpose,
+) -> anyhow::Result<BTreeMap<String, Arc<dyn Storage>>> {
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
@@ -129,12 +146,19 @@ fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
     })
 }
 
-pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
-    let storages = open_storages(config)?;
+/// The relay over every configured outbox, counting into `metrics`, which also reads
+/// the relay's pools at every scrape.
+pub fn build_relay(config: &Config, metrics: &Metrics) -> anyhow::Result<Relay> {
+    let pools = open_pools(config, Purpose::Relay)?;
+    for (database, pools) in &pools {
+        watch_pools(metrics, database, pools);
+    }
+    let storages = storages_on(config, &pools, Purpose::Relay)?;
     let mut health = open_storages_for(config, Purpose::Health)?;
     let outboxes = storages.into_iter().map(|(name, storage)| {
         let outbox_config = config.outboxes[&name].clone();
         let health = health.remove(&name).expect("a health storage per outbox");
+        let outbox_metrics = metrics.outbox(&name);
         Arc::new(
             Outbox::new(
                 name,
@@ -142,10 +166,43 @@ pub fn build_relay(config: &Config) -> anyhow::Result<Relay> {
                 storage,
                 config.server.max_message_bytes,
             )
-            .with_health_storage(health),
+            .with_health_storage(health)
+            .with_metrics(outbox_metrics),
         )
     });
     Ok(Relay::new(outboxes))
+}
+
+/// The pool gauges of `database`: SQLite's writer and readers summed, as one database.
+fn watch_pools(metrics: &Metrics, database: &str, pools: &Pools) {
+    fn usage<DB: sqlx::Database>(pool: &sqlx::Pool<DB>) -> PoolUsage {
+        PoolUsage {
+            open: pool.size(),
+            idle: pool.num_idle(),
+            max: pool.options().get_max_connections(),
+        }
+    }
+    match pools {
+        Pools::Postgres(pool) => {
+            let pool = pool.clone();
+            metrics.watch_pool(database, move || usage(&pool));
+        }
+        Pools::MySql(pool) => {
+            let pool = pool.clone();
+            metrics.watch_pool(database, move || usage(&pool));
+        }
+        Pools::Sqlite(pools) => {
+            let pools = pools.clone();
+            metrics.watch_pool(database, move || {
+                let [writer, reader] = pools.each().map(usage);
+                PoolUsage {
+                    open: writer.open + reader.open,
+                    idle: writer.idle + reader.idle,
+                    max: writer.max + reader.max,
+                }
+            });
+        }
+    }
 }
 
 /// Refuses to start when a reachable outbox table does not fit its column mapping (after
@@ -179,8 +236,15 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
-    let relay = Arc::new(build_relay(&config)?);
+    let metrics = Arc::new(Metrics::new());
+    let relay = Arc::new(build_relay(&config, &metrics)?);
     check_tables(&relay).await?;
+    let metrics_listener = match config.server.metrics_listen {
+        Some(address) => Some(TcpListener::bind(address).await.with_context(|| {
+            format!("server.metrics_listen = {address}: cannot listen; set a free address")
+        })?),
+        None => None,
+    };
     let drain = Drain::new(config.server.drain_timeout);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let stop_health = CancellationToken::new();
@@ -213,6 +277,8 @@ pub async fn run(
         // Streams per connection: a client opening more waits for one to end (tonic
         // passes "unlimited" to hyper otherwise).
         .max_concurrent_streams(config.server.max_streams_per_connection)
+        // A span per call (admin calls included), the parent of the relay's own spans.
+        .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
         .layer(AuthLayer::new(Arc::clone(&access)))
         .add_service(health_service)
         .add_service(reflection)
@@ -234,9 +300,31 @@ pub async fn run(
             stopped,
         )),
     };
+    let stop_metrics = CancellationToken::new();
+    let metrics_address = match metrics_listener {
+        Some(listener) => {
+            let metrics_address = listener.local_addr()?;
+            tokio::spawn(depth::watch(
+                Arc::clone(&relay),
+                Arc::clone(&metrics),
+                config.server.metrics_depth_interval,
+                stop_metrics.clone(),
+            ));
+            let stopped = stop_metrics.clone().cancelled_owned();
+            let metrics = Arc::clone(&metrics);
+            tokio::spawn(async move {
+                if let Err(error) = metrics_http::serve(listener, metrics, stopped).await {
+                    tracing::error!(%error, "the metrics listener failed");
+                }
+            });
+            Some(metrics_address)
+        }
+        None => None,
+    };
     let outboxes: Vec<&str> = relay.outboxes().map(|o| o.name.as_str()).collect();
     tracing::info!(
         %address,
+        metrics_address = metrics_address.map(|a| a.to_string()),
         outboxes = ?outboxes,
         tls = tls.is_some(),
         mutual_tls = config.server.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
@@ -247,6 +335,8 @@ pub async fn run(
         tracing::warn!(%address, "serving without credentials on an address other machines can reach (server.allow_insecure = true): anyone who reaches it may read and purge every outbox");
     }
 
+    // The metrics stay up through the drain (it is what they show), until `run` returns.
+    let _stop_metrics = stop_metrics.drop_guard();
     tokio::select! {
         () = shutdown => {}
         result = &mut server => {
@@ -257,6 +347,7 @@ pub async fn run(
 
     tracing::info!(timeout = %humantime::format_duration(drain.timeout()), "draining");
     health::mark_draining(&relay, &health_reporter).await;
+    metrics.set_draining();
     drain.start();
     if tokio::time::timeout(drain.timeout() + GIVE_BACK_GRACE, drain.finished())
         .await

@@ -145,7 +145,14 @@ async fn schema(config: &Config, outbox: &str) -> ExitCode {
 }
 
 async fn serve(config: Config) -> ExitCode {
-    telemetry::init(config.server.log_format);
+    let provider = match telemetry::traces::provider(&config.telemetry) {
+        Ok(provider) => provider,
+        Err(error) => {
+            eprintln!("txoutboxd: {error:#}; set [telemetry] otlp_endpoint or OTEL_EXPORTER_OTLP_ENDPOINT to a valid URL, or unset them");
+            return ExitCode::FAILURE;
+        }
+    };
+    let _telemetry = telemetry::init_with(config.server.log_format, provider);
     let listener = match tokio::net::TcpListener::bind(config.server.listen).await {
         Ok(listener) => listener,
         Err(error) => {

@@ -38,6 +38,7 @@ pub async fn watch(
                 altered.insert(outbox.name.clone());
             }
             let healthy = result.is_ok();
+            outbox.metrics().serving.set(i64::from(healthy));
             if last.get(&outbox.name) != Some(&healthy) {
                 match &result {
                     Ok(()) => tracing::info!(outbox = %outbox.name, "outbox is serving"),
@@ -91,6 +92,7 @@ pub async fn verify_or_ensure_table(outbox: &Outbox, may_alter: bool) -> Result<
 /// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.
 pub async fn mark_draining(relay: &Relay, reporter: &HealthReporter) {
     for outbox in relay.outboxes() {
+        outbox.metrics().serving.set(0);
         reporter
             .set_service_status(&outbox.name, ServingStatus::NotServing)
             .await;

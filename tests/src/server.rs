@@ -82,6 +82,20 @@ impl Server {
         Self::spawn(command, Some(file), echo).await
     }
 
+    /// [`Server::start`] with these environment variables set for the server (the
+    /// `OTEL_*` variables of the trace tests).
+    pub async fn start_with_env(config: &str, env: &[(&str, &str)]) -> Self {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        std::io::Write::write_all(&mut file, config.as_bytes()).unwrap();
+        let mut command = Command::new(binary());
+        command
+            .arg("--config")
+            .arg(file.path())
+            .env("RUST_LOG", "info,txoutbox_server=debug")
+            .envs(env.iter().copied());
+        Self::spawn(command, Some(file), true).await
+    }
+
     /// Starts `txoutboxd` with no configuration at all, in `dir` as its working directory,
     /// so it serves the embedded default (a SQLite outbox `default` in `dir/txoutbox.db`).
     /// Only the port (`--listen`, to run beside other tests) and the log format (JSON, to
@@ -220,6 +234,26 @@ impl Server {
             .await
             .expect("txoutboxd did not exit in time")
             .unwrap()
+    }
+
+    /// `http://ADDRESS/metrics`: the metrics listener's address from the "listening" line
+    /// (`server.metrics_listen` must be set, and `log_format = "json"`).
+    pub fn metrics_url(&self) -> String {
+        format!("http://{}/metrics", self.metrics_address())
+    }
+
+    /// The `host:port` of the metrics listener.
+    pub fn metrics_address(&self) -> String {
+        let log = self.log.lock().unwrap();
+        let line = log
+            .iter()
+            .find(|line| line.contains("txoutboxd listening"))
+            .expect("the listening line");
+        let value: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
+        value["fields"]["metrics_address"]
+            .as_str()
+            .expect("metrics_address in the listening line: is server.metrics_listen set?")
+            .to_owned()
     }
 
     /// How many log lines so far contain `needle`.

@@ -60,6 +60,8 @@ mod mariadb;
 mod newcomer;
 #[path = "node_client.rs"]
 mod node_client;
+#[path = "observability.rs"]
+mod observability;
 #[path = "operations.rs"]
 mod operations;
 #[path = "python_client.rs"]
@@ -72,6 +74,8 @@ mod security;
 mod sqlite;
 #[path = "subscribe.rs"]
 mod subscribe;
+#[path = "traces.rs"]
+mod traces;
 #[path = "unary_and_admin.rs"]
 mod unary_and_admin;
 #[path = "version.rs"]

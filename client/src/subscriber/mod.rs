@@ -123,6 +123,12 @@ impl Subscriber {
         Arc::clone(self.shared.reporter.counters())
     }
 
+    /// (outbox, subscriber name): the labels of its metrics.
+    #[cfg(feature = "prometheus")]
+    pub(crate) fn labels(&self) -> (&str, &str) {
+        (&self.shared.config.outbox, &self.shared.config.name)
+    }
+
     /// Runs until `shutdown` resolves, then stops gracefully. Returns early only if a
     /// server refuses the subscription for good (unknown outbox, invalid setting).
     ///

@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinError, JoinSet};
@@ -411,9 +412,11 @@ impl Session {
             let publisher = Arc::clone(&self.shared.publisher);
             let timeout = self.shared.config.publish_timeout;
             let handle = self.tasks.spawn(async move {
+                let mut message = message;
+                let span = crate::trace_context::publish_span(&mut message);
                 let started = Instant::now();
-                let result = match tokio::time::timeout(timeout, publisher.publish(&message)).await
-                {
+                let publish = publisher.publish(&message).instrument(span);
+                let result = match tokio::time::timeout(timeout, publish).await {
                     Ok(result) => result,
                     Err(_) => Err(PublishError::timed_out(timeout)),
                 };

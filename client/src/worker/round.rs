@@ -3,6 +3,7 @@
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Mutex;
+use tracing::Instrument;
 
 use crate::connect::Connection;
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
@@ -57,7 +58,10 @@ impl Round<'_> {
             }
             let started = Instant::now();
             let timeout = worker.config.publish_timeout;
-            let result = tokio::time::timeout(timeout, worker.publisher.publish(message))
+            let mut traced = message.clone();
+            let span = crate::trace_context::publish_span(&mut traced);
+            let publish = worker.publisher.publish(&traced).instrument(span);
+            let result = tokio::time::timeout(timeout, publish)
                 .await
                 .unwrap_or_else(|_| Err(PublishError::timed_out(timeout)));
             if let Err(error) = result {

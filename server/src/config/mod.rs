@@ -50,6 +50,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(100);
 /// Shortest health interval: the checks query every outbox's database.
 const MIN_HEALTH_INTERVAL: Duration = Duration::from_millis(100);
 
+/// Shortest depth-gauge interval: each refresh counts every outbox's pending and dead rows.
+const MIN_DEPTH_INTERVAL: Duration = Duration::from_millis(100);
+
 /// What gRPC clients accept by default, in every language: the default response cap.
 pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 * 1024 * 1024;
 /// Bounds of `server.max_message_bytes`: room for a row of real size; at most two
@@ -65,6 +68,8 @@ pub struct Config {
     pub databases: BTreeMap<String, DatabaseConfig>,
     #[serde(default)]
     pub outboxes: BTreeMap<String, OutboxConfig>,
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
     /// Built on [`EMBEDDED_DEFAULT`] (not a key: set by [`Config::load`]), so the server
     /// says so at start with how to try it.
     #[serde(skip)]
@@ -98,6 +103,14 @@ pub struct ServerConfig {
     pub auth: AuthConfig,
     /// Serve a non-loopback address without TLS or without credentials. Refused otherwise.
     pub allow_insecure: bool,
+    /// Prometheus metrics (`GET /metrics`) on this address, plain HTTP on a listener of
+    /// its own; none when absent (see [`crate::telemetry::metrics`]).
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the depth gauges (pending, leased, waiting, dead, oldest pending age)
+    /// are refreshed: one count query per outbox per interval, on the health checks'
+    /// connection. Only with `metrics_listen`.
+    #[serde(with = "humantime_serde")]
+    pub metrics_depth_interval: Duration,
 }
 
 impl Default for ServerConfig {
@@ -112,8 +125,23 @@ impl Default for ServerConfig {
             tls: None,
             auth: AuthConfig::default(),
             allow_insecure: false,
+            metrics_listen: None,
+            metrics_depth_interval: Duration::from_secs(15),
         }
     }
+}
+
+/// `[telemetry]`: OpenTelemetry traces over OTLP/gRPC (see [`crate::telemetry::traces`]).
+/// Off unless `otlp_endpoint` or the standard `OTEL_EXPORTER_OTLP_ENDPOINT` /
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is set; `OTEL_SDK_DISABLED=true` turns it off.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/gRPC endpoint, for example `http://127.0.0.1:4317`; the
+    /// `OTEL_EXPORTER_OTLP_*` variables set it too (and its timeout, headers...).
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the spans; else `OTEL_SERVICE_NAME`, else `txoutboxd`.
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -238,6 +266,13 @@ impl Config {
             server.health_interval,
             MIN_HEALTH_INTERVAL,
             "5s",
+        );
+        check_duration(
+            &mut problems,
+            "server.metrics_depth_interval",
+            server.metrics_depth_interval,
+            MIN_DEPTH_INTERVAL,
+            "15s",
         );
         if !MESSAGE_BYTES_RANGE.contains(&server.max_message_bytes) {
             problems.push(format!(
@@ -423,6 +458,30 @@ mod tests {
                 topic: Some("topic".to_owned()),
                 ..ColumnMapping::default()
             }
+        );
+    }
+
+    #[test]
+    fn metrics_and_traces_are_off_unless_set() {
+        let config = Config::from_toml(MINIMAL).unwrap();
+        assert_eq!(config.server.metrics_listen, None);
+        assert_eq!(config.telemetry.otlp_endpoint, None);
+        let text = format!(
+            "[server]\nmetrics_listen = \"127.0.0.1:9464\"\nmetrics_depth_interval = \"0s\"\n\
+             [telemetry]\notlp_endpoint = \"http://collector:4317\"\n{MINIMAL}"
+        );
+        let error = Config::from_toml(&text).unwrap_err().to_string();
+        assert!(error.contains("server.metrics_depth_interval"), "{error}");
+        let text = text.replace("\"0s\"", "\"2s\"");
+        let config = Config::from_toml(&text).unwrap();
+        assert_eq!(
+            config.server.metrics_listen,
+            Some("127.0.0.1:9464".parse().unwrap())
+        );
+        assert_eq!(config.server.metrics_depth_interval, Duration::from_secs(2));
+        assert_eq!(
+            config.telemetry.otlp_endpoint.as_deref(),
+            Some("http://collector:4317")
         );
     }
 

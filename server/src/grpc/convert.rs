@@ -141,7 +141,7 @@ fn topic_stats(stats: TopicStats) -> v1::TopicStats {
         pending: stats.pending,
         leased: stats.leased,
         dead: stats.dead,
-        retry_waiting: stats.retry_waiting,
+        retry_waiting: stats.waiting,
         oldest_pending_age: stats.oldest_pending_age.and_then(|age| age.try_into().ok()),
     }
 }

@@ -18,6 +18,7 @@ pub mod response_size;
 pub mod subscription;
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,8 +26,10 @@ use std::time::Duration;
 use crate::config::{OutboxConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::{
     ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, Stats,
-    Storage, StorageError,
+    Storage, StorageError, StorageResult,
 };
+use crate::telemetry::metrics::{AnswerKind, DeadLetterReason, OutboxMetrics};
+use crate::telemetry::traces;
 use backoff::Backoff;
 use idle::{IdlePolls, PollGroup};
 pub use limits::MAX_IDS;
@@ -110,6 +113,8 @@ pub struct Outbox {
     pause: pause::PauseView,
     /// Answers ignored since start because the caller no longer held the row.
     fenced: AtomicU64,
+    /// What this outbox counts for Prometheus (unscraped unless [`Outbox::with_metrics`]).
+    metrics: OutboxMetrics,
 }
 
 impl Outbox {
@@ -121,7 +126,9 @@ impl Outbox {
     ) -> Self {
         let backoff = Backoff::new(config.backoff, config.max_attempts);
         let idle_polls = IdlePolls::new(config.poll, storage.insert_signal());
+        let metrics = OutboxMetrics::unscraped(&name);
         Self {
+            metrics,
             name,
             config,
             storage,
@@ -144,6 +151,72 @@ impl Outbox {
     pub fn with_health_storage(mut self, storage: Arc<dyn Storage>) -> Self {
         self.health_storage = Some(storage);
         self
+    }
+
+    /// Counts into `metrics`, the series of this outbox in the server's registry.
+    pub fn with_metrics(mut self, metrics: OutboxMetrics) -> Self {
+        self.metrics = metrics;
+        self
+    }
+
+    pub fn metrics(&self) -> &OutboxMetrics {
+        &self.metrics
+    }
+
+    /// Counts a failed storage call by its kind of error.
+    fn counted<T>(&self, result: StorageResult<T>) -> StorageResult<T> {
+        result.inspect_err(|error| self.metrics.storage_error(error))
+    }
+
+    /// Runs the storage call of an answer, timed and its error counted.
+    async fn answer<T>(
+        &self,
+        kind: AnswerKind,
+        call: impl Future<Output = StorageResult<T>>,
+    ) -> StorageResult<T> {
+        let timer = self.metrics.answer_duration(kind).start_timer();
+        let result = call.await;
+        timer.observe_duration();
+        self.counted(result)
+    }
+
+    /// Counts what a nack did.
+    fn count_nack(&self, result: &NackResult) {
+        match result {
+            NackResult::Retried { released, .. } => {
+                self.metrics.nacked.inc();
+                self.metrics.released.inc_by(released.len() as u64);
+            }
+            NackResult::DeadLettered { released } => {
+                self.metrics.nacked.inc();
+                self.metrics
+                    .dead_lettered(DeadLetterReason::NackLastAttempt, 1);
+                self.metrics.released.inc_by(released.len() as u64);
+            }
+            NackResult::Fenced => self.metrics.fenced(AnswerKind::Nack, 1),
+        }
+    }
+
+    /// Counts a claim's rows: handed out (with their age since commit), or none.
+    fn count_claim(&self, claimed: &Claimed, lease: Duration) {
+        let metrics = &self.metrics;
+        metrics.dead_lettered(DeadLetterReason::MaxClaims, claimed.exhausted.len());
+        if claimed.messages.is_empty() {
+            metrics.empty_claims.inc();
+            return;
+        }
+        metrics.claimed.inc_by(claimed.messages.len() as u64);
+        metrics.batch_rows.observe(claimed.messages.len() as f64);
+        // The claim's time on the database clock, the one `created_at` is on: a skewed
+        // server clock does not skew the age.
+        let lease = chrono::Duration::from_std(lease).unwrap_or(chrono::Duration::MAX);
+        let claimed_at = claimed.lease_expires_at - lease;
+        for message in &claimed.messages {
+            let age = (claimed_at - message.created_at)
+                .to_std()
+                .unwrap_or_default();
+            metrics.commit_to_claim.observe(age.as_secs_f64());
+        }
     }
 
     /// The storage the health checks ping.
@@ -193,6 +266,7 @@ impl Outbox {
     /// response on its own is dead-lettered with an error saying so. The claim asks the
     /// database for no more rows than the latest claim's average row size says fit, so a
     /// claim of large rows neither loads nor gives back many.
+    #[tracing::instrument(name = "outbox.claim", skip_all, fields(outbox = %self.name))]
     pub async fn claim(
         &self,
         owner: &str,
@@ -226,8 +300,18 @@ impl Outbox {
             topics,
             max_attempts: self.config.max_attempts,
         };
-        let claimed = self.storage.claim(request).await?;
-        Ok(self.fit_response(owner, claimed).await)
+        let timer = self.metrics.claim_duration.start_timer();
+        let result = self.storage.claim(request).await;
+        timer.observe_duration();
+        let claimed = self.counted(result)?;
+        let mut claimed = self.fit_response(owner, claimed).await;
+        self.count_claim(&claimed, lease);
+        if traces::enabled() {
+            for message in &mut claimed.messages {
+                traces::relay_span(&self.name, message);
+            }
+        }
+        Ok(claimed)
     }
 
     /// Bytes of claimed rows one response holds.
@@ -280,13 +364,18 @@ impl Outbox {
                 self.max_message_bytes
             );
             tracing::error!(outbox = %self.name, id, %error, "dead-lettering a row too large to send");
-            if let Err(error) = self.storage.dead_letter(id, owner, &error).await {
+            let result = self.counted(self.storage.dead_letter(id, owner, &error).await);
+            if result.as_ref().is_ok_and(|applied| *applied) {
+                self.metrics.dead_lettered(DeadLetterReason::TooLarge, 1);
+            }
+            if let Err(error) = result {
                 tracing::warn!(outbox = %self.name, id, error = format!("{error:#}"), "could not dead-letter a row too large to send; it comes back when its lease runs out");
             }
         }
         if !rest.is_empty() {
             tracing::debug!(outbox = %self.name, kept = kept.len(), given_back = rest.len(), "claimed more than one response holds");
-            if let Err(error) = self.storage.release(&rest, owner, Duration::ZERO).await {
+            let result = self.counted(self.storage.release(&rest, owner, Duration::ZERO).await);
+            if let Err(error) = result {
                 tracing::warn!(outbox = %self.name, count = rest.len(), error = format!("{error:#}"), "could not give back rows that did not fit the response; they come back when their lease runs out");
             }
         }
@@ -295,6 +384,7 @@ impl Outbox {
     }
 
     /// Returns (acked, fenced).
+    #[tracing::instrument(name = "outbox.ack", skip_all, fields(outbox = %self.name))]
     pub async fn ack(
         &self,
         owner: &str,
@@ -305,10 +395,16 @@ impl Outbox {
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let applied = self.storage.ack(ids, owner).await?;
-        Ok(self.split_fenced(ids, applied))
+        let applied = self
+            .answer(AnswerKind::Ack, self.storage.ack(ids, owner))
+            .await?;
+        self.metrics.acked.inc_by(applied.len() as u64);
+        let (applied, fenced) = self.split_fenced(ids, applied);
+        self.metrics.fenced(AnswerKind::Ack, fenced.len());
+        Ok((applied, fenced))
     }
 
+    #[tracing::instrument(name = "outbox.nack", skip_all, fields(outbox = %self.name))]
     pub async fn nack(
         &self,
         owner: &str,
@@ -319,10 +415,11 @@ impl Outbox {
         limits::name("worker_id", owner)?;
         limits::text("error", error)?;
         let error = limits::truncate_error(error);
-        let result = self
+        let call = self
             .storage
-            .nack(id, owner, error, requested_delay, &self.backoff)
-            .await?;
+            .nack(id, owner, error, requested_delay, &self.backoff);
+        let result = self.answer(AnswerKind::Nack, call).await?;
+        self.count_nack(&result);
         if result == NackResult::Fenced {
             self.log_fenced(1);
         }
@@ -331,6 +428,7 @@ impl Outbox {
 
     /// [`Self::nack`] for several nacks in one storage call; one outcome per nack, in
     /// order.
+    #[tracing::instrument(name = "outbox.nack_many", skip_all, fields(outbox = %self.name))]
     pub async fn nack_many(
         &self,
         owner: &str,
@@ -346,13 +444,16 @@ impl Outbox {
                 ..*nack
             });
         }
-        let results = self.storage.nack_many(&cut, owner, &self.backoff).await?;
+        let call = self.storage.nack_many(&cut, owner, &self.backoff);
+        let results = self.answer(AnswerKind::Nack, call).await?;
+        results.iter().for_each(|result| self.count_nack(result));
         let fenced = results.iter().filter(|r| **r == NackResult::Fenced).count();
         self.log_fenced(fenced);
         Ok(results)
     }
 
     /// Returns (released, fenced).
+    #[tracing::instrument(name = "outbox.release", skip_all, fields(outbox = %self.name))]
     pub async fn release(
         &self,
         owner: &str,
@@ -365,25 +466,34 @@ impl Outbox {
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let applied = self.storage.release(ids, owner, delay).await?;
-        Ok(self.split_fenced(ids, applied))
+        let call = self.storage.release(ids, owner, delay);
+        let applied = self.answer(AnswerKind::Release, call).await?;
+        self.metrics.released.inc_by(applied.len() as u64);
+        let (applied, fenced) = self.split_fenced(ids, applied);
+        self.metrics.fenced(AnswerKind::Release, fenced.len());
+        Ok((applied, fenced))
     }
 
     /// True when dead-lettered, false when fenced.
+    #[tracing::instrument(name = "outbox.dead_letter", skip_all, fields(outbox = %self.name))]
     pub async fn dead_letter(&self, owner: &str, id: MessageId, error: &str) -> RelayResult<bool> {
         limits::name("worker_id", owner)?;
         limits::text("error", error)?;
-        let applied = self
+        let call = self
             .storage
-            .dead_letter(id, owner, limits::truncate_error(error))
-            .await?;
-        if !applied {
+            .dead_letter(id, owner, limits::truncate_error(error));
+        let applied = self.answer(AnswerKind::DeadLetter, call).await?;
+        if applied {
+            self.metrics.dead_lettered(DeadLetterReason::Permanent, 1);
+        } else {
+            self.metrics.fenced(AnswerKind::DeadLetter, 1);
             self.log_fenced(1);
         }
         Ok(applied)
     }
 
     /// Returns the extension and the fenced ids.
+    #[tracing::instrument(name = "outbox.extend_lease", skip_all, fields(outbox = %self.name))]
     pub async fn extend_lease(
         &self,
         owner: &str,
@@ -392,8 +502,10 @@ impl Outbox {
     ) -> RelayResult<(Extended, Vec<MessageId>)> {
         limits::name("worker_id", owner)?;
         limits::ids(ids)?;
-        let extended = self.storage.extend_lease(ids, owner, lease).await?;
+        let call = self.storage.extend_lease(ids, owner, lease);
+        let extended = self.answer(AnswerKind::ExtendLease, call).await?;
         let (_, fenced) = self.split_fenced(ids, extended.ids.clone());
+        self.metrics.fenced(AnswerKind::ExtendLease, fenced.len());
         Ok((extended, fenced))
     }
 
@@ -402,7 +514,7 @@ impl Outbox {
         if ids.is_empty() {
             return Ok(0);
         }
-        Ok(self.storage.return_leases(ids, owner).await?)
+        Ok(self.counted(self.storage.return_leases(ids, owner).await)?)
     }
 
     /// Inserts a row through the relay (`Admin.InsertMessage`: demos and tests), its

@@ -140,9 +140,10 @@ pub struct TopicStats {
     pub topic: String,
     pub pending: u64,
     pub leased: u64,
+    /// Pending rows nobody holds that are not due yet: waiting for a retry after a nack,
+    /// the delay of a release, or the outbox's visibility delay.
+    pub waiting: u64,
     pub dead: u64,
-    /// Pending rows nobody holds that wait for a retry (or a delayed release).
-    pub retry_waiting: u64,
     pub oldest_pending_age: Option<Duration>,
 }
 
@@ -169,8 +170,8 @@ impl Stats {
                 topic: String::new(),
                 pending: total.pending + topic.pending,
                 leased: total.leased + topic.leased,
+                waiting: total.waiting + topic.waiting,
                 dead: total.dead + topic.dead,
-                retry_waiting: total.retry_waiting + topic.retry_waiting,
                 oldest_pending_age: total.oldest_pending_age.max(topic.oldest_pending_age),
             });
         Self { total, topics }

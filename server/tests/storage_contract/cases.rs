@@ -378,7 +378,8 @@ pub async fn stats_count_per_topic(backend: &impl Backend) {
     );
     assert!(stats.topics[0].oldest_pending_age > stats.topics[1].oldest_pending_age);
 
-    assert_eq!(claim(&*storage, "w1", 2, LEASE).await.len(), 2);
+    let claimed = claim(&*storage, "w1", 2, LEASE).await;
+    assert_eq!(claimed.len(), 2);
     assert_eq!(storage.stats().await.unwrap().total.leased, 2);
     assert!(storage.dead_letter(a, "w1", "x").await.unwrap());
     let stats = storage.stats().await.unwrap();
@@ -394,6 +395,22 @@ pub async fn stats_count_per_topic(backend: &impl Backend) {
     assert_eq!(stats.topics[0], t);
     assert_eq!((stats.topics[1].pending, stats.topics[1].leased), (1, 1));
     assert!(stats.topics[1].oldest_pending_age.is_some());
+
+    // Given back with a delay: still pending, held by nobody, not due: waiting.
+    assert_eq!(stats.total.waiting, 0);
+    let u_row = claimed.iter().find(|m| m.topic == "u").unwrap().id;
+    assert_eq!(
+        storage
+            .release(&[u_row], "w1", Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        [u_row]
+    );
+    let stats = storage.stats().await.unwrap();
+    assert_eq!(
+        (stats.total.pending, stats.total.leased, stats.total.waiting),
+        (1, 0, 1)
+    );
 }
 
 pub async fn nack_on_the_last_attempt_dead_letters_and_releases_successors(backend: &impl Backend) {

@@ -98,6 +98,11 @@ pub struct Options {
     /// every statement.
     #[arg(long, default_value = "info")]
     pub server_log: String,
+    /// Serve each txoutboxd's Prometheus metrics (`server.metrics_listen`, depth gauges
+    /// every second) and scrape every server once a second during the drains: what the
+    /// metrics cost (BENCHMARKS.md, "Metrics overhead").
+    #[arg(long)]
+    pub metrics: bool,
     /// Write each txoutboxd's log lines into this directory when it stops.
     #[arg(long)]
     pub server_log_dir: Option<PathBuf>,
@@ -141,6 +146,8 @@ pub struct Plan {
     pub idle_streams: usize,
     pub idle_cost_streams: Vec<usize>,
     pub server_log: String,
+    /// `--metrics`: metrics served and scraped during the drains.
+    pub metrics: bool,
     pub server_log_dir: Option<PathBuf>,
     pub python: String,
     pub venv: PathBuf,
@@ -221,6 +228,7 @@ impl Plan {
                 options.idle_cost_streams
             },
             server_log: options.server_log,
+            metrics: options.metrics,
             server_log_dir: options.server_log_dir,
             python: options.python,
             venv: options

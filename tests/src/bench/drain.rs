@@ -34,13 +34,18 @@ pub fn server_config(
     let notify = notify_channel
         .map(|channel| format!("notify_channel = \"{channel}\"\n"))
         .unwrap_or_default();
+    let metrics = if plan.metrics {
+        "metrics_listen = \"127.0.0.1:0\"\nmetrics_depth_interval = \"1s\"\n"
+    } else {
+        ""
+    };
     format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
 log_format = "json"
 drain_timeout = "5s"
-
+{metrics}
 [databases.main]
 url = "{url}"
 
@@ -89,6 +94,24 @@ pub fn noop_subscriber(plan: &Plan, url: String, name: &str) -> anyhow::Result<S
         .build(|_message: Message| async { Ok::<_, PublishError>(()) })?)
 }
 
+/// Scrapes every server's `/metrics` once a second, as a Prometheus would, until aborted.
+fn scrape_every_second(servers: &[Server]) -> tokio::task::JoinHandle<()> {
+    let urls: Vec<String> = servers.iter().map(Server::metrics_url).collect();
+    tokio::spawn(async move {
+        let client = reqwest::Client::new();
+        let mut ticks = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            ticks.tick().await;
+            for url in &urls {
+                // A failed scrape is Prometheus's problem, not the drain's: carry on.
+                if let Ok(response) = client.get(url).send().await {
+                    let _ = response.bytes().await;
+                }
+            }
+        }
+    })
+}
+
 /// Drains the backlog of `workload` through `servers` servers by `subscribers`
 /// subscribers (spread evenly over the servers).
 pub async fn drain(
@@ -128,6 +151,7 @@ async fn drain_in(
         .map(|i| noop_subscriber(plan, running[i % servers].url(), &format!("bench-{i}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
 
+    let scrapes = plan.metrics.then(|| scrape_every_second(&running));
     let before = CpuSnapshot::take(&pids);
     let started = Instant::now();
     let handles: Vec<SubscriberHandle> = built.into_iter().map(Subscriber::spawn).collect();
@@ -159,6 +183,9 @@ async fn drain_in(
     }
     for handle in handles {
         let _ = tokio::time::timeout(Duration::from_secs(30), handle.stop()).await;
+    }
+    if let Some(scrapes) = scrapes {
+        scrapes.abort();
     }
     let label = format!("drain-{}-{servers}x{subscribers}", workload.label());
     for server in running {

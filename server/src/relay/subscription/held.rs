@@ -1,25 +1,45 @@
-//! The rows a stream holds, with the local estimate of when each lease runs out.
+//! The rows a stream holds, with the local estimate of when each lease runs out, counted
+//! in the outbox's `txoutbox_messages_in_flight` while held.
 
 use std::collections::{BTreeSet, HashMap};
 
+use prometheus::IntGauge;
 use tokio::time::Instant;
 
 use crate::storage::MessageId;
 
-#[derive(Default)]
 pub(super) struct Held {
     deadlines: HashMap<MessageId, Instant>,
     by_deadline: BTreeSet<(Instant, MessageId)>,
+    /// The outbox's in-flight gauge, shared by its streams: each adds what it holds.
+    in_flight: IntGauge,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.in_flight.sub(self.len() as i64);
+    }
 }
 
 impl Held {
+    pub fn new(in_flight: IntGauge) -> Self {
+        Self {
+            deadlines: HashMap::new(),
+            by_deadline: BTreeSet::new(),
+            in_flight,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.deadlines.len()
     }
 
     pub fn insert(&mut self, id: MessageId, deadline: Instant) {
-        if let Some(old) = self.deadlines.insert(id, deadline) {
-            self.by_deadline.remove(&(old, id));
+        match self.deadlines.insert(id, deadline) {
+            Some(old) => {
+                self.by_deadline.remove(&(old, id));
+            }
+            None => self.in_flight.inc(),
         }
         self.by_deadline.insert((deadline, id));
     }
@@ -27,6 +47,7 @@ impl Held {
     pub fn remove(&mut self, id: MessageId) {
         if let Some(deadline) = self.deadlines.remove(&id) {
             self.by_deadline.remove(&(deadline, id));
+            self.in_flight.dec();
         }
     }
 
@@ -48,11 +69,19 @@ impl Held {
             self.deadlines.remove(&id);
             expired.push(id);
         }
+        self.in_flight.sub(expired.len() as i64);
         expired
     }
 
     pub fn ids(&self) -> Vec<MessageId> {
         self.deadlines.keys().copied().collect()
+    }
+
+    /// Forgets every row (given back).
+    pub fn clear(&mut self) {
+        self.in_flight.sub(self.len() as i64);
+        self.deadlines.clear();
+        self.by_deadline.clear();
     }
 }
 
@@ -65,7 +94,8 @@ mod tests {
     #[test]
     fn held_rows_expire_in_deadline_order() {
         let start = Instant::now();
-        let mut held = Held::default();
+        let in_flight = IntGauge::new("in_flight", "rows held").unwrap();
+        let mut held = Held::new(in_flight.clone());
         held.insert(1, start + Duration::from_secs(2));
         held.insert(2, start + Duration::from_secs(1));
         held.insert(3, start + Duration::from_secs(3));
@@ -75,7 +105,9 @@ mod tests {
             held.take_expired(start + Duration::from_secs(3)),
             vec![1, 3]
         );
+        assert_eq!(in_flight.get(), 1);
         held.remove(2);
+        assert_eq!(in_flight.get(), 0);
         assert_eq!(held.len(), 0);
         assert_eq!(held.next_deadline(), None);
     }

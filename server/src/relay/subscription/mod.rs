@@ -135,7 +135,9 @@ pub async fn run(
     drain: Drain,
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
+    let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let idle = outbox.idle_poll(&spec.topics);
+    let held = Held::new(outbox.metrics().in_flight.clone());
     let mut state = Subscription {
         found: Some(idle.found()),
         idle,
@@ -143,7 +145,7 @@ pub async fn run(
         outbox,
         spec,
         owner,
-        held: Held::default(),
+        held,
         events,
         // The first claim goes through the group (see `PollGroup::wake`).
         claiming: Claiming::Ready(NextClaim::Idle {
@@ -588,7 +590,7 @@ impl Subscription {
                 "could not give back leases; they become claimable when they expire"
             ),
         }
-        self.held = Held::default();
+        self.held.clear();
     }
 
     async fn send(&self, event: Event) {

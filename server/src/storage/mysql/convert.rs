@@ -180,8 +180,8 @@ pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Err
         topic: required_text(row, "topic")?,
         pending: count("pending")?,
         leased: count("leased")?,
+        waiting: count("waiting")?,
         dead: count("dead")?,
-        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
     })
 }

@@ -161,9 +161,9 @@ impl Statements {
                    CAST(SUM({status} = 'pending') AS SIGNED) AS pending, \
                    CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS leased, \
-                   CAST(SUM({status} = 'dead') AS SIGNED) AS dead, \
                    CAST(SUM({status} = 'pending' AND {leased_by} IS NULL \
-                     AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS retry_waiting, \
+                     AND {available_at} > UTC_TIMESTAMP(6)) AS SIGNED) AS waiting, \
+                   CAST(SUM({status} = 'dead') AS SIGNED) AS dead, \
                    TIMESTAMPDIFF(MICROSECOND, \
                      MIN(CASE WHEN {status} = 'pending' THEN {created_at} END), \
                      UTC_TIMESTAMP(6)) AS oldest_pending_us \

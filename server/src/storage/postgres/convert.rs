@@ -136,8 +136,8 @@ pub(super) fn decode_topic_stats(row: &PgRow) -> Result<TopicStats, sqlx::Error>
         topic: row.try_get("topic")?,
         pending: count("pending")?,
         leased: count("leased")?,
+        waiting: count("waiting")?,
         dead: count("dead")?,
-        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest.and_then(|secs| Duration::try_from_secs_f64(secs.max(0.0)).ok()),
     })
 }

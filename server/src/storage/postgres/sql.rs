@@ -262,9 +262,9 @@ impl Statements {
                    count(*) FILTER (WHERE {status} = 'pending') AS pending, \
                    count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > statement_timestamp()) AS leased, \
-                   count(*) FILTER (WHERE {status} = 'dead') AS dead, \
                    count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NULL \
-                     AND {available_at} > statement_timestamp()) AS retry_waiting, \
+                     AND {available_at} > statement_timestamp()) AS waiting, \
+                   count(*) FILTER (WHERE {status} = 'dead') AS dead, \
                    EXTRACT(EPOCH FROM statement_timestamp() \
                      - min({created_at}) FILTER (WHERE {status} = 'pending'))::float8 \
                      AS oldest_pending_secs \

@@ -169,8 +169,8 @@ pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats
         topic: row.try_get("topic")?,
         pending: count("pending")?,
         leased: count("leased")?,
+        waiting: count("waiting")?,
         dead: count("dead")?,
-        retry_waiting: count("retry_waiting")?,
         oldest_pending_age: oldest
             .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
     })

@@ -76,6 +76,13 @@ pub struct SqlitePools {
     file: PathBuf,
 }
 
+impl SqlitePools {
+    /// The writer and the reader pool, for their gauges (`txoutbox_db_pool_connections`).
+    pub fn each(&self) -> [&SqlitePool; 2] {
+        [&self.writer, &self.reader]
+    }
+}
+
 /// Pools that open the file on first use (creating it unless the URL sets `mode`).
 /// `max_connections` (at least 1: configuration checks it) sizes the reader pool; there
 /// is always one writer.

@@ -227,9 +227,9 @@ impl Statements {
                    sum({status} = 'pending') AS pending, \
                    sum({status} = 'pending' AND {leased_by} IS NOT NULL \
                      AND {available_at} > ?1) AS leased, \
-                   sum({status} = 'dead') AS dead, \
                    sum({status} = 'pending' AND {leased_by} IS NULL \
-                     AND {available_at} > ?1) AS retry_waiting, \
+                     AND {available_at} > ?1) AS waiting, \
+                   sum({status} = 'dead') AS dead, \
                    min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                      AS oldest_pending_created_at \
                  FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \

@@ -1,0 +1,52 @@
+//! The depth gauges (pending, leased, waiting, dead rows and the oldest pending row's
+//! age, by outbox and topic) need the database: counting on every scrape would let each
+//! Prometheus (and each curious operator) add load on the outbox tables. Instead one task
+//! refreshes them every `server.metrics_depth_interval`, so the database cost is fixed by
+//! configuration, whoever scrapes how often:
+//!
+//! - one query per outbox per interval (the storage's `stats`, the same counts as
+//!   `Admin.Stats`), the outboxes one after another, never two at once;
+//! - on the health checks' connection of each database (one per database), never on the
+//!   relay's pool, so counting never delays a claim, and a claim-starved pool never
+//!   delays the counts;
+//! - each query reads the pending and dead rows only (the partial indexes of every
+//!   backend, PostgreSQL's status `OR` planned on both), never the delivered history:
+//!   its cost grows with the backlog, which is what it measures.
+//!
+//! A failed count leaves the gauges at their last value and counts a storage error; the
+//! age gauge then grows stale, which `txoutbox_storage_errors_total` explains.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::Metrics;
+use crate::relay::Relay;
+
+/// Refreshes every outbox's depth gauges every `interval` until `stop`.
+pub async fn watch(
+    relay: Arc<Relay>,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut ticks = tokio::time::interval(interval);
+    // A slow round delays the next instead of firing the missed ones back to back.
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        for outbox in relay.outboxes() {
+            match outbox.health_storage().stats().await {
+                Ok(stats) => metrics.set_depth(&outbox.name, &stats),
+                Err(error) => {
+                    outbox.metrics().storage_error(&error);
+                    tracing::debug!(outbox = %outbox.name, %error, "depth gauges not refreshed");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! Logging: `tracing` to stderr, text or JSON, filtered by `RUST_LOG` (default `info`);
+//! with traces on (see [`super::traces`]), the same spans go to the collector.
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::trace::SdkTracerProvider;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::config::LogFormat;
+
+/// Flushes the spans not exported yet when dropped (at the end of `main`).
+#[must_use = "dropping the guard stops the trace export"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            if let Err(error) = provider.shutdown() {
+                eprintln!("txoutboxd: flushing the last spans failed: {error}");
+            }
+        }
+    }
+}
+
+/// Installs the log output and, when `provider` is given, the span export.
+pub fn init_with(format: LogFormat, provider: Option<SdkTracerProvider>) -> TelemetryGuard {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let output = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let output = match format {
+        LogFormat::Text => output.boxed(),
+        LogFormat::Json => output.json().boxed(),
+    };
+    let spans = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("txoutboxd")));
+    // A second init (tests running the server in-process) is harmless: keep the first.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(output)
+        .with(spans)
+        .try_init();
+    TelemetryGuard { provider }
+}
+
+/// Logs only, no spans exported.
+pub fn init(format: LogFormat) {
+    // Without a provider the guard has nothing to flush.
+    drop(init_with(format, None));
+}
