@@ -193,7 +193,7 @@ impl Outbox {
                     .dead_lettered(DeadLetterReason::NackLastAttempt, 1);
                 self.metrics.released.inc_by(released.len() as u64);
             }
-            NackResult::Fenced => self.metrics.fenced(AnswerKind::Nack, 1),
+            NackResult::Fenced => self.count_fenced(AnswerKind::Nack, 1),
         }
     }
 
@@ -229,9 +229,11 @@ impl Outbox {
         self.idle_polls.join(topics)
     }
 
-    /// Logs answers about rows the caller no longer held, which were ignored.
-    fn log_fenced(&self, n: usize) {
+    /// Counts answers about rows the caller no longer held, which were ignored: in the
+    /// total `Admin.Stats` reports and in the metrics, by answer.
+    fn count_fenced(&self, kind: AnswerKind, n: usize) {
         self.fenced.fetch_add(n as u64, Ordering::Relaxed);
+        self.metrics.fenced(kind, n);
         if n > 0 {
             tracing::debug!(outbox = %self.name, fenced = n, "stale answers ignored");
         }
@@ -399,8 +401,7 @@ impl Outbox {
             .answer(AnswerKind::Ack, self.storage.ack(ids, owner))
             .await?;
         self.metrics.acked.inc_by(applied.len() as u64);
-        let (applied, fenced) = self.split_fenced(ids, applied);
-        self.metrics.fenced(AnswerKind::Ack, fenced.len());
+        let (applied, fenced) = self.split_fenced(AnswerKind::Ack, ids, applied);
         Ok((applied, fenced))
     }
 
@@ -420,9 +421,6 @@ impl Outbox {
             .nack(id, owner, error, requested_delay, &self.backoff);
         let result = self.answer(AnswerKind::Nack, call).await?;
         self.count_nack(&result);
-        if result == NackResult::Fenced {
-            self.log_fenced(1);
-        }
         Ok(result)
     }
 
@@ -447,8 +445,6 @@ impl Outbox {
         let call = self.storage.nack_many(&cut, owner, &self.backoff);
         let results = self.answer(AnswerKind::Nack, call).await?;
         results.iter().for_each(|result| self.count_nack(result));
-        let fenced = results.iter().filter(|r| **r == NackResult::Fenced).count();
-        self.log_fenced(fenced);
         Ok(results)
     }
 
@@ -469,8 +465,7 @@ impl Outbox {
         let call = self.storage.release(ids, owner, delay);
         let applied = self.answer(AnswerKind::Release, call).await?;
         self.metrics.released.inc_by(applied.len() as u64);
-        let (applied, fenced) = self.split_fenced(ids, applied);
-        self.metrics.fenced(AnswerKind::Release, fenced.len());
+        let (applied, fenced) = self.split_fenced(AnswerKind::Release, ids, applied);
         Ok((applied, fenced))
     }
 
@@ -486,8 +481,7 @@ impl Outbox {
         if applied {
             self.metrics.dead_lettered(DeadLetterReason::Permanent, 1);
         } else {
-            self.metrics.fenced(AnswerKind::DeadLetter, 1);
-            self.log_fenced(1);
+            self.count_fenced(AnswerKind::DeadLetter, 1);
         }
         Ok(applied)
     }
@@ -504,8 +498,7 @@ impl Outbox {
         limits::ids(ids)?;
         let call = self.storage.extend_lease(ids, owner, lease);
         let extended = self.answer(AnswerKind::ExtendLease, call).await?;
-        let (_, fenced) = self.split_fenced(ids, extended.ids.clone());
-        self.metrics.fenced(AnswerKind::ExtendLease, fenced.len());
+        let (_, fenced) = self.split_fenced(AnswerKind::ExtendLease, ids, extended.ids.clone());
         Ok((extended, fenced))
     }
 
@@ -559,6 +552,7 @@ impl Outbox {
     /// Splits the requested ids into (applied, fenced), logging the fenced ones.
     fn split_fenced(
         &self,
+        kind: AnswerKind,
         requested: &[MessageId],
         applied: Vec<MessageId>,
     ) -> (Vec<MessageId>, Vec<MessageId>) {
@@ -567,7 +561,7 @@ impl Outbox {
             .copied()
             .filter(|id| !applied.contains(id))
             .collect();
-        self.log_fenced(fenced.len());
+        self.count_fenced(kind, fenced.len());
         (applied, fenced)
     }
 }
