@@ -51,14 +51,19 @@ pub struct Publish {
 #[derive(Debug, Default)]
 pub struct Journals {
     pub publishes: Vec<Publish>,
-    /// Lines that were not a whole publish record (a process killed mid-write).
+    /// Lines that were not a whole publish record (a process killed mid-write). Empty
+    /// lines are not counted: each process starts its journal with a newline (see
+    /// `processes::start_journal_line`).
     pub torn_lines: usize,
 }
 
 impl Journals {
     /// Reads a Rust subscriber's journal (tab-separated, see `fault-subscriber`).
     pub fn read_rust(&mut self, path: &Path) -> std::io::Result<()> {
-        for line in std::fs::read_to_string(path)?.lines() {
+        for line in std::fs::read_to_string(path)?
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
             match parse_rust_line(line) {
                 Some(publish) => self.publishes.push(publish),
                 None => self.torn_lines += 1,
@@ -69,7 +74,10 @@ impl Journals {
 
     /// Reads the Python example's stdout (`--timestamps` JSON lines) of subscriber `name`.
     pub fn read_python(&mut self, path: &Path, name: &str) -> std::io::Result<()> {
-        for line in std::fs::read_to_string(path)?.lines() {
+        for line in std::fs::read_to_string(path)?
+            .lines()
+            .filter(|l| !l.is_empty())
+        {
             match parse_python_line(line, name) {
                 Some(Some(publish)) => self.publishes.push(publish),
                 Some(None) => {}
@@ -145,5 +153,47 @@ mod tests {
         let nack = r#"{"id": 5, "payload": "k1:8", "answer": "nack"}"#;
         assert!(parse_python_line(nack, "py-1").unwrap().is_none());
         assert!(parse_python_line(r#"{"id": 5, "pay"#, "py-1").is_none());
+    }
+
+    /// A line cut by `kill -9` must not take the next process's first publish with it.
+    #[test]
+    fn a_torn_line_loses_no_publish_of_the_next_process() -> std::io::Result<()> {
+        use crate::faults::processes::start_journal_line;
+        use std::io::Write;
+
+        let dir = tempfile::tempdir()?;
+        let append = |path: &Path, text: &str| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?
+                .write_all(text.as_bytes())
+        };
+
+        let rust = dir.path().join("rust-1.journal");
+        start_journal_line(&rust)?;
+        append(&rust, "1\trust-1\t42\tk7\t3\t1\n2\trust-1\t43\tk")?;
+        start_journal_line(&rust)?;
+        append(&rust, "3\trust-1\t44\tk7\t4\t1\n")?;
+
+        let python = dir.path().join("py-1.journal");
+        start_journal_line(&python)?;
+        append(
+            &python,
+            r#"{"id": 5, "payload": "k1:8", "answer": "ack", "attem"#,
+        )?;
+        start_journal_line(&python)?;
+        append(
+            &python,
+            "{\"id\": 6, \"payload\": \"k1:9\", \"attempts\": 1, \"answer\": \"ack\", \"published_at_us\": 18}\n",
+        )?;
+
+        let mut journals = Journals::default();
+        journals.read_rust(&rust)?;
+        journals.read_python(&python, "py-1")?;
+        let ids: Vec<i64> = journals.publishes.iter().map(|p| p.id).collect();
+        assert_eq!(ids, [42, 44, 6]);
+        assert_eq!(journals.torn_lines, 2);
+        Ok(())
     }
 }

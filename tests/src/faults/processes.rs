@@ -4,6 +4,7 @@
 //! (the Rust runtime's `fault-subscriber` and the Python example) attached to one replica
 //! each. Every process is signalled by its own pid; a killed one is started again.
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -245,6 +246,18 @@ impl SubscriberProcess {
     }
 }
 
+/// Ends whatever line the previous process of this subscriber left unfinished. A write of
+/// one line can be cut by `kill -9` (Linux stops a write between two pages of the file);
+/// without this newline the next process's first line would be glued to the torn one, and
+/// that whole publish read as torn too: a publish that happened, missing from the history.
+pub fn start_journal_line(journal: &Path) -> std::io::Result<()> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(journal)?
+        .write_all(b"\n")
+}
+
 fn spawn(
     programs: &Programs,
     name: &str,
@@ -259,6 +272,7 @@ fn spawn(
             .append(true)
             .open(path)
     };
+    start_journal_line(journal)?;
     let lease = LEASE_MS.to_string();
     let mut command = match runtime {
         Runtime::Rust => {
