@@ -64,6 +64,8 @@ mod node_client;
 mod observability;
 #[path = "operations.rs"]
 mod operations;
+#[path = "printed_hints.rs"]
+mod printed_hints;
 #[path = "python_client.rs"]
 mod python_client;
 #[path = "replica_stall.rs"]
