@@ -33,7 +33,8 @@ pub async fn run(context: &mut Context, pause: bool) -> Result<(), CliError> {
             match since {
                 Some(since) => println!(
                     "outbox {outbox} is paused (since {since}): no replica hands out rows; \
-                     resume with `txoutbox --outbox {outbox} resume`"
+                     resume with {}",
+                    context.command_line(&["--outbox", &outbox, "resume"])
                 ),
                 None => println!("outbox {outbox} is running"),
             }
