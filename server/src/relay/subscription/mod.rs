@@ -126,17 +126,18 @@ impl From<Claimed> for Batch {
 }
 
 /// Runs one subscription until the subscriber goes away, the drain completes, or an
-/// error ends it; the error (if any) is sent as the last event.
+/// error ends it; the error (if any) is sent as the last event. `idle` is the outbox's
+/// poll group for the stream's filter ([`Outbox::idle_poll`], which may refuse it).
 pub async fn run(
     outbox: Arc<Outbox>,
     spec: SubscriptionSpec,
+    idle: Arc<PollGroup>,
     mut answers: AnswerReceiver,
     events: mpsc::Sender<RelayResult<Event>>,
     drain: Drain,
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
-    let idle = outbox.idle_poll(&spec.topics);
     let held = Held::new(outbox.metrics().in_flight.clone());
     let mut state = Subscription {
         found: Some(idle.found()),
