@@ -45,7 +45,11 @@
 //! A claim that fails for a reason that heals (the database down, the table missing) is
 //! retried, after [`STORAGE_ERROR_DELAY`] doubling up to [`MAX_STORAGE_ERROR_DELAY`]; one
 //! that fails for the caller's reason (an argument the database refuses) never heals and
-//! ends the stream with its status.
+//! ends the stream with its status. The relay checks its callers' strings before any SQL,
+//! so what still gets here is what only the table knows: a mapped or altered column too
+//! short for the stream's owner name (its subscriber name, a colon and 32 hex digits), as
+//! `hostile_input::a_stream_whose_claims_fail_for_its_own_reason_ends_with_that_status`
+//! shows end to end.
 
 mod answers;
 mod claiming;
