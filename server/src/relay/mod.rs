@@ -238,7 +238,8 @@ impl Outbox {
         self.health_storage.as_ref().unwrap_or(&self.storage)
     }
 
-    /// The storage the depth gauges count on.
+    /// The storage the depth gauges count on: the relay's own when none of its own was
+    /// given (the server always gives one when it counts, see `app::build_relay`).
     pub fn depth_storage(&self) -> &Arc<dyn Storage> {
         self.depth_storage.as_ref().unwrap_or(&self.storage)
     }
