@@ -48,6 +48,10 @@ enum Purpose {
     /// The health checks: one connection per database of their own, so a pool busy with
     /// claims (or starved by them) never turns an outbox NOT_SERVING; no insert listener.
     Health,
+    /// The depth gauges' counts (`telemetry::depth`): one connection per database of
+    /// their own too, so a slow count (a big backlog, a table lock) never holds the
+    /// health checks' connection. Opened only with `server.metrics_listen`.
+    Depth,
 }
 
 /// Opens a storage per outbox, sharing one connection pool per database. Pools connect
@@ -71,7 +75,7 @@ fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<Stri
     for (name, database) in &config.databases {
         let size = match purpose {
             Purpose::Relay => database.max_connections,
-            Purpose::Health => 1,
+            Purpose::Health | Purpose::Depth => 1,
         };
         let url = database.url.expose();
         let pool = match database.url.backend() {
@@ -155,20 +159,27 @@ pub fn build_relay(config: &Config, metrics: &Metrics) -> anyhow::Result<Relay> 
     }
     let storages = storages_on(config, &pools, Purpose::Relay)?;
     let mut health = open_storages_for(config, Purpose::Health)?;
+    let mut depth = match config.server.metrics_listen {
+        Some(_) => open_storages_for(config, Purpose::Depth)?,
+        None => BTreeMap::new(),
+    };
     let outboxes = storages.into_iter().map(|(name, storage)| {
         let outbox_config = config.outboxes[&name].clone();
         let health = health.remove(&name).expect("a health storage per outbox");
+        let depth = depth.remove(&name);
         let outbox_metrics = metrics.outbox(&name);
-        Arc::new(
-            Outbox::new(
-                name,
-                outbox_config,
-                storage,
-                config.server.max_message_bytes,
-            )
-            .with_health_storage(health)
-            .with_metrics(outbox_metrics),
+        let outbox = Outbox::new(
+            name,
+            outbox_config,
+            storage,
+            config.server.max_message_bytes,
         )
+        .with_health_storage(health)
+        .with_metrics(outbox_metrics);
+        Arc::new(match depth {
+            Some(depth) => outbox.with_depth_storage(depth),
+            None => outbox,
+        })
     });
     Ok(Relay::new(outboxes))
 }

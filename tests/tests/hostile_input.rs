@@ -503,6 +503,42 @@ async fn a_bad_answer_is_rejected_alone_and_the_stream_goes_on() {
 
 /// Case 12: `check-config` passed URLs that `run` refused, zero intervals, and durations
 /// that overflow.
+/// Case 6: a stream whose claims fail for the caller's reason, which no retry heals,
+/// retried them forever. Here the table's `leased_by` is too short for this subscriber's
+/// owner name (subscriber, colon, 32 hex digits): its stream ends INVALID_ARGUMENT with
+/// the database's reason, while a subscriber with a shorter name gets the row.
+#[tokio::test]
+async fn a_stream_whose_claims_fail_for_its_own_reason_ends_with_that_status() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    // 40 characters: room for a subscriber name of at most 7.
+    sqlx::query(&format!(
+        "ALTER TABLE {}.outbox ALTER COLUMN leased_by TYPE varchar(40)",
+        db.schema
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let id = db.insert("t", None, b"x").await;
+    let mut long = Subscriber::open(&server, "a-subscriber-with-a-long-name", 10, 0).await;
+    let ended = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match long.pump().await {
+                Ok(true) => {}
+                Ok(false) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("the stream ends instead of retrying");
+    assert_eq!(ended.code(), Code::InvalidArgument, "{ended:?}");
+    assert!(ended.message().contains("too long"), "{ended:?}");
+    let mut short = Subscriber::open(&server, "short", 10, 0).await;
+    assert_eq!(short.take(1).await[0].id, id);
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn check_config_parses_urls_and_bounds_every_duration() {
     let base = |url: &str, server: &str, outbox: &str| {

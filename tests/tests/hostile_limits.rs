@@ -231,6 +231,125 @@ async fn an_insert_costs_a_few_claims_however_many_streams_are_idle() {
     db.drop().await;
 }
 
+/// Case 5: an insert cost one claim per distinct topic filter among the idle streams, so
+/// 1,000 idle streams each with a filter of its own made one insert cost about 1,000
+/// claims. The distinct filters are now bounded (`max_topic_filters`, 64 by default): the
+/// streams past it are refused, the insert costs at most that many claims.
+#[tokio::test]
+async fn an_insert_costs_at_most_max_topic_filters_claims_however_many_filters_are_tried() {
+    const LIMIT: usize = 64;
+    let db = TestDb::new().await;
+    let quiet = "poll.min = \"60s\"\npoll.max = \"60s\"";
+    let server = Server::start_serving(&db.config(quiet)).await;
+    let claims = || server.log_count("\"message\":\"claimed\"");
+    // No filter is a filter too: the legitimate stream takes the first slot.
+    let mut legit = Subscriber::open(&server, "legit", 10, 0).await;
+    let channel = server.channel().await;
+    let mut idle = Vec::new();
+    let mut refused = Vec::new();
+    for i in 0..1000 {
+        let name = format!("idle-{i}");
+        let topic = format!("idle-{i}");
+        match Subscriber::open_on(channel.clone(), open(&name, &[&topic], 10)).await {
+            Ok(stream) => idle.push(stream),
+            Err(status) => refused.push(status),
+        }
+    }
+    assert_eq!(idle.len(), LIMIT - 1, "streams with filters of their own");
+    assert_eq!(refused.len(), 1000 - (LIMIT - 1));
+    let status = &refused[0];
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("outboxes.orders.max_topic_filters = 64"),
+        "{status:?}"
+    );
+    // A filter in use still opens, however many were refused.
+    idle.push(
+        Subscriber::open_on(channel.clone(), open("again", &["idle-1"], 10))
+            .await
+            .expect("a filter in use"),
+    );
+    // Each group's first stream claims once when it opens; wait for them all.
+    eventually("the opening claims", DEADLINE, || async {
+        (claims() >= LIMIT).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = claims();
+    assert!(
+        before <= LIMIT + 10,
+        "opening {} streams made {before} claims",
+        idle.len() + 1
+    );
+    let id = db.insert("t", None, b"wake").await;
+    assert_eq!(legit.take(1).await[0].id, id);
+    eventually("a claim per filter", DEADLINE, || async {
+        (claims() >= before + LIMIT).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let cost = claims() - before;
+    assert!(
+        cost <= LIMIT + 3,
+        "one insert made {cost} claims with {LIMIT} filters among 1,000 tried"
+    );
+    db.drop().await;
+}
+
+/// Case 5 (and issue 13): the depth gauges counted on the health checks' only connection,
+/// so a count waiting for a table lock (up to `lock_timeout`, 10 s) held it, and the health
+/// check of another outbox of the database found no connection within the acquire timeout
+/// (3 s) and turned it NOT_SERVING.
+#[tokio::test]
+async fn a_depth_count_waiting_for_a_lock_never_delays_a_health_check() {
+    let db = TestDb::new().await;
+    let spare = format!(
+        "\n[outboxes.spare]\ndatabase = \"main\"\nschema = \"{}\"\ntable = \"spare\"\ncreate_schema = true\n",
+        db.schema
+    );
+    let config = db.config(&spare).replace(
+        "[server]\n",
+        "[server]\nmetrics_listen = \"127.0.0.1:0\"\nmetrics_depth_interval = \"100ms\"\n",
+    );
+    let server = Server::start_serving(&config).await;
+    eventually("spare serving", DEADLINE, || async {
+        (server.health("spare").await == ServingStatus::Serving).then_some(())
+    })
+    .await;
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "LOCK TABLE {}.outbox IN ACCESS EXCLUSIVE MODE",
+        db.schema
+    ))
+    .execute(&mut *lock)
+    .await
+    .unwrap();
+    // The setup holds: a depth count of `orders` waits for the lock.
+    eventually("a depth count waiting for the lock", DEADLINE, || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%AS oldest_pending_secs%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    for _ in 0..48 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(
+            server.health("spare").await,
+            ServingStatus::Serving,
+            "the other outbox's health check waited behind a depth count"
+        );
+    }
+    lock.commit().await.unwrap();
+    db.drop().await;
+}
+
 /// Case 5: with every pool connection busy, the health checks found no connection and
 /// turned every outbox of the database NOT_SERVING.
 #[tokio::test]

@@ -40,6 +40,10 @@ pub struct OutboxConfig {
     pub max_attempts: u32,
     /// Most rows claimed at once for one subscriber.
     pub max_batch_size: u32,
+    /// Most distinct topic filters among the outbox's open streams: each costs a claim per
+    /// insert and per idle poll (see `relay::idle`); a stream with a new filter past it is
+    /// refused with RESOURCE_EXHAUSTED.
+    pub max_topic_filters: u32,
     pub backoff: BackoffConfig,
     pub poll: PollConfig,
     /// Create the table (and trigger) at start if missing; on an existing table mapped in
@@ -65,6 +69,7 @@ impl Default for OutboxConfig {
             max_lease: Duration::from_secs(15 * 60),
             max_attempts: 10,
             max_batch_size: 100,
+            max_topic_filters: 64,
             backoff: BackoffConfig::default(),
             poll: PollConfig::default(),
             create_schema: false,
@@ -207,6 +212,11 @@ impl OutboxConfig {
             problems.push(format!(
                 "{key}.max_batch_size = {}: must be within 1..={MAX_WINDOW}",
                 self.max_batch_size
+            ));
+        }
+        if self.max_topic_filters == 0 {
+            problems.push(format!(
+                "{key}.max_topic_filters: must be at least 1 (default 64)"
             ));
         }
         let backoff = &self.backoff;

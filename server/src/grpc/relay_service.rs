@@ -84,6 +84,8 @@ impl v1::relay_server::Relay for RelayService {
             topics: open.topics,
             max_in_flight: open.max_in_flight,
         };
+        // Before the window is reserved: a new filter past max_topic_filters is refused.
+        let idle = outbox.idle_poll(&spec.topics)?;
         let window = match caller.identity() {
             Some(identity) => Some(Arc::new(
                 identity
@@ -97,8 +99,14 @@ impl v1::relay_server::Relay for RelayService {
         tokio::spawn(read_answers(inbound, answers_tx, window.clone()));
         let span =
             tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = ?spec.subscriber);
-        let subscription =
-            subscription::run(outbox, spec, answers_rx, events_tx, self.drain.clone());
+        let subscription = subscription::run(
+            outbox,
+            spec,
+            idle,
+            answers_rx,
+            events_tx,
+            self.drain.clone(),
+        );
         self.drain.spawn(
             async move {
                 subscription.await;

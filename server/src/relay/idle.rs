@@ -30,9 +30,27 @@
 //! (when every stream claimed on every signal, 5,000 idle streams made an insert cost
 //! about 2,900 claims). An insert turn whose claim comes back full wakes the waiting
 //! streams like a poll's; one that finds nothing leaves the poll schedule alone (another
-//! replica may have taken the row). The signal carries no topic, so each topic filter's
-//! group claims once: O(distinct filters), never O(streams). A stream that opens makes
-//! the same kind of turn ([`PollGroup::wake`]) rather than a claim of its own.
+//! replica may have taken the row). A stream that opens makes the same kind of turn
+//! ([`PollGroup::wake`]) rather than a claim of its own.
+//!
+//! So the cost of an insert, and of the idle polls, is one claim per *distinct topic
+//! filter* among the outbox's open streams: O(groups), never O(streams). A client that
+//! opens 10,000 idle streams each with a filter of its own would make 10,000 groups, so
+//! the groups are bounded: [`IdlePolls::join`] refuses a filter that would make more than
+//! `outboxes.NAME.max_topic_filters` groups (the stream gets RESOURCE_EXHAUSTED naming the
+//! key); a stream whose filter already has a group always joins it. The bound is the
+//! whole fix, chosen over two others:
+//! - waking only the groups whose filter matches the inserted topic helps only where an
+//!   insert signal exists (PostgreSQL NOTIFY; MariaDB and SQLite have none and pay the
+//!   polls, also one per group), and bounds nothing against a hostile client, whose
+//!   filters can all name the topics being inserted (`[orders, x1]`, `[orders, x2]`, ...);
+//! - one claim for the whole outbox, its rows routed to the streams whose filters match,
+//!   would claim on behalf of streams with their own windows, leases, owners and byte
+//!   budgets: a different lease model, not a change to the idle schedule.
+//!
+//! The bound is per outbox, not per identity: a client that holds every slot keeps new
+//! filters out (never streams on filters in use) until its streams end; an identity's
+//! `max_streams` bounds how many slots it can hold.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -47,6 +65,8 @@ use crate::config::PollConfig;
 /// The poll groups of one outbox, by topic filter.
 pub struct IdlePolls {
     config: PollConfig,
+    /// `outboxes.NAME.max_topic_filters`: the most groups alive at once.
+    max_groups: usize,
     /// The storage's insert signal, if it has one; each group's timer task watches it.
     insert_signal: Option<watch::Receiver<u64>>,
     /// Weak: a group ends (and its timer task stops) when its last stream does.
@@ -63,28 +83,42 @@ pub enum Turn {
 }
 
 impl IdlePolls {
-    pub fn new(config: PollConfig, insert_signal: Option<watch::Receiver<u64>>) -> Self {
+    pub fn new(
+        config: PollConfig,
+        max_groups: usize,
+        insert_signal: Option<watch::Receiver<u64>>,
+    ) -> Self {
         Self {
             config,
+            max_groups,
             insert_signal,
             groups: Mutex::new(HashMap::new()),
         }
     }
 
     /// The group of the streams filtering on `topics` (in any order; empty means every
-    /// topic), started on first use. Needs a Tokio runtime.
-    pub fn join(&self, topics: &[String]) -> Arc<PollGroup> {
+    /// topic), started on first use; `None` when starting it would make more than
+    /// `max_groups` groups. Needs a Tokio runtime.
+    pub fn join(&self, topics: &[String]) -> Option<Arc<PollGroup>> {
         let mut filter = topics.to_vec();
         filter.sort();
         filter.dedup();
         let mut groups = self.groups.lock().expect("poll groups lock");
         groups.retain(|_, group| group.strong_count() > 0);
         if let Some(group) = groups.get(&filter).and_then(Weak::upgrade) {
-            return group;
+            return Some(group);
+        }
+        if groups.len() >= self.max_groups {
+            return None;
         }
         let group = Arc::new(PollGroup::start(self.config, self.insert_signal.clone()));
         groups.insert(filter, Arc::downgrade(&group));
-        group
+        Some(group)
+    }
+
+    /// `max_groups`, for the refusal's message.
+    pub fn max_groups(&self) -> usize {
+        self.max_groups
     }
 }
 
@@ -280,14 +314,14 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn streams_with_the_same_filter_share_a_group() {
-        let polls = IdlePolls::new(config(), None);
-        let a = polls.join(&["b".into(), "a".into()]);
-        let b = polls.join(&["a".into(), "b".into(), "a".into()]);
-        let other = polls.join(&[]);
+        let polls = IdlePolls::new(config(), 8, None);
+        let a = polls.join(&["b".into(), "a".into()]).unwrap();
+        let b = polls.join(&["a".into(), "b".into(), "a".into()]).unwrap();
+        let other = polls.join(&[]).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
         assert!(!Arc::ptr_eq(&a, &other));
         drop((a, b));
-        let again = polls.join(&["a".into(), "b".into()]);
+        let again = polls.join(&["a".into(), "b".into()]).unwrap();
         assert_eq!(
             Arc::strong_count(&again),
             1,
@@ -296,8 +330,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_new_filter_past_the_bound_is_refused_and_filters_in_use_still_join() {
+        let polls = IdlePolls::new(config(), 2, None);
+        let a = polls.join(&["a".into()]).unwrap();
+        let b = polls.join(&["b".into()]).unwrap();
+        assert!(polls.join(&["c".into()]).is_none(), "a third filter");
+        assert!(polls.join(&["a".into(), "c".into()]).is_none());
+        let a_again = polls.join(&["a".into()]).expect("a filter in use joins");
+        assert!(Arc::ptr_eq(&a, &a_again));
+        drop(b);
+        assert!(
+            polls.join(&["c".into()]).is_some(),
+            "a slot frees when its group's last stream ends"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn one_turn_per_due_poll_backing_off_while_nothing_is_found() {
-        let group = IdlePolls::new(config(), None).join(&[]);
+        let group = IdlePolls::new(config(), 8, None).join(&[]).unwrap();
         let start = Instant::now();
         let mut turns = Vec::new();
         for _ in 0..7 {
@@ -310,7 +360,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn found_rows_bring_the_schedule_back_and_a_full_turn_wakes_everyone() {
-        let group = IdlePolls::new(config(), None).join(&[]);
+        let group = IdlePolls::new(config(), 8, None).join(&[]).unwrap();
         let mut found = group.found();
         for _ in 0..4 {
             group.turn().await;
@@ -338,7 +388,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_insert_signal_opens_one_turn_at_once_and_an_empty_one_keeps_the_schedule() {
         let signal = watch::Sender::new(0u64);
-        let group = IdlePolls::new(config(), Some(signal.subscribe())).join(&[]);
+        let group = IdlePolls::new(config(), 8, Some(signal.subscribe()))
+            .join(&[])
+            .unwrap();
         for _ in 0..3 {
             group.turn().await;
             group.record(Some(Turn::Poll), 10, 0);

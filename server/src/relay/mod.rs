@@ -100,6 +100,8 @@ pub struct Outbox {
     storage: Arc<dyn Storage>,
     /// The same table on connections of the health checks' own, if any (see `app`).
     health_storage: Option<Arc<dyn Storage>>,
+    /// The same table on connections of the depth gauges' own, if any (see `app`).
+    depth_storage: Option<Arc<dyn Storage>>,
     backoff: Backoff,
     /// One idle-polling schedule per topic filter, shared by the outbox's streams, which
     /// also hands out the storage's insert signals (see [`idle`]).
@@ -125,7 +127,11 @@ impl Outbox {
         max_message_bytes: usize,
     ) -> Self {
         let backoff = Backoff::new(config.backoff, config.max_attempts);
-        let idle_polls = IdlePolls::new(config.poll, storage.insert_signal());
+        let idle_polls = IdlePolls::new(
+            config.poll,
+            config.max_topic_filters as usize,
+            storage.insert_signal(),
+        );
         let metrics = OutboxMetrics::unscraped(&name);
         Self {
             metrics,
@@ -133,6 +139,7 @@ impl Outbox {
             config,
             storage,
             health_storage: None,
+            depth_storage: None,
             backoff,
             idle_polls,
             max_message_bytes,
@@ -150,6 +157,13 @@ impl Outbox {
     /// the health checks never wait for a connection of the relay's busy pool.
     pub fn with_health_storage(mut self, storage: Arc<dyn Storage>) -> Self {
         self.health_storage = Some(storage);
+        self
+    }
+
+    /// The depth gauges count on `storage`, a storage of the same table on connections of
+    /// its own, so a slow count never delays a health check (nor a claim).
+    pub fn with_depth_storage(mut self, storage: Arc<dyn Storage>) -> Self {
+        self.depth_storage = Some(storage);
         self
     }
 
@@ -224,9 +238,24 @@ impl Outbox {
         self.health_storage.as_ref().unwrap_or(&self.storage)
     }
 
-    /// The idle-polling group of the streams filtering on `topics` (see [`idle`]).
-    pub fn idle_poll(&self, topics: &[String]) -> Arc<PollGroup> {
-        self.idle_polls.join(topics)
+    /// The storage the depth gauges count on: the relay's own when none of its own was
+    /// given (the server always gives one when it counts, see `app::build_relay`).
+    pub fn depth_storage(&self) -> &Arc<dyn Storage> {
+        self.depth_storage.as_ref().unwrap_or(&self.storage)
+    }
+
+    /// The idle-polling group of the streams filtering on `topics` (see [`idle`]); a
+    /// filter that would pass `max_topic_filters` is refused.
+    pub fn idle_poll(&self, topics: &[String]) -> RelayResult<Arc<PollGroup>> {
+        self.idle_polls.join(topics).ok_or_else(|| {
+            let limit = self.idle_polls.max_groups();
+            RelayError::ResourceExhausted(format!(
+                "outbox {} already has {limit} distinct topic filters among its open streams \
+                 (limit outboxes.{}.max_topic_filters = {limit}): subscribe with a filter in use, \
+                 or wait for streams to end, or raise the limit",
+                self.name, self.name
+            ))
+        })
     }
 
     /// Counts answers about rows the caller no longer held, which were ignored: in the

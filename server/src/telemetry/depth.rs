@@ -6,9 +6,12 @@
 //!
 //! - one query per outbox per interval (the storage's `stats`, the same counts as
 //!   `Admin.Stats`), the outboxes one after another, never two at once;
-//! - on the health checks' connection of each database (one per database), never on the
-//!   relay's pool, so counting never delays a claim, and a claim-starved pool never
-//!   delays the counts;
+//! - on a connection of their own per database, neither the relay's pool nor the health
+//!   checks' connection: counting never delays a claim, a claim-starved pool never delays
+//!   the counts, and a slow count (a backlog of millions, a count waiting for a table
+//!   lock up to the sessions' `lock_timeout`) never holds a health check back, which
+//!   could otherwise find no connection within the acquire timeout and turn an outbox
+//!   NOT_SERVING;
 //! - each query reads the pending and dead rows only (the partial indexes of every
 //!   backend, PostgreSQL's status `OR` planned on both), never the delivered history:
 //!   its cost grows with the backlog, which is what it measures.
@@ -40,7 +43,7 @@ pub async fn watch(
             _ = ticks.tick() => {}
         }
         for outbox in relay.outboxes() {
-            match outbox.health_storage().stats().await {
+            match outbox.depth_storage().stats().await {
                 Ok(stats) => metrics.set_depth(&outbox.name, &stats),
                 Err(error) => {
                     outbox.metrics().storage_error(&error);

@@ -93,6 +93,10 @@ pub struct Options {
     /// (comma-separated; default 0,1000,10000).
     #[arg(long, value_delimiter = ',')]
     pub idle_cost_streams: Vec<usize>,
+    /// Idle streams each with a topic filter of its own, for the idle-cost figures
+    /// (comma-separated; default 10000; quick 100).
+    #[arg(long, value_delimiter = ',')]
+    pub idle_cost_distinct: Vec<usize>,
     /// `RUST_LOG` of the txoutboxd processes (keep `info`: the harness waits for the
     /// "listening" line). For profiling, for example `info,sqlx::query=debug` logs
     /// every statement.
@@ -145,6 +149,7 @@ pub struct Plan {
     pub claim_samples: usize,
     pub idle_streams: usize,
     pub idle_cost_streams: Vec<usize>,
+    pub idle_cost_distinct: Vec<usize>,
     pub server_log: String,
     /// `--metrics`: metrics served and scraped during the drains.
     pub metrics: bool,
@@ -226,6 +231,11 @@ impl Plan {
                 pick(quick, vec![0, 1000, 10_000], vec![0, 50])
             } else {
                 options.idle_cost_streams
+            },
+            idle_cost_distinct: if options.idle_cost_distinct.is_empty() {
+                pick(quick, vec![10_000], vec![100])
+            } else {
+                options.idle_cost_distinct
             },
             server_log: options.server_log,
             metrics: options.metrics,

@@ -16,6 +16,11 @@
 //!
 //! The idle streams share connections, 500 to a connection (`max_streams_per_connection`
 //! is 1,000), as publisher processes holding many streams would.
+//!
+//! [`Filters`] says whose filter each idle stream has: all the same one (one poll group,
+//! however many streams), or each a filter of its own (`--idle-cost-distinct`, a client
+//! flooding the outbox with groups): then all but `max_topic_filters` (64) of them are
+//! refused, and the figures say how many stayed open.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -27,6 +32,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
+use tonic::Code;
 use txoutbox_proto::v1::relay_client::RelayClient;
 use txoutbox_proto::v1::subscribe_request::Request;
 use txoutbox_proto::v1::subscribe_response::Response;
@@ -53,10 +59,23 @@ fn stats_delay(plan: &Plan) -> Duration {
 pub struct IdleCost {
     pub latencies: Latencies,
     pub transactions_per_insert: f64,
+    /// Idle streams the server accepted (with distinct filters, the rest were refused).
+    pub open: usize,
+}
+
+/// The topic filters of the idle streams.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filters {
+    /// Every idle stream filters on `bench.idle`: one poll group.
+    Shared,
+    /// Idle stream `i` filters on `bench.idle.i`: a group each, up to the server's
+    /// `max_topic_filters`; streams past it are refused (RESOURCE_EXHAUSTED) and counted
+    /// out.
+    Distinct,
 }
 
 /// One measurement with `idle` idle streams.
-pub async fn measure(plan: &Plan, idle: usize) -> anyhow::Result<IdleCost> {
+pub async fn measure(plan: &Plan, idle: usize, filters: Filters) -> anyhow::Result<IdleCost> {
     let name = format!(
         "bench_idle_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -68,7 +87,7 @@ pub async fn measure(plan: &Plan, idle: usize) -> anyhow::Result<IdleCost> {
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(&admin)
         .await?;
-    let result = measure_in(plan, &name, idle).await;
+    let result = measure_in(plan, &name, idle, filters).await;
     let dropped = sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
         .execute(&admin)
         .await;
@@ -91,7 +110,12 @@ fn with_database(url: &str, database: &str) -> String {
     }
 }
 
-async fn measure_in(plan: &Plan, database: &str, idle: usize) -> anyhow::Result<IdleCost> {
+async fn measure_in(
+    plan: &Plan,
+    database: &str,
+    idle: usize,
+    filters: Filters,
+) -> anyhow::Result<IdleCost> {
     let relay_url = with_database(&plan.relay_url, database);
     let config = format!(
         r#"
@@ -112,26 +136,39 @@ create_schema = true
         batch = plan.batch_size,
     );
     let server = start_server(plan, &config).await;
-    let result = run(plan, &server.url(), database, idle).await;
-    stop_server(plan, server, &format!("idle-cost-{idle}")).await;
+    let result = run(plan, &server.url(), database, idle, filters).await;
+    stop_server(plan, server, &format!("idle-cost-{idle}-{filters:?}")).await;
     result
 }
 
-async fn run(plan: &Plan, url: &str, database: &str, idle: usize) -> anyhow::Result<IdleCost> {
+async fn run(
+    plan: &Plan,
+    url: &str,
+    database: &str,
+    idle: usize,
+    filters: Filters,
+) -> anyhow::Result<IdleCost> {
+    let work = open_subscriber(url).await?;
     let connections = idle.div_ceil(STREAMS_PER_CONNECTION);
     let mut channels = Vec::with_capacity(connections);
     for _ in 0..connections {
         channels.push(Endpoint::from_shared(url.to_owned())?.connect().await?);
     }
-    let opened: Vec<anyhow::Result<IdleStream>> = stream::iter(0..idle)
-        .map(|i| open_idle(channels[i / STREAMS_PER_CONNECTION].clone(), i))
+    let opened: Vec<anyhow::Result<Option<IdleStream>>> = stream::iter(0..idle)
+        .map(|i| open_idle(channels[i / STREAMS_PER_CONNECTION].clone(), i, filters))
         .buffer_unordered(OPENING_CONCURRENCY)
         .collect()
         .await;
-    let idle_streams = opened.into_iter().collect::<anyhow::Result<Vec<_>>>()?;
+    let idle_streams: Vec<IdleStream> = opened
+        .into_iter()
+        .collect::<anyhow::Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    let open = idle_streams.len();
 
     let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
-    let subscriber = tokio::spawn(subscribe(url.to_owned(), Arc::clone(&arrivals)));
+    let subscriber = tokio::spawn(subscribe(work, Arc::clone(&arrivals)));
     let db_url = with_database(&plan.database_url, database);
     let pool = PgPoolOptions::new()
         .max_connections(8)
@@ -173,6 +210,7 @@ async fn run(plan: &Plan, url: &str, database: &str, idle: usize) -> anyhow::Res
     Ok(IdleCost {
         latencies: Latencies { sorted_ms },
         transactions_per_insert: (after - before) as f64 / total as f64,
+        open,
     })
 }
 
@@ -204,38 +242,68 @@ fn open_request(name: String, topics: Vec<String>, window: u32) -> SubscribeRequ
     }
 }
 
-async fn open_idle(channel: Channel, i: usize) -> anyhow::Result<IdleStream> {
+/// Opens idle stream `i`; `None` when the server refused its filter as one too many.
+async fn open_idle(
+    channel: Channel,
+    i: usize,
+    filters: Filters,
+) -> anyhow::Result<Option<IdleStream>> {
     let (requests, rx) = mpsc::channel(4);
-    let topics = vec!["bench.idle".to_owned()];
+    let topic = match filters {
+        Filters::Shared => "bench.idle".to_owned(),
+        Filters::Distinct => format!("bench.idle.{i}"),
+    };
     requests
-        .send(open_request(format!("idle-{i}"), topics, 10))
+        .send(open_request(format!("idle-{i}"), vec![topic], 10))
         .await?;
-    let mut responses = RelayClient::new(channel)
+    let responses = RelayClient::new(channel)
         .subscribe(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
+        .await;
+    let mut responses = match responses {
+        Ok(responses) => responses.into_inner(),
+        Err(status) if filters == Filters::Distinct && status.code() == Code::ResourceExhausted => {
+            return Ok(None)
+        }
+        Err(status) => return Err(status.into()),
+    };
     match responses.message().await? {
         Some(SubscribeResponse {
             response: Some(Response::Subscribed(_)),
-        }) => Ok(IdleStream {
+        }) => Ok(Some(IdleStream {
             _requests: requests,
             _responses: responses,
-        }),
+        })),
         other => anyhow::bail!("idle stream {i}: expected `subscribed`, got {other:?}"),
     }
 }
 
-/// The subscriber with work: records when each row's batch arrives and acks it at once.
-async fn subscribe(url: String, arrivals: Arc<Mutex<HashMap<i64, Instant>>>) -> anyhow::Result<()> {
-    let channel = Endpoint::from_shared(url)?.connect().await?;
+/// The subscriber with work's stream: its requests and its responses.
+type WorkStream = (
+    mpsc::Sender<SubscribeRequest>,
+    tonic::Streaming<SubscribeResponse>,
+);
+
+/// Opens the subscriber with work (no filter). It opens before the idle streams, as a
+/// running deployment's subscribers would: with a filter each, the idle streams take
+/// every other slot of `max_topic_filters`, and it would be refused after them.
+async fn open_subscriber(url: &str) -> anyhow::Result<WorkStream> {
+    let channel = Endpoint::from_shared(url.to_owned())?.connect().await?;
     let (requests, rx) = mpsc::channel(64);
     requests
         .send(open_request("bench-idle-cost".to_owned(), Vec::new(), 100))
         .await?;
-    let mut responses = RelayClient::new(channel)
+    let responses = RelayClient::new(channel)
         .subscribe(ReceiverStream::new(rx))
         .await?
         .into_inner();
+    Ok((requests, responses))
+}
+
+/// The subscriber with work: records when each row's batch arrives and acks it at once.
+async fn subscribe(
+    (requests, mut responses): WorkStream,
+    arrivals: Arc<Mutex<HashMap<i64, Instant>>>,
+) -> anyhow::Result<()> {
     while let Some(response) = responses.message().await? {
         if let Some(Response::Batch(batch)) = response.response {
             let now = Instant::now();

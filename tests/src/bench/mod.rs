@@ -34,6 +34,7 @@ use std::future::Future;
 use std::time::Instant;
 
 pub use config::{Options, Plan, Section};
+use idle_cost::Filters::{Distinct, Shared};
 use report::Report;
 use stats::Measurements;
 use workload::Workload;
@@ -151,14 +152,33 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         if plan.wants(Section::IdleCost) {
             for &idle in &plan.idle_cost_streams {
                 let what = format!("idle cost, {idle} idle streams");
-                if let Some(cost) =
-                    attempt(&mut m, plan, run, &what, idle_cost::measure(plan, idle)).await
+                if let Some(cost) = attempt(
+                    &mut m,
+                    plan,
+                    run,
+                    &what,
+                    idle_cost::measure(plan, idle, Shared),
+                )
+                .await
                 {
                     for (name, value) in cost.latencies.percentiles() {
                         m.record(report::idle_cost_key(idle, name), run, value);
                     }
                     let key = report::idle_cost_key(idle, "tx-per-insert");
                     m.record(key, run, cost.transactions_per_insert);
+                }
+            }
+            for &idle in &plan.idle_cost_distinct {
+                let what = format!("idle cost, {idle} idle streams with a filter each");
+                let measured = idle_cost::measure(plan, idle, Distinct);
+                if let Some(cost) = attempt(&mut m, plan, run, &what, measured).await {
+                    for (name, value) in cost.latencies.percentiles() {
+                        m.record(report::idle_distinct_key(idle, name), run, value);
+                    }
+                    let key = report::idle_distinct_key(idle, "tx-per-insert");
+                    m.record(key, run, cost.transactions_per_insert);
+                    let key = report::idle_distinct_key(idle, "open");
+                    m.record(key, run, cost.open as f64);
                 }
             }
         }

@@ -28,6 +28,11 @@ pub fn idle_cost_key(idle: usize, figure: &str) -> String {
     format!("idle-cost/{idle}/{figure}")
 }
 
+/// The idle-cost figures with a topic filter per idle stream.
+pub fn idle_distinct_key(idle: usize, figure: &str) -> String {
+    format!("idle-cost-distinct/{idle}/{figure}")
+}
+
 pub fn latency_key(notify: bool, percentile: &str) -> String {
     let how = if notify { "notify" } else { "polling" };
     format!("latency/{how}/{percentile}")
@@ -93,6 +98,7 @@ impl Report {
         claim_rows(plan, &m, &mut rows);
         memory_rows(plan, &m, &mut rows);
         idle_cost_rows(plan, &m, &mut rows);
+        idle_distinct_rows(plan, &m, &mut rows);
         let settings = format!(
             "{rows} rows per drain ({hot} for the hot key), batch {batch}, window {window}, {keys} keys, {runs} run(s) per figure; \
              latency at {rate} rows/s for {secs:.0}s; claim cost at {sizes} pending rows, {samples} claims per cell; \
@@ -364,6 +370,43 @@ fn idle_cost_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
                 target: "a few (< 6) [issue 10]".to_owned(),
                 verdict: verdict(&[f.median < 6.0]),
                 notes: "the insert, its claim(s), its ack, and the background".to_owned(),
+                ..Row::default()
+            });
+        }
+    }
+}
+
+/// The review of issue 10: idle streams each with a filter of their own, bounded by
+/// `max_topic_filters` (64): an insert costs at most one claim per open filter.
+fn idle_distinct_rows(plan: &Plan, m: &Measurements, rows: &mut Vec<Row>) {
+    for &idle in &plan.idle_cost_distinct {
+        let streams = count(idle as f64);
+        let open = m
+            .figure(&idle_distinct_key(idle, "open"))
+            .map_or(f64::NAN, |f| f.median);
+        let tried = format!("{streams} idle streams with a filter each ({open:.0} open)");
+        if let Some(f) = m.figure(&idle_distinct_key(idle, "p99")) {
+            let p50 = m
+                .figure(&idle_distinct_key(idle, "p50"))
+                .map_or(f64::NAN, |f| f.median);
+            rows.push(Row {
+                section: "idle cost",
+                measurement: format!("insert → batch, one subscriber, {tried}, p99"),
+                median: ms(f.median),
+                spread: spread(&f, ms),
+                notes: format!("p50 {}", ms(p50)),
+                ..Row::default()
+            });
+        }
+        if let Some(f) = m.figure(&idle_distinct_key(idle, "tx-per-insert")) {
+            rows.push(Row {
+                section: "idle cost",
+                measurement: format!("database transactions per insert, {tried}"),
+                median: format!("{:.2}", f.median),
+                spread: spread(&f, |v| format!("{v:.2}")),
+                target: "< 70 (max_topic_filters + the insert's own) [issue 10 review]".to_owned(),
+                verdict: verdict(&[f.median < 70.0]),
+                notes: "one claim per open filter at most, the rest refused".to_owned(),
                 ..Row::default()
             });
         }

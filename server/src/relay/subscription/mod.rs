@@ -45,7 +45,11 @@
 //! A claim that fails for a reason that heals (the database down, the table missing) is
 //! retried, after [`STORAGE_ERROR_DELAY`] doubling up to [`MAX_STORAGE_ERROR_DELAY`]; one
 //! that fails for the caller's reason (an argument the database refuses) never heals and
-//! ends the stream with its status.
+//! ends the stream with its status. The relay checks its callers' strings before any SQL,
+//! so what still gets here is what only the table knows: a mapped or altered column too
+//! short for the stream's owner name (its subscriber name, a colon and 32 hex digits), as
+//! `hostile_input::a_stream_whose_claims_fail_for_its_own_reason_ends_with_that_status`
+//! shows end to end.
 
 mod answers;
 mod claiming;
@@ -126,17 +130,18 @@ impl From<Claimed> for Batch {
 }
 
 /// Runs one subscription until the subscriber goes away, the drain completes, or an
-/// error ends it; the error (if any) is sent as the last event.
+/// error ends it; the error (if any) is sent as the last event. `idle` is the outbox's
+/// poll group for the stream's filter ([`Outbox::idle_poll`], which may refuse it).
 pub async fn run(
     outbox: Arc<Outbox>,
     spec: SubscriptionSpec,
+    idle: Arc<PollGroup>,
     mut answers: AnswerReceiver,
     events: mpsc::Sender<RelayResult<Event>>,
     drain: Drain,
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
-    let idle = outbox.idle_poll(&spec.topics);
     let held = Held::new(outbox.metrics().in_flight.clone());
     let mut state = Subscription {
         found: Some(idle.found()),

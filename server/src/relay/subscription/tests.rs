@@ -60,9 +60,11 @@ impl Harness {
             max_in_flight: window,
             lease: LEASE,
         };
+        let idle = self.outbox.idle_poll(&spec.topics).expect("a poll group");
         let task = tokio::spawn(run(
             Arc::clone(&self.outbox),
             spec,
+            idle,
             answers_rx,
             events_tx,
             self.drain.clone(),
