@@ -81,7 +81,10 @@ fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<Stri
         let pool = match database.url.backend() {
             Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
             Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
-            Backend::Postgres => postgres::lazy_pool(url, size).map(Pools::Postgres),
+            Backend::Postgres => {
+                let synchronous_commit = database.synchronous_commit.unwrap_or_default();
+                postgres::lazy_pool(url, size, synchronous_commit).map(Pools::Postgres)
+            }
         }
         .with_context(|| format!("databases.{name}"))?;
         pools.insert(name.clone(), pool);

@@ -42,6 +42,10 @@ async fn quick_mode_runs_every_section_and_prints_the_table() {
         "| claim cost ",
         "| memory ",
         "| idle cost ",
+        "| pgmq ",
+        "| limit ",
+        "| pg cost ",
+        "synchronous_commit = on",
     ] {
         assert!(stdout.contains(section), "no `{section}` row in:\n{stdout}");
     }

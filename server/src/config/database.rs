@@ -9,6 +9,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use super::OutboxConfig;
+use crate::storage::postgres::SynchronousCommit;
 use crate::storage::{mysql, sqlite};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -19,6 +20,10 @@ pub struct DatabaseConfig {
     pub url: DatabaseUrl,
     #[serde(default = "default_max_connections")]
     pub max_connections: u32,
+    /// PostgreSQL only: `synchronous_commit` of the relay's own sessions (producers keep
+    /// theirs); `off` when not set (see [`SynchronousCommit`]).
+    #[serde(default)]
+    pub synchronous_commit: Option<SynchronousCommit>,
 }
 
 fn default_max_connections() -> u32 {
@@ -191,6 +196,13 @@ impl DatabaseConfig {
         }
         if self.max_connections == 0 {
             problems.push(format!("{key}.max_connections: must be at least 1"));
+        }
+        let postgres = matches!(self.url.backend, Some(Backend::Postgres) | None);
+        if self.synchronous_commit.is_some() && !postgres {
+            problems.push(format!(
+                "{key}.synchronous_commit: PostgreSQL only (this is not a PostgreSQL URL): \
+                 remove it"
+            ));
         }
     }
 }

@@ -29,6 +29,7 @@ pub use self::database::{redact, Backend, DatabaseConfig, DatabaseUrl};
 use self::embedded::{environment_declares_outboxes, sqlite_url};
 pub use self::embedded::{EMBEDDED_DEFAULT, EMBEDDED_NAME};
 pub use self::outbox::{BackoffConfig, OutboxConfig, PollConfig};
+pub use crate::storage::postgres::SynchronousCommit;
 
 mod security;
 pub use security::{AuthConfig, IdentityConfig, IdentityLimits, Scope, TlsConfig, EVERY_OUTBOX};
@@ -382,6 +383,37 @@ mod tests {
         assert_eq!(orders.lease, Duration::from_secs(90));
         assert_eq!(orders.visibility_delay, Duration::from_secs(2));
         assert_eq!(orders.backoff.maximum, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn synchronous_commit_defaults_to_off_and_is_postgres_only() {
+        let postgres = |setting: &str| {
+            format!(
+                "[databases.main]\nurl = \"postgres://app@db/app\"\n{setting}\n\
+                 [outboxes.orders]\ndatabase = \"main\"\ntable = \"outbox\"\n"
+            )
+        };
+        let config = Config::from_toml(&postgres("")).unwrap();
+        let database = &config.databases["main"];
+        assert_eq!(database.synchronous_commit, None);
+        assert_eq!(
+            database.synchronous_commit.unwrap_or_default().as_str(),
+            "off"
+        );
+        let config = Config::from_toml(&postgres("synchronous_commit = \"remote_write\"")).unwrap();
+        let setting = config.databases["main"].synchronous_commit.unwrap();
+        assert_eq!(setting.as_str(), "remote_write");
+        let error = Config::from_toml(&postgres("synchronous_commit = \"sometimes\""))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("synchronous_commit"), "{error}");
+        let sqlite = "[databases.main]\nurl = \"sqlite://x.db\"\nsynchronous_commit = \"on\"\n\
+                      [outboxes.orders]\ndatabase = \"main\"\ntable = \"outbox\"\n";
+        let error = Config::from_toml(sqlite).unwrap_err().to_string();
+        assert!(
+            error.contains("databases.main.synchronous_commit: PostgreSQL only"),
+            "{error}"
+        );
     }
 
     #[test]

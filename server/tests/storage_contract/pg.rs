@@ -4,7 +4,9 @@ use super::*;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{Connection, Executor};
 use txoutbox_server::storage::columns::{ColumnMapping, Columns};
-use txoutbox_server::storage::postgres::{PostgresExtras, PostgresStorage};
+use txoutbox_server::storage::postgres::{
+    lazy_pool, PostgresExtras, PostgresStorage, SynchronousCommit,
+};
 use txoutbox_server::storage::{StorageError, TableOptions};
 
 pub fn url() -> String {
@@ -395,12 +397,36 @@ async fn servers_starting_together_create_the_schema_once() {
 
 #[tokio::test]
 async fn pools_run_without_jit() {
-    let pool = txoutbox_server::storage::postgres::lazy_pool(&url(), 1).unwrap();
+    let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
     let jit: String = sqlx::query_scalar("SHOW jit")
         .fetch_one(&pool)
         .await
         .unwrap();
     assert_eq!(jit, "off");
+}
+
+/// `databases.NAME.synchronous_commit` reaches the relay's sessions: `off` by default,
+/// what is configured otherwise, whatever the URL's own options say.
+#[tokio::test]
+async fn pools_run_with_the_configured_synchronous_commit() {
+    let with_url_option = format!("{}?options=-c%20synchronous_commit%3Dlocal", url());
+    for (url, setting, expected) in [
+        (url(), SynchronousCommit::default(), "off"),
+        (url(), SynchronousCommit::On, "on"),
+        (
+            with_url_option,
+            SynchronousCommit::RemoteWrite,
+            "remote_write",
+        ),
+    ] {
+        let pool = lazy_pool(&url, 1, setting).unwrap();
+        let shown: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(shown, expected, "{setting:?}");
+        pool.close().await;
+    }
 }
 
 /// The race the key-heads locks exist for: a producer inserts a row of a key inside a

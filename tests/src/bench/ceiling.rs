@@ -10,14 +10,17 @@ use std::time::{Duration, Instant};
 use txoutbox_server::storage::postgres::PostgresStorage;
 use txoutbox_server::storage::{ClaimRequest, Storage};
 
+use super::peers::PeerResult;
+use super::pgcost::{row_ops, CostMeter};
 use super::workload::{BenchSchema, Workload};
 use super::Plan;
 
 /// Lease of every claim: far longer than any drain, so nothing expires.
 const LEASE: Duration = Duration::from_secs(600);
 
-/// Drains the backlog with `workers` concurrent claim-and-ack loops; returns msg/s.
-pub async fn drain(plan: &Plan, workload: Workload, workers: usize) -> anyhow::Result<f64> {
+/// Drains the backlog with `workers` concurrent claim-and-ack loops; returns msg/s and
+/// what the drain cost PostgreSQL.
+pub async fn drain(plan: &Plan, workload: Workload, workers: usize) -> anyhow::Result<PeerResult> {
     let schema = BenchSchema::create(&plan.database_url, "ceiling").await?;
     let result = drain_in(plan, &schema, workload, workers).await;
     schema.drop().await;
@@ -29,7 +32,7 @@ async fn drain_in(
     schema: &BenchSchema,
     workload: Workload,
     workers: usize,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<PeerResult> {
     let storage = schema
         .create_outbox(&plan.relay_url, workload.strict_ordering(), workers as u32)
         .await?;
@@ -37,6 +40,7 @@ async fn drain_in(
         .load(&schema.table(), workload, plan.keys, workload.rows(plan))
         .await?;
     let acked = Arc::new(AtomicU64::new(0));
+    let meter = CostMeter::start(&schema.pool).await?;
     let started = Instant::now();
     let tasks: Vec<_> = (0..workers)
         .map(|i| {
@@ -52,7 +56,16 @@ async fn drain_in(
         task.await??;
     }
     let elapsed = started.elapsed();
-    Ok(workload.rows(plan) as f64 / elapsed.as_secs_f64())
+    let rows = workload.rows(plan);
+    let cost = meter.finish(&schema.pool, rows).await?;
+    // Its sessions end, so they publish the table's statistics.
+    drop(storage);
+    let ops = row_ops(&schema.pool, &schema.table(), 2 * rows, rows).await?;
+    Ok(PeerResult {
+        rate: rows as f64 / elapsed.as_secs_f64(),
+        cost,
+        ops,
+    })
 }
 
 /// Claims and acks until every row is acked (by any worker). An empty claim while rows

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 
+use super::workload::Workload;
+
 /// Sections of the benchmark, for `--only`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Section {
@@ -22,6 +24,9 @@ pub enum Section {
     Memory,
     /// What idle streams cost a subscriber with work: latency, transactions per insert.
     IdleCost,
+    /// pgmq and the physical limit on the keyless backlog (and txoutboxd's keyless drain
+    /// with `synchronous_commit = on`, beside pgmq at its default).
+    Peers,
 }
 
 /// Measures txoutboxd against the SQL-only ceiling and the Python original, in one run
@@ -53,6 +58,11 @@ pub struct Options {
     /// Only these sections (comma-separated); default all.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
+    /// Only these backlogs for the drain, ceiling and python sections (comma-separated);
+    /// default all. `--only drain,ceiling,python,peers --workloads keyless --rows 20000
+    /// --runs 1` is the keyless comparison in about a minute, for a busy machine.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub workloads: Vec<Workload>,
     /// Runs of every figure; each figure is their median, with the spread.
     #[arg(long)]
     pub runs: Option<usize>,
@@ -137,6 +147,7 @@ pub struct Plan {
     pub python_pg_settings: Vec<String>,
     pub quick: bool,
     pub sections: Vec<Section>,
+    pub workloads: Vec<Workload>,
     pub runs: usize,
     pub rows: u64,
     pub hot_key_rows: u64,
@@ -214,6 +225,11 @@ impl Plan {
             python_pg_settings: options.python_pg_settings,
             quick,
             sections,
+            workloads: if options.workloads.is_empty() {
+                Workload::value_variants().to_vec()
+            } else {
+                options.workloads
+            },
             runs: options.runs.unwrap_or(pick(quick, 3, 1)),
             rows,
             hot_key_rows: options.hot_key_rows.unwrap_or((rows / 5).max(1)),

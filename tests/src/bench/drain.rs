@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use txoutbox_client::{Message, PublishError, Subscriber, SubscriberHandle};
 
+use super::peers::Durability;
+use super::pgcost::{row_ops, Cost, CostMeter, RowOps};
 use super::procfs::{self, CpuShare, CpuSnapshot};
 use super::workload::{wait_until, BenchSchema, Workload, TABLE};
 use super::Plan;
@@ -22,15 +24,39 @@ pub struct DrainResult {
     /// Highest peak RSS (`VmHWM`) among the servers.
     pub peak_rss_kib: u64,
     pub cpu: CpuShare,
+    pub cost: Cost,
+    pub ops: RowOps,
 }
 
-/// A `txoutboxd` configuration with one outbox `bench` on `schema.outbox`.
+/// A `txoutboxd` configuration with one outbox `bench` on `schema.outbox`, its sessions
+/// with `synchronous_commit = off` (the default).
 pub fn server_config(
     plan: &Plan,
     schema: &str,
     strict_ordering: bool,
     notify_channel: Option<&str>,
 ) -> String {
+    server_config_with(
+        plan,
+        schema,
+        strict_ordering,
+        notify_channel,
+        Durability::Off,
+    )
+}
+
+/// [`server_config`] with the relay's sessions at `durability`.
+pub fn server_config_with(
+    plan: &Plan,
+    schema: &str,
+    strict_ordering: bool,
+    notify_channel: Option<&str>,
+    durability: Durability,
+) -> String {
+    let synchronous_commit = match durability {
+        Durability::Off => "off",
+        Durability::Default => "on",
+    };
     let notify = notify_channel
         .map(|channel| format!("notify_channel = \"{channel}\"\n"))
         .unwrap_or_default();
@@ -48,6 +74,7 @@ drain_timeout = "5s"
 {metrics}
 [databases.main]
 url = "{url}"
+synchronous_commit = "{synchronous_commit}"
 
 [outboxes.{OUTBOX}]
 database = "main"
@@ -113,15 +140,16 @@ fn scrape_every_second(servers: &[Server]) -> tokio::task::JoinHandle<()> {
 }
 
 /// Drains the backlog of `workload` through `servers` servers by `subscribers`
-/// subscribers (spread evenly over the servers).
+/// subscribers (spread evenly over the servers), the servers' sessions at `durability`.
 pub async fn drain(
     plan: &Plan,
     workload: Workload,
-    servers: usize,
-    subscribers: usize,
+    (servers, subscribers): (usize, usize),
+    durability: Durability,
 ) -> anyhow::Result<DrainResult> {
     let schema = BenchSchema::create(&plan.database_url, "drain").await?;
-    let result = drain_in(plan, &schema, workload, servers, subscribers).await;
+    let topology = (servers, subscribers);
+    let result = drain_in(plan, &schema, workload, topology, durability).await;
     schema.drop().await;
     result
 }
@@ -130,8 +158,8 @@ async fn drain_in(
     plan: &Plan,
     schema: &BenchSchema,
     workload: Workload,
-    servers: usize,
-    subscribers: usize,
+    (servers, subscribers): (usize, usize),
+    durability: Durability,
 ) -> anyhow::Result<DrainResult> {
     let storage = schema
         .create_outbox(&plan.database_url, workload.strict_ordering(), 1)
@@ -141,7 +169,8 @@ async fn drain_in(
         .load(&schema.table(), workload, plan.keys, workload.rows(plan))
         .await?;
 
-    let config = server_config(plan, &schema.name, workload.strict_ordering(), None);
+    let strict = workload.strict_ordering();
+    let config = server_config_with(plan, &schema.name, strict, None, durability);
     let mut running = Vec::new();
     for _ in 0..servers {
         running.push(start_server(plan, &config).await);
@@ -152,6 +181,7 @@ async fn drain_in(
         .collect::<anyhow::Result<Vec<_>>>()?;
 
     let scrapes = plan.metrics.then(|| scrape_every_second(&running));
+    let meter = CostMeter::start(&schema.pool).await?;
     let before = CpuSnapshot::take(&pids);
     let started = Instant::now();
     let handles: Vec<SubscriberHandle> = built.into_iter().map(Subscriber::spawn).collect();
@@ -172,6 +202,7 @@ async fn drain_in(
     .await;
     let elapsed = started.elapsed();
     let after = CpuSnapshot::take(&pids);
+    let cost = meter.finish(&schema.pool, workload.rows(plan)).await;
     let peak_rss_kib = pids
         .iter()
         .filter_map(|pid| procfs::status_kib(*pid, "VmHWM"))
@@ -197,9 +228,13 @@ async fn drain_in(
         done as u64 == rows,
         "after the drain {done} rows are done, expected {rows}"
     );
+    // The servers stopped: their sessions published the table's statistics.
+    let ops = row_ops(&schema.pool, &schema.table(), 2 * rows, rows).await?;
     Ok(DrainResult {
         rate: rows as f64 / elapsed.as_secs_f64(),
         peak_rss_kib,
         cpu: before.share_until(&after),
+        cost: cost?,
+        ops,
     })
 }

@@ -8,6 +8,9 @@
 //! - [`ceiling`]: the same backlog drained by the claim and ack SQL alone, in-process
 //!   through the [`Storage`](txoutbox_server::storage::Storage) trait;
 //! - [`python`]: the same backlog drained by the Python original's `Relay`;
+//! - [`peers`]: the keyless backlog drained by pgmq and by the physical limit (the least
+//!   SQL that moves a row from pending to leased to done), with [`pgcost`] telling what
+//!   each drain cost PostgreSQL per message;
 //! - [`latency`]: commit-to-receive latency at a steady insert rate;
 //! - [`claim_cost`]: one claim's time against the size and shape of the backlog;
 //! - [`memory`]: `txoutboxd`'s RSS with many idle subscriber streams;
@@ -24,6 +27,8 @@ pub mod drain;
 pub mod idle_cost;
 pub mod latency;
 pub mod memory;
+pub mod peers;
+pub mod pgcost;
 pub mod procfs;
 pub mod python;
 pub mod report;
@@ -35,6 +40,7 @@ use std::time::Instant;
 
 pub use config::{Options, Plan, Section};
 use idle_cost::Filters::{Distinct, Shared};
+use peers::{Durability, PeerResult, PgmqAck};
 use report::Report;
 use stats::Measurements;
 use workload::Workload;
@@ -80,36 +86,21 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
     };
 
     for run in 1..=plan.runs {
-        for workload in [Workload::Keyed, Workload::Keyless, Workload::HotKey] {
+        for &workload in &plan.workloads {
             let label = workload.label();
             if plan.wants(Section::Ceiling) {
                 for n in worker_counts(workload) {
                     let what = format!("ceiling, {label}, {n} worker(s)");
-                    if let Some(rate) =
+                    if let Some(result) =
                         attempt(&mut m, plan, run, &what, ceiling::drain(plan, workload, n)).await
                     {
-                        m.record(report::ceiling_key(workload, n), run, rate);
+                        record_peer(&mut m, &report::ceiling_key(workload, n), run, &result);
                     }
                 }
             }
             if plan.wants(Section::Drain) {
-                for &(servers, subscribers) in topologies(workload) {
-                    let what = format!(
-                        "txoutboxd, {label}, {servers} server(s) + {subscribers} subscriber(s)"
-                    );
-                    let drained = drain::drain(plan, workload, servers, subscribers);
-                    if let Some(result) = attempt(&mut m, plan, run, &what, drained).await {
-                        let key = report::drain_key(workload, servers, subscribers);
-                        m.record(&key, run, result.rate);
-                        m.record(
-                            format!("{key}/peak-rss-mib"),
-                            run,
-                            result.peak_rss_kib as f64 / 1024.0,
-                        );
-                        m.record(format!("{key}/cpu-server"), run, result.cpu.servers);
-                        m.record(format!("{key}/cpu-postgres"), run, result.cpu.postgres);
-                        m.record(format!("{key}/cpu-client"), run, result.cpu.bench);
-                    }
+                for &topology in topologies(workload) {
+                    drain_once(&mut m, plan, run, workload, topology, Durability::Off).await;
                 }
             }
             if let Some(python) = &python {
@@ -120,6 +111,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                         m.record(report::python_key(workload, n), run, rate);
                     }
                 }
+            }
+            if workload == Workload::Keyless && plan.wants(Section::Peers) {
+                peers_once(&mut m, plan, run).await;
             }
         }
         if plan.wants(Section::Latency) {
@@ -191,6 +185,84 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
         load_average()
     );
     Ok(Report::build(plan, m, machine, started.elapsed()))
+}
+
+/// One drain through txoutboxd, recorded with its costs.
+async fn drain_once(
+    m: &mut Measurements,
+    plan: &Plan,
+    run: usize,
+    workload: Workload,
+    (servers, subscribers): (usize, usize),
+    durability: Durability,
+) {
+    let what = format!(
+        "txoutboxd, {}, {servers} server(s) + {subscribers} subscriber(s), {}",
+        workload.label(),
+        durability.label()
+    );
+    let drained = drain::drain(plan, workload, (servers, subscribers), durability);
+    let Some(result) = attempt(m, plan, run, &what, drained).await else {
+        return;
+    };
+    let key = report::drain_key_at(workload, servers, subscribers, durability);
+    m.record(
+        format!("{key}/peak-rss-mib"),
+        run,
+        result.peak_rss_kib as f64 / 1024.0,
+    );
+    m.record(format!("{key}/cpu-server"), run, result.cpu.servers);
+    m.record(format!("{key}/cpu-postgres"), run, result.cpu.postgres);
+    m.record(format!("{key}/cpu-client"), run, result.cpu.bench);
+    let peer = PeerResult {
+        rate: result.rate,
+        cost: result.cost,
+        ops: result.ops,
+    };
+    record_peer(m, &key, run, &peer);
+}
+
+/// pgmq (delete and archive, at txoutboxd's durability and at its default), the physical
+/// limit, and txoutboxd's keyless drain with `synchronous_commit = on`, for 1 and 4
+/// consumers: the keyless comparison of issue 16.
+async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
+    for n in worker_counts(Workload::Keyless) {
+        for durability in [Durability::Off, Durability::Default] {
+            for ack in [PgmqAck::Delete, PgmqAck::Archive] {
+                let what = format!("pgmq {ack:?}, {n} consumer(s), {}", durability.label());
+                let drained = peers::pgmq(plan, ack, durability, n);
+                if let Some(result) = attempt(m, plan, run, &what, drained).await {
+                    record_peer(m, &report::pgmq_key(ack, durability, n), run, &result);
+                }
+            }
+        }
+        let what = format!("physical limit, {n} worker(s)");
+        if let Some(result) = attempt(m, plan, run, &what, peers::limit(plan, n)).await {
+            record_peer(m, &report::limit_key(n), run, &result);
+        }
+        if plan.wants(Section::Drain) {
+            let topology = (1, n);
+            drain_once(
+                m,
+                plan,
+                run,
+                Workload::Keyless,
+                topology,
+                Durability::Default,
+            )
+            .await;
+        }
+    }
+}
+
+/// A drain's rate and what it cost PostgreSQL, under `key`.
+fn record_peer(m: &mut Measurements, key: &str, run: usize, result: &PeerResult) {
+    m.record(key, run, result.rate);
+    m.record(format!("{key}/pg-us"), run, result.cost.cpu_us);
+    m.record(format!("{key}/wal"), run, result.cost.wal_bytes);
+    m.record(format!("{key}/upd"), run, result.ops.updates);
+    m.record(format!("{key}/hot"), run, result.ops.hot_updates);
+    m.record(format!("{key}/del"), run, result.ops.deletes);
 }
 
 /// Runs one measurement; a failure becomes a note and leaves the figure out.

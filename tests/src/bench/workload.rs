@@ -17,7 +17,7 @@ pub const TOPIC: &str = "bench";
 pub const TABLE: &str = "outbox";
 
 /// What the backlog looks like.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Workload {
     /// Rows spread round-robin over `keys` keys, strict ordering on.
     Keyed,

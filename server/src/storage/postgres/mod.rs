@@ -32,6 +32,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::Executor;
@@ -55,6 +56,37 @@ const STATEMENT_TIMEOUT: &str = "30s";
 const LOCK_TIMEOUT: &str = "10s";
 /// The relay opens no transaction that waits on it; this ends one if that ever changes.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
+
+/// PostgreSQL's `synchronous_commit` for the relay's sessions. The default, `off`, lets a
+/// claim or an answer return before its commit record reaches the disk: a database crash
+/// may then lose the last few hundred milliseconds of claims and acks, which only means
+/// redeliveries (at-least-once allows them), while a flush per claim and per ack was the
+/// largest cost of a drain (BENCHMARKS.md). `on` (or a replication level) makes every
+/// ack durable before it is answered, for a team whose consumers cannot tolerate the
+/// redeliveries of a crash. Configured per database: `databases.NAME.synchronous_commit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SynchronousCommit {
+    #[default]
+    Off,
+    Local,
+    On,
+    RemoteWrite,
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The setting as PostgreSQL spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Local => "local",
+            Self::On => "on",
+            Self::RemoteWrite => "remote_write",
+            Self::RemoteApply => "remote_apply",
+        }
+    }
+}
 
 /// What only a PostgreSQL table has, besides its [`TableOptions`].
 #[derive(Debug, Clone, Default)]
@@ -96,7 +128,7 @@ impl PostgresStorage {
         options: TableOptions,
         extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
-        let pool = lazy_pool(url, max_connections)?;
+        let pool = lazy_pool(url, max_connections, SynchronousCommit::default())?;
         let listener_options = (*pool.connect_options()).clone();
         Self::build(pool, listener_options, options, extras)
     }
@@ -111,7 +143,7 @@ impl PostgresStorage {
         extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
         let listener_options = match url {
-            Some(url) => connect_options(url)?,
+            Some(url) => connect_options(url, SynchronousCommit::default())?,
             None => (*pool.connect_options()).clone(),
         };
         Self::build(pool, listener_options, options, extras)
@@ -189,35 +221,40 @@ impl PostgresStorage {
 
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
 /// (JIT-compiling the claim under a large backlog costs more than the claim itself),
-/// `synchronous_commit = off` (see `connect_options`), and a short acquire timeout
+/// the configured `synchronous_commit` (see [`SynchronousCommit`]), and a short acquire timeout
 /// ([`ACQUIRE_TIMEOUT`]), so a dead
 /// database surfaces as [`StorageError::Unavailable`] within seconds instead of hanging
 /// callers. `max_connections` is at least 1 (configuration checks it).
-pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<PgPool> {
+pub fn lazy_pool(
+    url: &str,
+    max_connections: u32,
+    synchronous_commit: SynchronousCommit,
+) -> anyhow::Result<PgPool> {
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(connect_options(url)?))
+        .connect_lazy_with(connect_options(url, synchronous_commit)?))
 }
 
-fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
+fn connect_options(
+    url: &str,
+    synchronous_commit: SynchronousCommit,
+) -> anyhow::Result<PgConnectOptions> {
     // The url is not echoed: it may carry a password.
     let options = PgConnectOptions::from_str(url).context("invalid postgres url")?;
     let options = match options.get_application_name() {
         Some(_) => options,
         None => options.application_name("txoutboxd"),
     };
-    // `synchronous_commit = off` on the relay's own sessions (producers are untouched): a
-    // claim or answer lost in a database crash only means a redelivery, which
-    // at-least-once allows, while waiting for a disk flush per claim and per ack was the
-    // largest cost of a drain (BENCHMARKS.md).
+    // `synchronous_commit` is set on the relay's own sessions only (producers are
+    // untouched); `off` unless configured, see `SynchronousCommit`.
     //
     // The timeouts bound what one statement of the relay can hold or wait for, whatever
     // happens to this server: no relay transaction spans a round trip, so these are a
     // second line (a statement stuck behind a lock, a migration holding the table).
     Ok(options.options([
         ("jit", "off"),
-        ("synchronous_commit", "off"),
+        ("synchronous_commit", synchronous_commit.as_str()),
         ("statement_timeout", STATEMENT_TIMEOUT),
         ("lock_timeout", LOCK_TIMEOUT),
         (

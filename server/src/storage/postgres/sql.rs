@@ -37,7 +37,7 @@ pub(super) struct Statements {
     /// `(id, spent, lease_expires_at)` rows as described there.
     pub claim_all: String,
     pub claim_topics: String,
-    /// The messages of the ids `$1`, in id order, read once a claim committed.
+    /// The messages of the ids `$1`, in id order, read once a strict claim committed.
     pub fetch: String,
     /// Acks return `(id, key)` of the rows they applied to.
     pub ack: String,
@@ -435,9 +435,16 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
 /// `$5` topics (with `topics`) and the visibility delay (when configured) as the next
-/// parameter. Rows `(id, spent, lease_expires_at)`: each leased id (`spent` false), each
-/// row dead-lettered for having used its attempts (true), and always a last row whose id
-/// is NULL, for the deadline from the database clock.
+/// parameter. Rows `(id, spent, lease_expires_at)` and a message's columns
+/// ([`message`]): each leased row with its message (`spent` false), each row
+/// dead-lettered for having used its attempts (true), and always a last row whose id is
+/// NULL, for the deadline from the database clock.
+///
+/// The messages come back from the claim itself, not from a read once it committed (as
+/// the strict claim's do): the rows it locks meanwhile are ones every other claim skips
+/// (`SKIP LOCKED`) and only this owner may answer, and it takes no table-wide lock, so
+/// however slowly this server reads, nobody waits (issue 9). One statement per batch
+/// fewer: a round trip, a snapshot and an index probe per row (BENCHMARKS.md, issue 16).
 fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
     let mut params = Placeholders::starting_at('$', 5);
     let topics_param = topics.then(|| params.take());
@@ -469,15 +476,17 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
          leased AS (\
            UPDATE {t} u SET {leased_by} = $1, {attempts} = u.{attempts} + 1, \
              {available_at} = statement_timestamp() + $2::interval \
-           FROM chosen c WHERE u.{id} = c.id AND NOT c.spent RETURNING u.{id}::int8 AS id), \
+           FROM chosen c WHERE u.{id} = c.id AND NOT c.spent RETURNING {message}), \
          spent AS (\
            UPDATE {t} u SET {status} = 'dead', {processed_at} = statement_timestamp(), \
              {leased_by} = NULL, {last_error} = {exhausted} \
            FROM chosen c WHERE u.{id} = c.id AND c.spent RETURNING u.{id}::int8 AS id) \
-         SELECT l.id, false AS spent, statement_timestamp() + $2::interval AS lease_expires_at \
-           FROM leased l \
-         UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval FROM spent s \
-         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval"
+         SELECT l.id, false AS spent, statement_timestamp() + $2::interval AS lease_expires_at, \
+           l.topic, l.key, l.payload, l.headers, l.attempts, l.created_at FROM leased l \
+         UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval, {none} FROM spent s \
+         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}",
+        message = message(n, "u"),
+        none = "NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz",
     )
 }
 

@@ -97,6 +97,15 @@ pub(super) const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped";
 
+/// How full an insert leaves a page of the relay's own table, in percent. A claim
+/// changes no indexed column (`leased_by`, `attempts`, `available_at`), so it is a HOT
+/// update, which touches no index, when the row's page has room for the new version;
+/// with PostgreSQL's default (100) the pages of a backlog are full, and every claim
+/// inserted into the four indexes of pending rows instead. Half-full pages make every
+/// claim of a freshly written backlog HOT: WAL per keyless message 1,026 -> 433 bytes
+/// (BENCHMARKS.md, issue 16), at the price of a table twice the size while rows wait.
+const FILLFACTOR: u8 = 50;
+
 /// The DDL of the table and what it needs: indexes, strict ordering's objects, the
 /// insert trigger; for a mapped table, the bookkeeping columns it lacks. It ends by
 /// marking the pending index with a digest of itself, and returns what checks that.
@@ -180,12 +189,15 @@ pub(super) fn schema(
     {payload:<12} {payload_type:<11} NOT NULL,{headers}
     {created_at:<12} TIMESTAMPTZ NOT NULL DEFAULT now(),
 {relay_columns}
-);
+) WITH (fillfactor = {FILLFACTOR});
 ",
         relay_columns = relay_columns.join(",\n"),
         max_key = crate::storage::MAX_KEY_CHARS,
     );
-    if !columns.is_default() {
+    if columns.is_default() {
+        // A table made by an earlier version: the same room for its later pages.
+        sql += &format!("ALTER TABLE {t} SET (fillfactor = {FILLFACTOR});\n");
+    } else {
         // A team's existing table: what the relay still needs, idempotently.
         let additions: Vec<String> = bookkeeping
             .iter()
@@ -382,9 +394,11 @@ mod tests {
         let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(!sql.contains("pg_notify"));
         assert!(
-            !sql.contains("ALTER TABLE"),
+            !sql.contains("ADD COLUMN"),
             "the relay's own table needs no additions"
         );
+        assert!(sql.contains(") WITH (fillfactor = 50);"), "{sql}");
+        assert!(sql.contains("ALTER TABLE \"Outbox\" SET (fillfactor = 50);"));
         let s = shape(&table, &columns, Some(&channel));
         let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
