@@ -89,10 +89,32 @@ impl BrokerProcess {
     /// ready for more than a connection (JetStream recovering its streams) is for the
     /// client to find out: that is what a restart test is about.
     pub async fn start(&self) {
+        self.start_with(&self.args).await;
+    }
+
+    /// Starts a NATS broker again without JetStream (no `-js`, no store): a server up
+    /// whose streams are not, as while JetStream starts, recovers or has no leader.
+    pub async fn start_without_jetstream(&self) {
+        assert_eq!(self.program, "nats-server");
+        let mut args = Vec::new();
+        let mut given = self.args.iter();
+        while let Some(arg) = given.next() {
+            match arg.as_str() {
+                "-js" => {}
+                "-sd" => {
+                    given.next();
+                }
+                _ => args.push(arg.clone()),
+            }
+        }
+        self.start_with(&args).await;
+    }
+
+    async fn start_with(&self, args: &[String]) {
         let mut running = self.child.lock().await;
         assert!(running.is_none(), "{} already running", self.program);
         let child = Command::new(self.program)
-            .args(&self.args)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

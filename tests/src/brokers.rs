@@ -116,6 +116,7 @@ pub async fn relay_outage(
         let mut nacks = Vec::new();
         for id in &second {
             let (status, attempts, error) = db.row(*id).await;
+            assert_ne!(status, "dead", "row {id} dead-lettered: {error:?}");
             if let Some(error) = error.filter(|_| status == "pending" && attempts > 0) {
                 nacks.extend(std::iter::repeat_n(error, attempts as usize));
             }

@@ -378,3 +378,46 @@ async fn a_jetstream_restart_under_load_is_never_a_missing_stream() {
         errors.len()
     );
 }
+
+/// "No responders" is not always a missing stream: the NATS server of the test's own
+/// comes back without JetStream for a while (as while JetStream starts or recovers its
+/// streams), so publishes to the stream's subject have no responders. They are nacked,
+/// saying that JetStream did not answer, never dead-lettered; once JetStream is back
+/// with its store every row is stored. A subject no stream captures still dead-letters
+/// (`no_stream_for_the_subject_and_a_rejected_message_are_dead_lettered`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_responders_while_jetstream_is_down_are_retried_not_dead_lettered() {
+    let nats = BrokerProcess::nats().await;
+    let stream = TestStream::create_at(&nats.address(), stream::StorageType::File).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let servers = format!("nats://{}", nats.address());
+    let prefix = format!("{}.", stream.name);
+    let args = [
+        "--nats",
+        &servers,
+        "--topic-prefix",
+        &prefix,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || {
+        nats.stop().await;
+        nats.start_without_jetstream().await;
+    };
+    let restore = async || {
+        nats.stop().await;
+        nats.start().await;
+    };
+    let error = format!(
+        "nats subject `{}.orders`: no stream found for given subject (no responders), and the JetStream API did not answer",
+        stream.name
+    );
+    let ids = relay_outage(&db, &server, "orders", &args, &error, cut, restore).await;
+
+    let delivered: Vec<Delivered> = stream.read().await.into_iter().map(|(d, _)| d).collect();
+    assert_complete_and_in_order(&delivered, &ids, OUTAGE_PER_KEY);
+    assert_eq!(delivered.len(), ids.len(), "duplicates in the stream");
+    db.drop().await;
+}
