@@ -205,14 +205,17 @@ pub fn spawn_subscribers(
         .collect()
 }
 
-/// Stops every subscriber; returns how many nacks (retries) they made.
+/// Stops every subscriber; returns how many nacks (retries) and dead-letters they made.
+/// Counted after the stop: a row reads dead in the database before its settlement reaches
+/// the subscriber's counters, and the stop waits for the settlements.
 pub async fn stop_all(handles: Vec<SubscriberHandle>) -> (u64, u64) {
     let (mut retried, mut dead) = (0, 0);
     for handle in handles {
-        let totals = handle.counters().snapshot();
+        let counters = handle.counters();
+        handle.stop().await.unwrap();
+        let totals = counters.snapshot();
         retried += totals.retried;
         dead += totals.dead_lettered;
-        handle.stop().await.unwrap();
     }
     (retried, dead)
 }

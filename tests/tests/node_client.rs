@@ -236,15 +236,35 @@ async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_th
     }
 
     // Slow enough that the first publish is still in progress when SIGTERM arrives, on a
-    // busy machine too.
-    let child = spawn(&server.address, &["--publish-delay-ms", "3000"]);
-    // Each claimed row counts an attempt: all three held, the first one publishing.
+    // busy machine too; a short lease, extended every third of it while the script holds
+    // messages.
+    let args = ["--publish-delay-ms", "3000", "--lease-ms", "900"];
+    let child = spawn(&server.address, &args);
+    // A claim counts an attempt; an extension then moves the lease on. Claimed is not
+    // yet received: the script holds the batch (and has started publishing its first
+    // message, in the same turn) once a lease was extended.
     eventually("the script holding all three", SCRIPT_TIMEOUT, || async {
         let mut held = 0;
         for id in &ids {
             held += i32::from(db.row(*id).await.1 == 1);
         }
         (held == 3).then_some(())
+    })
+    .await;
+    let lease_end = || async {
+        let query = format!(
+            "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
+            db.schema
+        );
+        sqlx::query_scalar::<_, f64>(&query)
+            .bind(ids[0])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let claimed_until = lease_end().await;
+    eventually("a lease extended by the script", DEADLINE, || async {
+        (lease_end().await > claimed_until).then_some(())
     })
     .await;
     let pid = child.id().expect("running").to_string();
