@@ -16,7 +16,8 @@
 //!
 //! | failure | outcome |
 //! | --- | --- |
-//! | no stream captures the subject (no responders) | permanent: dead-lettered |
+//! | no stream captures the subject: the publish had no responders, and the JetStream API confirms that no stream's subjects match | permanent: dead-lettered |
+//! | no responders while a stream captures the subject, or while the JetStream API does not answer either (JetStream starting, recovering its streams, disabled, a cluster without a leader) | retried |
 //! | the stream rejected the message (too large for `max_msg_size`, other API errors), a payload over the server's `max_payload`, an invalid subject | permanent |
 //! | no PubAck within `ack_timeout` (default 5s), a lost connection, too many unacknowledged publishes | retried |
 //! | the stream is full (`discard new`) or the server lacks resources, no leader, JetStream disabled | retried |
@@ -43,7 +44,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use async_nats::jetstream::context::{PublishError as JsPublishError, PublishErrorKind};
+use async_nats::jetstream::context::{
+    GetStreamByNameErrorKind, PublishError as JsPublishError, PublishErrorKind,
+};
 use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
 use tokio::sync::OnceCell;
@@ -229,8 +232,41 @@ impl Publisher for NatsPublisher {
                 tracing::trace!(id = message.id, %subject, stream = %ack.stream, sequence = ack.sequence, duplicate = ack.duplicate, "stored by jetstream");
                 Ok(())
             }
-            Err(error) => Err(classify(&subject, error)),
+            Err(error) => {
+                let lookup = match error.kind() {
+                    PublishErrorKind::StreamNotFound => lookup_stream(jetstream, &subject).await,
+                    _ => StreamLookup::NotAsked,
+                };
+                Err(classify(&subject, error, lookup))
+            }
         }
+    }
+}
+
+/// What the JetStream API says of a subject whose publish had no responders. "No
+/// responders" only means that nothing listened on the subject at that moment: no
+/// stream captures it, or the stream that does is not up (a server starting and
+/// recovering its streams, JetStream disabled, a cluster electing a leader). Only the
+/// first may dead-letter.
+#[derive(Debug)]
+enum StreamLookup {
+    /// The publish failed otherwise; nothing was asked.
+    NotAsked,
+    /// This stream captures the subject: it exists, it did not answer.
+    Captured(String),
+    /// The API answered that no stream captures the subject.
+    Missing,
+    /// The API did not answer either: JetStream is not up.
+    Unanswered(String),
+}
+
+/// Asks the JetStream API which stream captures `subject`, after a publish to it had no
+/// responders.
+async fn lookup_stream(jetstream: &jetstream::Context, subject: &str) -> StreamLookup {
+    match jetstream.stream_by_subject(subject).await {
+        Ok(stream) => StreamLookup::Captured(stream),
+        Err(error) if error.kind() == GetStreamByNameErrorKind::NotFound => StreamLookup::Missing,
+        Err(error) => StreamLookup::Unanswered(error.to_string()),
     }
 }
 
@@ -253,11 +289,23 @@ fn check_subject(subject: &str) -> Result<(), &'static str> {
 }
 
 /// The one place NATS errors are sorted into retried and permanent (the table of the
-/// module documentation).
-fn classify(subject: &str, error: JsPublishError) -> PublishError {
-    let text = format!("nats subject `{subject}`: {error}");
+/// module documentation). `lookup` is what the JetStream API said after no responders.
+fn classify(subject: &str, error: JsPublishError, lookup: StreamLookup) -> PublishError {
+    let mut text = format!("nats subject `{subject}`: {error}");
     let permanent = match error.kind() {
-        PublishErrorKind::StreamNotFound | PublishErrorKind::MaxPayloadExceeded => true,
+        PublishErrorKind::StreamNotFound => {
+            match &lookup {
+                StreamLookup::Captured(stream) => text.push_str(&format!(
+                    " (no responders), yet stream `{stream}` captures it: not up, retrying"
+                )),
+                StreamLookup::Unanswered(why) => text.push_str(&format!(
+                    " (no responders), and the JetStream API did not answer ({why}): JetStream not up, retrying"
+                )),
+                StreamLookup::Missing | StreamLookup::NotAsked => {}
+            }
+            matches!(lookup, StreamLookup::Missing)
+        }
+        PublishErrorKind::MaxPayloadExceeded => true,
         // The stream answered with an API error: it rejected this message, unless the
         // error is about the server's state rather than the message.
         PublishErrorKind::Other => std::error::Error::source(&error)
@@ -317,20 +365,27 @@ mod tests {
     }
 
     #[test]
-    fn missing_streams_are_permanent_timeouts_retried() {
-        let missing = classify("s", JsPublishError::new(PublishErrorKind::StreamNotFound));
+    fn only_a_stream_the_api_confirms_missing_is_permanent_timeouts_retried() {
+        let no_responders = || JsPublishError::new(PublishErrorKind::StreamNotFound);
+        let missing = classify("s", no_responders(), StreamLookup::Missing);
         assert!(missing.is_permanent());
-        assert!(
-            missing.text().starts_with("nats subject `s`: "),
-            "{missing}"
+        assert_eq!(
+            missing.text(),
+            "nats subject `s`: no stream found for given subject"
         );
+        let down = classify("s", no_responders(), StreamLookup::Captured("S".into()));
+        assert!(!down.is_permanent());
+        assert!(down.text().contains("stream `S` captures it"), "{down}");
+        let starting = classify("s", no_responders(), StreamLookup::Unanswered("x".into()));
+        assert!(!starting.is_permanent());
+        assert!(starting.text().contains("JetStream not up"), "{starting}");
         for kind in [
             PublishErrorKind::TimedOut,
             PublishErrorKind::BrokenPipe,
             PublishErrorKind::MaxAckPending,
             PublishErrorKind::Other,
         ] {
-            let error = classify("s", JsPublishError::new(kind));
+            let error = classify("s", JsPublishError::new(kind), StreamLookup::NotAsked);
             assert!(!error.is_permanent(), "{kind:?}");
         }
     }

@@ -173,17 +173,28 @@ impl RedisStreamPublisher {
 impl Publisher for RedisStreamPublisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         let stream = self.topics.topic_for(message);
-        let mut connection = self.connection().await?;
-        let added: Result<String, _> = self
-            .command(&stream, message)
-            .query_async(&mut connection)
-            .await;
-        match added {
-            Ok(entry) => {
+        // The connection manager's response timeout covers one answer, not its wait for a
+        // reconnection (retries with backoff while Redis is down): bound the whole publish,
+        // so that a stopped Redis comes back as this publisher's error, naming the stream,
+        // before the runtime's own publish timeout.
+        let appended = tokio::time::timeout(self.response_timeout, async {
+            let mut connection = self.connection().await?;
+            self.command(&stream, message)
+                .query_async::<String>(&mut connection)
+                .await
+                .map_err(|error| classify(&stream, error))
+        })
+        .await;
+        match appended {
+            Ok(Ok(entry)) => {
                 tracing::trace!(id = message.id, %stream, %entry, "appended to the redis stream");
                 Ok(())
             }
-            Err(error) => Err(classify(&stream, error)),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(PublishError::new(format!(
+                "redis stream `{stream}`: no answer within {:?} (Redis down or reconnecting)",
+                self.response_timeout
+            ))),
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Helpers of the broker tests (`broker_*`, `cli_relay`): rows of several keys written by
-//! the producer helpers, subscribers sharing one publisher, names unique to a test, and
-//! the check that what reached a broker is complete and in order per key.
+//! the producer helpers, subscribers sharing one publisher, a broker outage under
+//! subscribers in-process ([`outage`]) or under `txoutbox relay` ([`relay_outage`]),
+//! names unique to a test, and the check that what reached a broker is complete and in
+//! order per key.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -8,7 +10,7 @@ use std::sync::Arc;
 use txoutbox_client::producer::{NewMessage, OutboxTable};
 use txoutbox_client::{Publisher, Subscriber, SubscriberHandle};
 
-use crate::{eventually, Server, TcpProxy, TestDb, DEADLINE};
+use crate::{eventually, relay_cli, Server, TcpProxy, TestDb, DEADLINE};
 
 /// An outbox that retries quickly and long enough that an outage dead-letters nothing.
 pub const QUICK_RETRIES: &str = r#"
@@ -83,6 +85,69 @@ pub async fn outage(
     ids
 }
 
+/// The outage of [`outage`] for `txoutbox relay ARGS...` as a process (the command a user
+/// runs): the relay publishes the first half of the rows (topic `topic`); `cut` breaks
+/// the broker (a proxy's link, or the broker itself stopped); the second half is nacked
+/// with the broker's error (`last_error` starting with `broker_error`; the rows stay
+/// pending, none dead, nothing delivered); `restore` brings the broker back and every
+/// row is done. The relay then stops on SIGTERM with exit code 0. Returns the ids.
+pub async fn relay_outage(
+    db: &TestDb,
+    server: &Server,
+    topic: &str,
+    args: &[&str],
+    broker_error: &str,
+    cut: impl AsyncFnOnce(),
+    restore: impl AsyncFnOnce(),
+) -> Vec<i64> {
+    let half = OUTAGE_PER_KEY / 2;
+    let relay = relay_cli::spawn(server, args);
+    let mut ids = insert_keyed_range(db, topic, OUTAGE_KEYS, 0..half).await;
+    eventually("the first half relayed", DEADLINE, || async {
+        (db.count("done").await == ids.len() as i64).then_some(())
+    })
+    .await;
+
+    cut().await;
+    let done_before = ids.len() as i64;
+    let second = insert_keyed_range(db, topic, OUTAGE_KEYS, half..OUTAGE_PER_KEY).await;
+    // Three nacks recorded with the broker's error: the relay keeps retrying, and says why.
+    let nacks = eventually("the broker's error on nacked rows", DEADLINE, || async {
+        let mut nacks = Vec::new();
+        for id in &second {
+            let (status, attempts, error) = db.row(*id).await;
+            assert_ne!(status, "dead", "row {id} dead-lettered: {error:?}");
+            if let Some(error) = error.filter(|_| status == "pending" && attempts > 0) {
+                nacks.extend(std::iter::repeat_n(error, attempts as usize));
+            }
+        }
+        (nacks.len() >= 3).then_some(nacks)
+    })
+    .await;
+    for error in &nacks {
+        assert!(error.starts_with(broker_error), "{error}");
+    }
+    assert_eq!(db.count("dead").await, 0, "dead-lettered during the outage");
+    assert_eq!(
+        db.count("done").await,
+        done_before,
+        "relayed while the broker was away"
+    );
+    ids.extend(second);
+
+    restore().await;
+    eventually(
+        "every row relayed after the broker is back",
+        DEADLINE,
+        || async { (db.count("done").await == ids.len() as i64).then_some(()) },
+    )
+    .await;
+    assert_eq!(db.count("dead").await, 0, "dead-lettered after the outage");
+    let status = relay_cli::stop(relay).await;
+    assert_eq!(status.code(), Some(0), "the relay exited with {status}");
+    ids
+}
+
 /// A name no other test uses, for broker resources (streams, exchanges, queues, keys):
 /// `brokers_` and 12 hex digits.
 pub fn unique_name() -> String {
@@ -140,14 +205,17 @@ pub fn spawn_subscribers(
         .collect()
 }
 
-/// Stops every subscriber; returns how many nacks (retries) they made.
+/// Stops every subscriber; returns how many nacks (retries) and dead-letters they made.
+/// Counted after the stop: a row reads dead in the database before its settlement reaches
+/// the subscriber's counters, and the stop waits for the settlements.
 pub async fn stop_all(handles: Vec<SubscriberHandle>) -> (u64, u64) {
     let (mut retried, mut dead) = (0, 0);
     for handle in handles {
-        let totals = handle.counters().snapshot();
+        let counters = handle.counters();
+        handle.stop().await.unwrap();
+        let totals = counters.snapshot();
         retried += totals.retried;
         dead += totals.dead_lettered;
-        handle.stop().await.unwrap();
     }
     (retried, dead)
 }

@@ -12,6 +12,7 @@
 
 pub mod bench;
 pub mod binaries;
+pub mod broker_process;
 pub mod brokers;
 pub mod db;
 pub mod faults;
@@ -59,4 +60,13 @@ where
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// A port nobody listens on right now, for a server started later.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

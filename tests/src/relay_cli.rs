@@ -37,7 +37,18 @@ pub async fn relay_until_done(
     rows: usize,
     args: &[&str],
 ) -> ExitStatus {
-    let mut relay = Command::new(binary())
+    let relay = spawn(server, args);
+    eventually("every row relayed", DEADLINE, || async {
+        (db.count("done").await == rows as i64).then_some(())
+    })
+    .await;
+    stop(relay).await
+}
+
+/// Starts `txoutbox --server URL --outbox orders relay ARGS...` in the background (killed
+/// if dropped; [`stop`] ends it as a user would).
+pub fn spawn(server: &Server, args: &[&str]) -> Child {
+    Command::new(binary())
         .args(["--server", &server.url(), "--outbox", "orders", "relay"])
         .args(args)
         .env_remove("TXOUTBOX_SERVER")
@@ -46,11 +57,11 @@ pub async fn relay_until_done(
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .unwrap();
-    eventually("every row relayed", DEADLINE, || async {
-        (db.count("done").await == rows as i64).then_some(())
-    })
-    .await;
+        .unwrap()
+}
+
+/// Sends SIGTERM to a relay of [`spawn`] and returns how it exited.
+pub async fn stop(mut relay: Child) -> ExitStatus {
     terminate(&relay);
     tokio::time::timeout(DEADLINE, relay.wait())
         .await

@@ -14,8 +14,8 @@ use txoutbox_client::amqp::lapin::types::{AMQPValue, FieldTable};
 use txoutbox_client::amqp::lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
 use txoutbox_client::amqp::AmqpPublisher;
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
-    Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, relay_outage, spawn_subscribers, stop_all,
+    unique_name, Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
 use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
@@ -264,6 +264,35 @@ async fn relay_amqp_command_delivers_in_order_and_stops_on_sigterm() {
     assert_eq!(status.code(), Some(0));
 
     assert_complete_and_in_order(&exchange.read().await, &ids, 5);
+    exchange.delete().await;
+    db.drop().await;
+}
+
+/// `txoutbox relay --amqp` through a proxy whose link is reset mid-run: the rows are
+/// nacked with the AMQP error, then everything reaches the queue in key order. (The
+/// RabbitMQ node itself is not restarted: a second node of the test's own is too heavy
+/// to boot per test; the reset is what its clients see of a restart.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_amqp_command_nacks_through_an_outage_then_nothing_is_lost() {
+    let exchange = TestExchange::create().await;
+    let proxy = TcpProxy::start(RABBIT).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let uri = uri(&proxy.address());
+    let args = [
+        "--amqp",
+        &uri,
+        "--exchange",
+        &exchange.name,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || proxy.reset();
+    let restore = async || proxy.restore();
+    let ids = relay_outage(&db, &server, "orders.paid", &args, "amqp", cut, restore).await;
+
+    assert_complete_and_in_order(&exchange.read().await, &ids, OUTAGE_PER_KEY);
     exchange.delete().await;
     db.drop().await;
 }

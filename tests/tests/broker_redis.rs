@@ -9,9 +9,10 @@ use std::time::Duration;
 use txoutbox_client::redis_stream::redis::streams::StreamRangeReply;
 use txoutbox_client::redis_stream::redis::{self, AsyncCommands};
 use txoutbox_client::redis_stream::RedisStreamPublisher;
+use txoutbox_tests::broker_process::BrokerProcess;
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
-    Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, relay_outage, spawn_subscribers, stop_all,
+    unique_name, Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
 use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
@@ -25,12 +26,18 @@ struct TestKeys {
 }
 
 impl TestKeys {
+    /// On the machine's Redis.
     async fn new() -> Self {
-        let client = redis::Client::open(format!("redis://{REDIS}")).unwrap();
+        Self::at(REDIS).await
+    }
+
+    /// On the Redis at `address`.
+    async fn at(address: &str) -> Self {
+        let client = redis::Client::open(format!("redis://{address}")).unwrap();
         let connection = client
             .get_multiplexed_async_connection()
             .await
-            .unwrap_or_else(|e| panic!("Redis at {REDIS} (scripts/test starts it): {e}"));
+            .unwrap_or_else(|e| panic!("Redis at {address} (scripts/test starts it): {e}"));
         Self {
             prefix: format!("{}:", unique_name()),
             connection,
@@ -194,5 +201,64 @@ async fn relay_redis_command_delivers_in_order_and_stops_on_sigterm() {
 
     assert_complete_and_in_order(&keys.read("orders.paid").await, &ids, 5);
     keys.delete().await;
+    db.drop().await;
+}
+
+/// `txoutbox relay --redis` through a proxy whose link is reset mid-run: the rows are
+/// nacked with the Redis error, then every entry is in its stream in key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_redis_command_nacks_through_an_outage_then_nothing_is_lost() {
+    let mut keys = TestKeys::new().await;
+    let proxy = TcpProxy::start(REDIS).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let url = format!("redis://{}", proxy.address());
+    let prefix = keys.prefix.clone();
+    let args = [
+        "--redis",
+        &url,
+        "--topic-prefix",
+        &prefix,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || proxy.reset();
+    let restore = async || proxy.restore();
+    let ids = relay_outage(&db, &server, "orders", &args, "redis", cut, restore).await;
+
+    assert_complete_and_in_order(&keys.read("orders").await, &ids, OUTAGE_PER_KEY);
+    keys.delete().await;
+    db.drop().await;
+}
+
+/// A Redis of the test's own, with an append-only file, stopped (SIGTERM) under `txoutbox
+/// relay --redis` and started again on the same port and directory: publishes meanwhile
+/// are nacked with the Redis error, never dead-lettered; once it is back the relay
+/// reconnects by itself and the stream holds every row in key order, the entries
+/// written before the stop included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_server_restarted_mid_run_nacks_then_nothing_is_lost() {
+    let redis = BrokerProcess::redis().await;
+    let prefix = TestKeys::at(&redis.address()).await.prefix;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let url = format!("redis://{}", redis.address());
+    let args = [
+        "--redis",
+        &url,
+        "--topic-prefix",
+        &prefix,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || redis.stop().await;
+    let restore = async || redis.start().await;
+    let ids = relay_outage(&db, &server, "orders", &args, "redis", cut, restore).await;
+
+    let mut keys = TestKeys::at(&redis.address()).await;
+    keys.prefix = prefix;
+    assert_complete_and_in_order(&keys.read("orders").await, &ids, OUTAGE_PER_KEY);
     db.drop().await;
 }

@@ -10,8 +10,8 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use txoutbox_client::webhook::WebhookPublisher;
 use txoutbox_tests::brokers::{
-    assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, Cut,
-    OUTAGE_PER_KEY, QUICK_RETRIES,
+    assert_complete_and_in_order, insert_keyed, outage, relay_outage, spawn_subscribers, stop_all,
+    Cut, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
 use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::webhook_receiver::{always_ok, Answer, Receiver, SECRET};
@@ -148,5 +148,40 @@ async fn relay_webhook_command_delivers_signed_requests_and_stops_on_sigterm() {
     assert_eq!(status.code(), Some(0));
 
     assert_complete_and_in_order(&receiver.accepted(), &ids, 5);
+    db.drop().await;
+}
+
+/// `txoutbox relay --webhook` through a proxy whose link is reset mid-run: the rows are
+/// nacked with the HTTP error, then the receiver has every signed request in key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_webhook_command_nacks_through_an_outage_then_nothing_is_lost() {
+    let receiver = Receiver::start(always_ok()).await;
+    let proxy = TcpProxy::start(&receiver.address).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let url = format!("http://{}/hook", proxy.address());
+    let args = [
+        "--webhook",
+        &url,
+        "--webhook-secret",
+        SECRET,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || proxy.reset();
+    let restore = async || proxy.restore();
+    let ids = relay_outage(
+        &db,
+        &server,
+        "orders",
+        &args,
+        "webhook http://",
+        cut,
+        restore,
+    )
+    .await;
+
+    assert_complete_and_in_order(&receiver.accepted(), &ids, OUTAGE_PER_KEY);
     db.drop().await;
 }

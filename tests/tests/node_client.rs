@@ -1,6 +1,8 @@
 //! The Node.js example publisher (`client/node/subscribe.js`) against a real `txoutboxd`:
 //! the protocol from @grpc/grpc-js and @grpc/proto-loader, with acks, nacks with a delay,
-//! lease extension during slow publishes, and reconnection after a server's drain.
+//! lease extension during slow publishes, answering what it holds during a server's drain
+//! and reconnecting after it, and a stop on SIGTERM that finishes the publish in progress
+//! and releases the rest.
 //!
 //! The script runs through `client/node/subscribe`, as a user runs it: that wrapper runs
 //! `npm ci` into a cache outside the repository the first time (`scripts/test` has it do
@@ -159,6 +161,138 @@ async fn node_subscriber_reconnects_after_a_server_drain() {
     assert_eq!(payloads, [&json!("before"), &json!("after")]);
     assert!(stderr.contains("reconnecting in"), "{stderr}");
     assert_eq!(db.count("done").await, 2);
+    db.drop().await;
+}
+
+/// SIGTERM to the server while the script holds a batch of slow publishes: the server
+/// drains; the script takes nothing new, publishes and acks what it holds before the
+/// server exits (every row done on its first attempt), then reconnects with backoff to
+/// the server that comes back at the same address and finishes there. The Node twin of
+/// `python_subscriber_answers_what_it_holds_during_a_drain_then_reconnects`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_subscriber_answers_what_it_holds_during_a_drain_then_reconnects() {
+    let db = TestDb::new().await;
+    let port = free_port();
+    let config = config_on_port(&db, "", port);
+    let mut first = Server::start_serving(&config).await;
+    for n in 0..3 {
+        let payload = format!("before {n}");
+        db.insert("orders.created", Some("k"), payload.as_bytes())
+            .await;
+    }
+
+    let args = ["--count", "4", "--publish-delay-ms", "700"];
+    let child = spawn(&first.address, &args);
+    eventually("the first message delivered", DEADLINE, || async {
+        (db.count("done").await == 1).then_some(())
+    })
+    .await;
+    first.terminate();
+    let status = first.wait_exit(DEADLINE).await;
+    assert!(status.success(), "the first server exited with {status}");
+    assert_eq!(
+        db.count("done").await,
+        3,
+        "held messages not answered in the drain"
+    );
+
+    db.insert("orders.created", Some("k"), b"after").await;
+    let _second = Server::start_serving(&config).await;
+    let (lines, stderr) = run_to_end(child).await;
+
+    let payloads: Vec<&Value> = lines.iter().map(|l| &l["payload"]).collect();
+    assert_eq!(
+        payloads,
+        [
+            &json!("before 0"),
+            &json!("before 1"),
+            &json!("before 2"),
+            &json!("after")
+        ]
+    );
+    assert!(lines.iter().all(|l| l["attempts"] == 1), "{lines:#?}");
+    assert!(
+        stderr.contains("the server is draining") && stderr.contains("reconnecting in"),
+        "{stderr}"
+    );
+    assert_eq!(db.count("done").await, 4);
+    db.drop().await;
+}
+
+/// SIGTERM to the script while it holds three messages of a slow publish: the publish in
+/// progress finishes and is acked, the two others are released untried (their attempt
+/// refunded, no error recorded), and the script exits with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let payload = format!("held {n}");
+        ids.push(
+            db.insert("orders.created", Some("k"), payload.as_bytes())
+                .await,
+        );
+    }
+
+    // Slow enough that the first publish is still in progress when SIGTERM arrives, on a
+    // busy machine too; a short lease, extended every third of it while the script holds
+    // messages.
+    let args = ["--publish-delay-ms", "3000", "--lease-ms", "900"];
+    let child = spawn(&server.address, &args);
+    // A claim counts an attempt; an extension then moves the lease on. Claimed is not
+    // yet received: the script holds the batch (and has started publishing its first
+    // message, in the same turn) once a lease was extended.
+    eventually("the script holding all three", SCRIPT_TIMEOUT, || async {
+        let mut held = 0;
+        for id in &ids {
+            held += i32::from(db.row(*id).await.1 == 1);
+        }
+        (held == 3).then_some(())
+    })
+    .await;
+    let lease_end = || async {
+        let query = format!(
+            "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
+            db.schema
+        );
+        sqlx::query_scalar::<_, f64>(&query)
+            .bind(ids[0])
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+    };
+    let claimed_until = lease_end().await;
+    eventually("a lease extended by the script", DEADLINE, || async {
+        (lease_end().await > claimed_until).then_some(())
+    })
+    .await;
+    let pid = child.id().expect("running").to_string();
+    let kill = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let (lines, stderr) = run_to_end(child).await;
+
+    assert_eq!(lines.len(), 1, "published after SIGTERM: {lines:#?}");
+    assert_eq!(lines[0]["id"], json!(ids[0]));
+    assert_eq!(
+        (lines[0]["attempts"].clone(), lines[0]["answer"].clone()),
+        (json!(1), json!("ack"))
+    );
+    assert!(
+        stderr.contains("SIGTERM: finishing the publish in progress"),
+        "{stderr}"
+    );
+    assert_eq!(db.row(ids[0]).await, ("done".to_owned(), 1, None));
+    for id in &ids[1..] {
+        assert_eq!(
+            db.row(*id).await,
+            ("pending".to_owned(), 0, None),
+            "row {id}: released with its attempt refunded"
+        );
+    }
     db.drop().await;
 }
 

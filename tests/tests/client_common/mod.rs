@@ -128,14 +128,7 @@ impl Journal {
     }
 }
 
-/// A port nobody listens on right now, for a server started later.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use txoutbox_tests::free_port;
 
 /// `db.config(extra)`, listening on `port` instead of a port the kernel picks.
 pub fn config_on_port(db: &TestDb, extra: &str, port: u16) -> String {
