@@ -261,6 +261,11 @@ impl Servers {
         self.endpoints.iter().map(|(a, _)| a.clone()).collect()
     }
 
+    /// The bearer token every call to these servers carries.
+    pub fn token(&self) -> BearerToken {
+        self.token.clone()
+    }
+
     /// The next address in rotation and its endpoint.
     pub fn rotate(&mut self) -> (String, Endpoint) {
         let (address, endpoint) = &self.endpoints[self.next % self.endpoints.len()];

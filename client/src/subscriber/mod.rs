@@ -224,7 +224,7 @@ impl Subscriber {
             let opened = tokio::select! {
                 biased;
                 _ = stop.graceful.cancelled() => return Ok(()),
-                opened = session::open(&self.shared, address.clone(), endpoint) => opened,
+                opened = session::open(&self.shared, address.clone(), endpoint, self.servers.token()) => opened,
             };
             let end = match opened {
                 Ok((session, mut inbound)) => {

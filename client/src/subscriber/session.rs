@@ -15,12 +15,13 @@ use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinError, JoinSet};
 use tokio::time::{interval_at, Instant, MissedTickBehavior};
 use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Endpoint;
 use tonic::Streaming;
 
 use super::dispatch::{Blocked, Dispatch, State};
 use super::{Shared, Stop};
-use crate::connect::error_chain;
+use crate::connect::{error_chain, BearerToken};
 use crate::error::is_permanent;
 use crate::events::{Count, Event};
 use crate::message::system_time;
@@ -78,18 +79,21 @@ enum Sent {
     CloseWindow,
 }
 
-/// Opens a stream on `endpoint`. `Err` carries the end to report.
+/// Opens a stream on `endpoint`, its calls carrying `token`. `Err` carries the end to
+/// report.
 pub(super) async fn open(
     shared: &Arc<Shared>,
     address: String,
     endpoint: Endpoint,
+    token: BearerToken,
 ) -> Result<(Session, Streaming<v1::SubscribeResponse>), End> {
     let config = &shared.config;
     let channel = endpoint
         .connect()
         .await
         .map_err(|error| End::Lost(error_chain(&error)))?;
-    let mut client = RelayClient::new(channel).max_decoding_message_size(usize::MAX);
+    let mut client = RelayClient::new(InterceptedService::new(channel, token))
+        .max_decoding_message_size(usize::MAX);
     let (requests, outgoing) = mpsc::unbounded_channel();
     let open = v1::OpenSubscription {
         outbox: config.outbox.clone(),
