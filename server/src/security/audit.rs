@@ -41,15 +41,17 @@ pub fn record<T>(
     }
 }
 
-/// Records an admin action the layer refused before any handler ran (no or a wrong
-/// credential, or no scope for it anywhere): the outbox is not known there.
-pub fn record_refused_call(path: &str, status: &Status) {
+/// Records an admin action the layer refused before any handler ran: by `identity` when
+/// the credential named one (it holds the scope on no outbox, or is past a limit), `?`
+/// when there was no credential or a wrong one. The outbox is not known there (it travels
+/// inside the message, which the layer does not decode).
+pub fn record_refused_call(path: &str, identity: Option<&str>, status: &Status) {
     let Some(action) = admin_action(path) else {
         return;
     };
     tracing::warn!(
         target: TARGET,
-        identity = "?",
+        identity = identity.unwrap_or("?"),
         action,
         outbox = "?",
         arguments = "",

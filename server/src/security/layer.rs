@@ -127,37 +127,69 @@ impl Access {
         })
     }
 
-    /// The caller of `request`, or the status refusing it; a stream slot for `Subscribe`.
-    fn admit<B>(&self, request: &http::Request<B>) -> Result<(Caller, Option<StreamSlot>), Status> {
+    /// The caller of `request`, or why it is refused; a stream slot for `Subscribe`.
+    fn admit<B>(
+        &self,
+        request: &http::Request<B>,
+    ) -> Result<(Caller, Option<StreamSlot>), Refusal> {
         if !self.enabled() {
             return Ok((Caller::Open, None));
         }
         let path = request.uri().path();
-        let identity = self.authenticate(request)?;
+        let identity = self.authenticate(request).map_err(Refusal::unknown)?;
         let needs = needs(path, self.public_health());
         let Some(identity) = identity else {
             return match needs {
                 Needs::Nothing => Ok((Caller::Anonymous, None)),
-                _ => Err(unauthenticated()),
+                _ => Err(Refusal::unknown(unauthenticated())),
             };
+        };
+        let refused = |status| Refusal {
+            status,
+            identity: Some(Arc::clone(&identity)),
         };
         if let Needs::Scope(scope) = needs {
             if !identity.holds_anywhere(scope) {
-                return Err(Status::permission_denied(format!(
+                return Err(refused(Status::permission_denied(format!(
                     "identity `{}` needs scope `{scope}` for {path}, and holds it on no outbox",
                     identity.name
-                )));
+                ))));
             }
         }
         let slot = if path == SUBSCRIBE {
-            Some(identity.budget.open_stream(&identity.name)?)
+            Some(
+                identity
+                    .budget
+                    .open_stream(&identity.name)
+                    .map_err(refused)?,
+            )
         } else {
             if is_unary(path) {
-                identity.budget.unary_call(&identity.name)?;
+                identity
+                    .budget
+                    .unary_call(&identity.name)
+                    .map_err(refused)?;
             }
             None
         };
         Ok((Caller::Identity(identity), slot))
+    }
+}
+
+/// A call the layer refuses, and who made it when the credential named someone (an
+/// identity without the scope, or past a limit), for the audit event.
+struct Refusal {
+    status: Status,
+    identity: Option<Arc<Identity>>,
+}
+
+impl Refusal {
+    /// Refused before anyone was recognised: no credential, or a wrong one.
+    fn unknown(status: Status) -> Self {
+        Self {
+            status,
+            identity: None,
+        }
     }
 }
 
@@ -180,9 +212,11 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         match self.access.admit(&request) {
-            Err(status) => {
-                tracing::debug!(path = request.uri().path(), %status, "call refused");
-                super::audit::record_refused_call(request.uri().path(), &status);
+            Err(Refusal { status, identity }) => {
+                let path = request.uri().path();
+                let identity = identity.as_ref().map(|identity| identity.name.as_str());
+                tracing::debug!(path, identity, %status, "call refused");
+                super::audit::record_refused_call(path, identity, &status);
                 Box::pin(async move { Ok(status.into_http()) })
             }
             Ok((caller, slot)) => {
@@ -256,7 +290,42 @@ mod tests {
             needs("/grpc.health.v1.Health/Check", false),
             Needs::Identity
         );
+        assert_eq!(
+            needs("/txoutbox.v1.Admin/Pause", true),
+            Needs::Scope(Scope::Admin)
+        );
+        assert_eq!(
+            needs("/txoutbox.v1.Admin/RedriveDeadLetters", false),
+            Needs::Scope(Scope::Admin)
+        );
         assert_eq!(needs("/unknown.Service/Call", true), Needs::Identity);
         assert!(!is_unary(SUBSCRIBE) && is_unary("/txoutbox.v1.Relay/Claim"));
+    }
+
+    /// Every method of the protocol, read from its descriptor, so a method added later is
+    /// checked here without being listed: none is open to anyone, and every one but
+    /// `ListOutboxes` needs a scope.
+    #[test]
+    fn every_method_of_the_protocol_needs_a_scope_or_an_identity() {
+        use prost::Message;
+        let set = prost_types::FileDescriptorSet::decode(txoutbox_proto::FILE_DESCRIPTOR_SET)
+            .expect("the protocol's descriptor");
+        let mut checked = 0;
+        for service in set.file.iter().flat_map(|file| &file.service) {
+            let service_name = service.name();
+            for method in &service.method {
+                let path = format!("/txoutbox.v1.{service_name}/{}", method.name());
+                let expected = match (service_name, method.name()) {
+                    ("Relay", _) => Needs::Scope(Scope::Subscribe),
+                    ("Admin", "InsertMessage") => Needs::Scope(Scope::Insert),
+                    ("Admin", "ListOutboxes") => Needs::Identity,
+                    ("Admin", _) => Needs::Scope(Scope::Admin),
+                    (other, _) => panic!("a service this test does not know: {other}"),
+                };
+                assert_eq!(needs(&path, true), expected, "{path}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 19, "only {checked} methods in the descriptor");
     }
 }
