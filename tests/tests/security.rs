@@ -4,14 +4,17 @@
 //! restart, limits per identity, audit events, and the refusal to serve other machines
 //! without TLS and credentials.
 
+use std::collections::BTreeSet;
 use std::path::Path;
+
+use prost::Message as _;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
-use txoutbox_client::{Connection, Credentials};
+use txoutbox_client::{Connection, Credentials, Message, PublishError, Subscriber};
 use txoutbox_proto::v1::admin_client::AdminClient;
 use txoutbox_proto::v1::relay_client::RelayClient;
 use txoutbox_proto::v1::subscribe_request::Request as Req;
@@ -23,6 +26,7 @@ use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 const SUBSCRIBER_TOKEN: &str = "sub-3f9a1c";
 const INSERTER_TOKEN: &str = "ins-77b2e0";
 const OPERATOR_TOKEN: &str = "ops-c41d9a";
+const ORDERS_ADMIN_TOKEN: &str = "orders-ops-5e0b27";
 
 /// Two outboxes, `orders` and `payments`, and `server_extra` appended (TOML tables).
 fn config(db: &TestDb, server_extra: &str) -> String {
@@ -41,8 +45,8 @@ create_schema = true
     )
 }
 
-/// Three identities by token: a subscriber of `orders`, an inserter into `orders`, and an
-/// operator with `admin` on every outbox.
+/// Four identities by token: a subscriber of `orders`, an inserter into `orders`, an
+/// operator with `admin` on every outbox, and one with `insert` and `admin` on `orders`.
 fn identities() -> String {
     [
         token_identity(
@@ -52,6 +56,11 @@ fn identities() -> String {
         ),
         token_identity("checkout", INSERTER_TOKEN, r#"{ orders = ["insert"] }"#),
         token_identity("ops", OPERATOR_TOKEN, r#"{ "*" = ["admin"] }"#),
+        token_identity(
+            "orders-ops",
+            ORDERS_ADMIN_TOKEN,
+            r#"{ orders = ["insert", "admin"] }"#,
+        ),
     ]
     .concat()
 }
@@ -198,7 +207,101 @@ async fn every_rpc(
             headers: Default::default()
         }
     );
+    call!(
+        "ListDeadLetters",
+        admin.list_dead_letters,
+        v1::ListDeadLettersRequest {
+            outbox: o(),
+            selector: None,
+            after_id: 0,
+            limit: 0
+        }
+    );
+    call!(
+        "CountDeadLetters",
+        admin.count_dead_letters,
+        v1::CountDeadLettersRequest {
+            outbox: o(),
+            selector: None
+        }
+    );
+    call!(
+        "RedriveDeadLetters",
+        admin.redrive_dead_letters,
+        v1::RedriveDeadLettersRequest {
+            outbox: o(),
+            selector: None,
+            limit: 0,
+            delay: None,
+            dry_run: true
+        }
+    );
+    call!(
+        "DiscardDeadLetters",
+        admin.discard_dead_letters,
+        v1::DiscardDeadLettersRequest {
+            outbox: o(),
+            selector: None,
+            limit: 0,
+            dry_run: true
+        }
+    );
+    // Resume right after, so a caller allowed to pause leaves the outbox running.
+    call!("Pause", admin.pause, v1::PauseRequest { outbox: o() });
+    call!("Resume", admin.resume, v1::ResumeRequest { outbox: o() });
+    call!(
+        "ListBlockedKeys",
+        admin.list_blocked_keys,
+        v1::ListBlockedKeysRequest {
+            outbox: o(),
+            after_id: 0,
+            limit: 0
+        }
+    );
+    let called: BTreeSet<&str> = results.iter().map(|(rpc, _, _)| *rpc).collect();
+    assert_eq!(
+        called,
+        protocol_rpcs().iter().map(String::as_str).collect(),
+        "every_rpc must call every RPC of the protocol: add the new ones"
+    );
     results
+}
+
+/// The methods of the Relay and Admin services, read from the protocol's descriptor: an
+/// RPC added to the .proto files and not to `every_rpc` fails every test that uses it.
+fn protocol_rpcs() -> Vec<String> {
+    let set = prost_types::FileDescriptorSet::decode(txoutbox_proto::FILE_DESCRIPTOR_SET)
+        .expect("the protocol's descriptor");
+    let rpcs: Vec<String> = set
+        .file
+        .iter()
+        .flat_map(|file| &file.service)
+        .filter(|service| matches!(service.name(), "Relay" | "Admin"))
+        .flat_map(|service| &service.method)
+        .map(|method| method.name().to_owned())
+        .collect();
+    assert!(rpcs.len() >= 19, "{rpcs:?}");
+    rpcs
+}
+
+/// The scope an RPC needs; `None` for `ListOutboxes`, which any identity may call.
+fn scope_of(rpc: &str) -> Option<&'static str> {
+    match rpc {
+        "ListOutboxes" => None,
+        "InsertMessage" => Some("insert"),
+        _ if RELAY_RPCS.contains(&rpc) => Some("subscribe"),
+        _ => Some("admin"),
+    }
+}
+
+/// Asserts `rpc` was refused for want of its scope, and that the refusal names it.
+fn assert_out_of_scope(rpc: &str, code: Code, message: &str, context: &str) {
+    let scope = scope_of(rpc).expect("an RPC that needs a scope");
+    assert_eq!(code, Code::PermissionDenied, "{rpc} {context}: {message}");
+    assert!(
+        message.contains(&format!("scope `{scope}`")),
+        "{rpc} {context}: {message}"
+    );
 }
 
 const RELAY_RPCS: [&str; 7] = [
@@ -210,6 +313,19 @@ const RELAY_RPCS: [&str; 7] = [
     "DeadLetter",
     "ExtendLease",
 ];
+
+/// The outboxes `ListOutboxes` shows to the holder of `token`.
+async fn listed(channel: &Channel, token: &str) -> Vec<String> {
+    AdminClient::new(channel.clone())
+        .list_outboxes(with_token(v1::ListOutboxesRequest {}, Some(token)))
+        .await
+        .unwrap()
+        .into_inner()
+        .outboxes
+        .into_iter()
+        .map(|o| o.name)
+        .collect()
+}
 
 fn denied(code: Code) -> bool {
     matches!(code, Code::Unauthenticated | Code::PermissionDenied)
@@ -235,41 +351,21 @@ async fn every_rpc_needs_a_credential_and_its_scope() {
 
     // A subscriber of `orders`: the relay calls there, nothing else.
     for (rpc, code, message) in every_rpc(channel.clone(), "orders", Some(SUBSCRIBER_TOKEN)).await {
-        match rpc {
-            "ListOutboxes" => assert_eq!(code, Code::Ok, "{message}"),
-            _ if RELAY_RPCS.contains(&rpc) => assert!(!denied(code), "{rpc}: {code:?} {message}"),
-            "InsertMessage" => {
-                assert_eq!(code, Code::PermissionDenied, "{rpc}");
-                assert!(message.contains("scope `insert`"), "{rpc}: {message}");
-            }
-            _ => {
-                assert_eq!(code, Code::PermissionDenied, "{rpc}");
-                assert!(message.contains("scope `admin`"), "{rpc}: {message}");
-            }
+        match scope_of(rpc) {
+            None => assert_eq!(code, Code::Ok, "{message}"),
+            Some("subscribe") => assert!(!denied(code), "{rpc}: {code:?} {message}"),
+            Some(_) => assert_out_of_scope(rpc, code, &message, "by a subscriber"),
         }
     }
     for (rpc, code, message) in every_rpc(channel.clone(), "payments", Some(SUBSCRIBER_TOKEN)).await
     {
         if rpc != "ListOutboxes" {
-            assert_eq!(
-                code,
-                Code::PermissionDenied,
-                "{rpc} on another outbox: {message}"
-            );
+            assert_out_of_scope(rpc, code, &message, "on another outbox");
         }
     }
     // What it may not see does not leak: not in the list, and an outbox that does not
     // exist is refused the same way as one that does.
-    let listed = AdminClient::new(channel.clone())
-        .list_outboxes(with_token(
-            v1::ListOutboxesRequest {},
-            Some(SUBSCRIBER_TOKEN),
-        ))
-        .await
-        .unwrap()
-        .into_inner();
-    let names: Vec<_> = listed.outboxes.iter().map(|o| o.name.as_str()).collect();
-    assert_eq!(names, ["orders"]);
+    assert_eq!(listed(&channel, SUBSCRIBER_TOKEN).await, ["orders"]);
     let unknown = every_rpc(channel.clone(), "no-such-outbox", Some(SUBSCRIBER_TOKEN)).await;
     let (_, code, message) = &unknown[1];
     assert_eq!(*code, Code::PermissionDenied, "{message}");
@@ -279,20 +375,45 @@ async fn every_rpc_needs_a_credential_and_its_scope() {
     for (rpc, code, message) in every_rpc(channel.clone(), "orders", Some(INSERTER_TOKEN)).await {
         match rpc {
             "InsertMessage" | "ListOutboxes" => assert_eq!(code, Code::Ok, "{rpc}: {message}"),
-            _ => assert_eq!(code, Code::PermissionDenied, "{rpc}: {message}"),
+            _ => assert_out_of_scope(rpc, code, &message, "by an inserter"),
         }
     }
     // An operator: every admin call on every outbox, and no relay call.
     for outbox in ["orders", "payments"] {
         for (rpc, code, message) in every_rpc(channel.clone(), outbox, Some(OPERATOR_TOKEN)).await {
-            match rpc {
-                "Stats" | "Purge" | "Schema" | "ListOutboxes" => {
+            match scope_of(rpc) {
+                None | Some("admin") => {
                     assert_eq!(code, Code::Ok, "{rpc} on {outbox}: {message}")
                 }
-                _ => assert_eq!(code, Code::PermissionDenied, "{rpc} on {outbox}: {message}"),
+                Some(_) => assert_out_of_scope(rpc, code, &message, &format!("on {outbox}")),
             }
         }
     }
+    // `insert` and `admin` on `orders`: everything but the relay there, and nothing on
+    // `payments`, where every admin call passes the layer (the identity holds `admin`
+    // somewhere) and is refused by the handler's check of the named outbox.
+    for (rpc, code, message) in every_rpc(channel.clone(), "orders", Some(ORDERS_ADMIN_TOKEN)).await
+    {
+        match scope_of(rpc) {
+            Some("subscribe") => assert_out_of_scope(rpc, code, &message, "on orders"),
+            _ => assert_eq!(code, Code::Ok, "{rpc} on orders: {message}"),
+        }
+    }
+    for (rpc, code, message) in
+        every_rpc(channel.clone(), "payments", Some(ORDERS_ADMIN_TOKEN)).await
+    {
+        if rpc == "ListOutboxes" {
+            continue;
+        }
+        assert_out_of_scope(rpc, code, &message, "on payments");
+        if scope_of(rpc) != Some("subscribe") {
+            assert!(
+                message.contains("on outbox `payments`"),
+                "{rpc} refused by the layer, not by the handler's check: {message}"
+            );
+        }
+    }
+    assert_eq!(listed(&channel, ORDERS_ADMIN_TOKEN).await, ["orders"]);
     db.drop().await;
 }
 
@@ -344,6 +465,44 @@ async fn admin_actions_are_audited_with_the_identity() {
         ))
         .await
         .unwrap();
+    admin
+        .redrive_dead_letters(with_token(
+            v1::RedriveDeadLettersRequest {
+                outbox: "orders".into(),
+                selector: None,
+                limit: 5,
+                delay: None,
+                dry_run: false,
+            },
+            token,
+        ))
+        .await
+        .unwrap();
+    admin
+        .discard_dead_letters(with_token(
+            v1::DiscardDeadLettersRequest {
+                outbox: "orders".into(),
+                selector: None,
+                limit: 7,
+                dry_run: true,
+            },
+            token,
+        ))
+        .await
+        .unwrap();
+    for pause in [true, false] {
+        let outbox = "orders".to_owned();
+        let result = if pause {
+            admin
+                .pause(with_token(v1::PauseRequest { outbox }, token))
+                .await
+        } else {
+            admin
+                .resume(with_token(v1::ResumeRequest { outbox }, token))
+                .await
+        };
+        result.unwrap();
+    }
     // Refused in the handler (no scope on `payments`): audited as refused.
     let refused = admin
         .purge(with_token(
@@ -367,22 +526,33 @@ async fn admin_actions_are_audited_with_the_identity() {
             .filter(|line| line["target"] == "txoutbox::audit")
             .collect()
     };
-    // Refused before any handler: a subscriber's token has no `admin` scope anywhere.
+    // Refused before any handler: a subscriber's token has no `admin` scope anywhere (the
+    // identity is known, and named), and a call without a credential (no one to name).
     let refused = admin
-        .purge(with_token(
-            v1::PurgeRequest {
+        .pause(with_token(
+            v1::PauseRequest {
                 outbox: "orders".into(),
-                older_than: None,
             },
             Some(SUBSCRIBER_TOKEN),
         ))
         .await
         .unwrap_err();
     assert_eq!(refused.code(), Code::PermissionDenied);
+    let refused = admin
+        .purge(with_token(
+            v1::PurgeRequest {
+                outbox: "orders".into(),
+                older_than: None,
+            },
+            None,
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::Unauthenticated);
 
-    let lines = eventually("five audit events", DEADLINE, || async {
+    let lines = eventually("ten audit events", DEADLINE, || async {
         let lines = audit_lines();
-        (lines.len() >= 5).then_some(lines)
+        (lines.len() >= 10).then_some(lines)
     })
     .await;
     let field = |line: &serde_json::Value, name: &str| {
@@ -413,11 +583,19 @@ async fn admin_actions_are_audited_with_the_identity() {
     expect("insert", "orders", "ok");
     expect("purge", "orders", "ok");
     expect("schema", "orders", "ok");
+    expect("redrive", "orders", "ok");
+    expect("discard", "orders", "ok");
+    expect("pause", "orders", "ok");
+    expect("resume", "orders", "ok");
     expect("purge", "payments", "refused");
-    assert!(
-        summary.contains(&("purge".into(), "?".into(), "?".into(), "refused".into())),
-        "the call refused by the layer is not in {summary:?}"
-    );
+    let refused_by_layer = |action: &str, identity: &str| {
+        assert!(
+            summary.contains(&(action.into(), identity.into(), "?".into(), "refused".into())),
+            "{action} by {identity} refused by the layer is not in {summary:?}"
+        )
+    };
+    refused_by_layer("pause", "orders-relay");
+    refused_by_layer("purge", "?");
     let insert = lines
         .iter()
         .find(|l| field(l, "action") == "insert")
@@ -431,6 +609,20 @@ async fn admin_actions_are_audited_with_the_identity() {
         .find(|l| field(l, "action") == "purge")
         .unwrap();
     assert_eq!(field(purge, "arguments"), "older_than=3600s");
+    let arguments = |action: &str| {
+        let line = lines.iter().find(|l| field(l, "action") == action).unwrap();
+        field(line, "arguments")
+    };
+    assert!(
+        arguments("redrive").starts_with("limit=5 dry_run=false"),
+        "{}",
+        arguments("redrive")
+    );
+    assert!(
+        arguments("discard").starts_with("limit=7 dry_run=true"),
+        "{}",
+        arguments("discard")
+    );
     db.drop().await;
 }
 
@@ -795,5 +987,75 @@ async fn health_needs_a_credential_when_it_is_not_public() {
         }
     })
     .await;
+    db.drop().await;
+}
+
+/// The Rust `Subscriber` streams over TLS, not only unary calls: once authenticated by a
+/// bearer token (no client certificate, which `client_cert_optional` allows), once by its
+/// client certificate alone; each delivers its rows and acks them.
+#[tokio::test]
+async fn rust_subscriber_streams_over_tls_with_a_token_or_a_client_certificate() {
+    let db = TestDb::new().await;
+    let setup = TlsFiles::new();
+    let config = tls_config(&db, &setup, true)
+        .replace("client_ca = ", "client_cert_optional = true\nclient_ca = ");
+    let server = Server::start(&config).await;
+    // Health over plain HTTP/2 gets no answer from a TLS port: wait for the table itself.
+    eventually("the outbox table created", DEADLINE, || async {
+        db.table_exists().await.then_some(())
+    })
+    .await;
+    let dir = setup.dir.path();
+    let ca = dir.join("ca.pem");
+    let relay_cert = setup.ca.client(dir, "relay", "orders-relay.example");
+    let by_token = trusting(&ca).bearer_token(SUBSCRIBER_TOKEN).unwrap();
+    let by_certificate =
+        Credentials::from_files(Some(&ca), Some(&relay_cert.cert), Some(&relay_cert.key)).unwrap();
+
+    let mut done = 0;
+    for (how, credentials) in [("token", by_token), ("certificate", by_certificate)] {
+        let rows: Vec<_> = (0..3)
+            .map(|i| {
+                (
+                    Some(format!("{how}-{i}")),
+                    format!("{how} {i}").into_bytes(),
+                )
+            })
+            .collect();
+        let mut expected = db.insert_many("tls.t", &rows).await;
+        let (tx, mut published) = mpsc::unbounded_channel();
+        let subscriber = Subscriber::builder([format!("https://{}", server.address)], "orders")
+            .name(format!("tls-{how}"))
+            .credentials(credentials)
+            .build(move |message: Message| {
+                let tx = tx.clone();
+                async move {
+                    let _ = tx.send(message.id);
+                    Ok::<_, PublishError>(())
+                }
+            })
+            .unwrap();
+        let handle = subscriber.spawn();
+        let mut seen = Vec::new();
+        while seen.len() < expected.len() {
+            let id = tokio::time::timeout(DEADLINE, published.recv())
+                .await
+                .unwrap_or_else(|_| panic!("over TLS by {how}: published only {seen:?}"))
+                .unwrap();
+            seen.push(id);
+        }
+        seen.sort();
+        expected.sort();
+        assert_eq!(seen, expected, "by {how}");
+        done += expected.len() as i64;
+        eventually(
+            &format!("the rows acked over TLS by {how}"),
+            DEADLINE,
+            || async { (db.count("done").await == done).then_some(()) },
+        )
+        .await;
+        handle.stop().await.unwrap();
+    }
+    assert!(server.log_contains("subscription opened"));
     db.drop().await;
 }
