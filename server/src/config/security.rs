@@ -86,7 +86,8 @@ pub enum Scope {
     Subscribe,
     /// `Admin.InsertMessage`.
     Insert,
-    /// `Admin.Stats`, `Purge`, `Schema`, and later admin calls.
+    /// Every other `Admin` call: `Stats`, `Purge`, `Schema`, the dead-letter calls,
+    /// `Pause`, `Resume`, `ListBlockedKeys`, and any added later (see `security::layer`).
     Admin,
 }
 
