@@ -209,6 +209,9 @@ macro_rules! storage_contract {
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,
                 a_pause_is_seen_by_every_server_on_the_table,
+                paused_topics_are_held_in_the_database,
+                rows_of_paused_topics_are_not_claimed,
+                rows_of_paused_topics_are_not_claimed_without_strict_ordering,
                 blocked_keys_are_listed_oldest_head_first,
             );
             storage_contract!(@cases $factory, $signal;
@@ -297,6 +300,7 @@ fn request(owner: &str) -> ClaimRequest<'_> {
         batch_size: 10,
         lease: LEASE,
         topics: &[],
+        paused_topics: &[],
         max_attempts: POLICY.max_attempts,
     }
 }
@@ -313,6 +317,7 @@ async fn claim_topics(
         batch_size,
         lease,
         topics,
+        paused_topics: &[],
         max_attempts: POLICY.max_attempts,
     };
     storage.claim(request).await.expect("claim").messages
@@ -451,6 +456,7 @@ async fn the_relays_own_tables_hold_keys_up_to_the_limit_and_refuse_longer_ones(
             batch_size: 10,
             lease: LEASE,
             topics: &[],
+            paused_topics: &[],
             max_attempts: 10,
         });
         let got = got.await.unwrap().messages;

@@ -27,6 +27,8 @@ macro_rules! operations_suite {
                 dead_letters::the_command_line_acts_only_with_yes,
                 pause::a_pause_holds_on_every_replica_and_across_a_restart,
                 pause::the_command_line_pauses_shows_it_and_resumes,
+                pause::a_topic_pause_holds_on_every_replica_and_across_a_restart,
+                pause::the_command_line_pauses_a_topic_and_resumes_it,
                 stats::stats_count_retry_waiting_throughput_and_fenced_answers,
                 blocked::a_stuck_key_is_found_with_its_holder,
             );

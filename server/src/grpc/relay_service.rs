@@ -16,6 +16,7 @@ use super::status::to_status;
 use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
+use crate::relay::pause::ClaimScope;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
 use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
@@ -129,11 +130,14 @@ impl v1::relay_server::Relay for RelayService {
             )
             .await?;
         // The view the claim just used (fresh within a second): says why it came back empty.
-        let paused = claimed.messages.is_empty() && outbox.paused_since().await.is_some();
+        let pauses = outbox.pauses().await;
+        let paused = claimed.messages.is_empty()
+            && ClaimScope::of(&request.topics, &pauses) == ClaimScope::Paused;
         Ok(Response::new(v1::ClaimResponse {
             messages: claimed.messages.into_iter().map(convert::message).collect(),
             lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
             paused,
+            paused_topics: pauses.topic_names(),
         }))
     }
 

@@ -286,20 +286,27 @@ impl Outbox {
         let batch_size = batch_size
             .min(self.config.max_batch_size)
             .min(self.rows_per_response());
-        if self.paused_since().await.is_some() {
-            // Paused: nothing handed out, nothing asked of the table (see `pause`).
-            return Ok(Claimed {
-                messages: Vec::new(),
-                lease_expires_at: chrono::Utc::now()
-                    + chrono::Duration::from_std(lease).unwrap_or_default(),
-                exhausted: Vec::new(),
-            });
-        }
+        let (topics, paused_topics) = match pause::ClaimScope::of(topics, &self.pauses().await) {
+            pause::ClaimScope::Paused => {
+                // Paused: nothing handed out, nothing asked of the table (see `pause`).
+                return Ok(Claimed {
+                    messages: Vec::new(),
+                    lease_expires_at: chrono::Utc::now()
+                        + chrono::Duration::from_std(lease).unwrap_or_default(),
+                    exhausted: Vec::new(),
+                });
+            }
+            pause::ClaimScope::Topics {
+                topics,
+                paused_topics,
+            } => (topics, paused_topics),
+        };
         let request = ClaimRequest {
             owner,
             batch_size,
             lease,
-            topics,
+            topics: &topics,
+            paused_topics: &paused_topics,
             max_attempts: self.config.max_attempts,
         };
         let timer = self.metrics.claim_duration.start_timer();

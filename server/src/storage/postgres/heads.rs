@@ -48,7 +48,8 @@ use crate::storage::names::Names;
 
 /// Suffix of the claim function's name, versioned: a server of another version on the
 /// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v1";
+/// `v2`: paused topics (a seventh argument) are not claimed.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v2";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
@@ -164,8 +165,10 @@ $$;
     )
 }
 
-/// `claim(owner, lease, batch, topics, delay, max_attempts)`: the strict claim (see the
-/// module docs). `topics` NULL means every topic, `delay` NULL no visibility delay. Returns
+/// `claim(owner, lease, batch, topics, delay, max_attempts, paused)`: the strict claim
+/// (see the module docs). `topics` NULL means every topic, `delay` NULL no visibility
+/// delay, `paused` (topics an operator paused) NULL none. A key whose first row is of a
+/// paused topic waits, like a key whose first row is leased. Returns
 /// one row per leased id (`txo_spent` false), one per row dead-lettered for having used
 /// `max_attempts` (true), and always a last row whose id is NULL, for the lease deadline.
 fn claim(o: &Objects<'_>, n: &Names) -> String {
@@ -194,8 +197,9 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
         format!(
             "{alias}.{available_at} <= txo_now \
              AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
-             AND (txo_topics IS NULL OR {} = ANY(txo_topics))",
-            n.topic(&format!("{alias}."))
+             AND (txo_topics IS NULL OR {topic} = ANY(txo_topics)) \
+             AND (txo_paused IS NULL OR ({topic} = ANY(txo_paused)) IS NOT TRUE)",
+            topic = n.topic(&format!("{alias}."))
         )
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
@@ -209,7 +213,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION {claim_function}(
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
-    txo_delay interval, txo_max_attempts integer)
+    txo_delay interval, txo_max_attempts integer, txo_paused text[])
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -19,6 +19,7 @@ use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
+use crate::storage::TopicClause;
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -37,6 +38,8 @@ pub(super) struct Statements {
     /// `(id, spent, lease_expires_at)` rows as described there.
     pub claim_all: String,
     pub claim_topics: String,
+    /// Every topic but the paused ones bound as `$5`.
+    pub claim_except: String,
     /// The messages of the ids `$1`, in id order, read once a claim committed.
     pub fetch: String,
     /// Acks return `(id, key)` of the rows they applied to.
@@ -79,8 +82,9 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
     /// most.
     pub blocked_keys: String,
-    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
-    pub paused_since: String,
+    /// The outbox's pauses `(target, paused_at)`; pause the targets `$1` (idempotent);
+    /// resume them (see [`crate::storage::pauses`]).
+    pub pauses: String,
     pub pause: String,
     pub resume: String,
 }
@@ -88,7 +92,8 @@ pub(super) struct Statements {
 #[derive(Debug)]
 pub(super) struct StrictStatements {
     /// `$1` owner, `$2` lease, `$3` batch size, `$4` topics or NULL, `$5` visibility delay
-    /// or NULL, `$6` max attempts; rows `(id, spent, lease_expires_at)`.
+    /// or NULL, `$6` max attempts, `$7` paused topics or NULL; rows `(id, spent,
+    /// lease_expires_at)`.
     pub claim: String,
     /// Moves on the heads of the keys `$1` after rows of theirs stopped being pending.
     pub advance: String,
@@ -203,7 +208,7 @@ impl Statements {
         let functions = if shape.strict_ordering {
             vec![
                 format!(
-                    "{}(text,interval,integer,text[],interval,integer)",
+                    "{}(text,interval,integer,text[],interval,integer,text[])",
                     objects.claim_function
                 ),
                 format!("{}(text[])", objects.advance_function),
@@ -214,8 +219,9 @@ impl Statements {
         let (schema, schema_check) = schema(&t, shape, &n, &objects);
         let pauses = pauses_table(shape);
         Self {
-            claim_all: claim(&t, shape, &n, false),
-            claim_topics: claim(&t, shape, &n, true),
+            claim_all: claim(&t, shape, &n, TopicClause::Any),
+            claim_topics: claim(&t, shape, &n, TopicClause::Only),
+            claim_except: claim(&t, shape, &n, TopicClause::Except),
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
                 message = message(&n, "o")
@@ -304,7 +310,7 @@ impl Statements {
                 claim: format!(
                     "SELECT txo_id AS id, txo_spent AS spent, \
                      txo_lease_expires_at AS lease_expires_at \
-                     FROM {}($1, $2, $3, $4, $5, $6)",
+                     FROM {}($1, $2, $3, $4, $5, $6, $7)",
                     objects.claim_function
                 ),
                 advance: format!("SELECT {}($1)", objects.advance_function),
@@ -323,12 +329,13 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT $2"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!(
-                "INSERT INTO {pauses} (target, paused_at) VALUES ('', statement_timestamp()) \
+                "INSERT INTO {pauses} (target, paused_at) \
+                 SELECT t, statement_timestamp() FROM unnest($1::text[]) AS t \
                  ON CONFLICT (target) DO NOTHING"
             ),
-            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ANY($1::text[])"),
             names: n,
             qualified_table: t,
             display_table,
@@ -434,13 +441,13 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 };
 
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
-/// `$5` topics (with `topics`) and the visibility delay (when configured) as the next
-/// parameter. Rows `(id, spent, lease_expires_at)`: each leased id (`spent` false), each
+/// `$5` topics (taken or, paused, left: see `topics`) and the visibility delay (when
+/// configured) as the next parameter. Rows `(id, spent, lease_expires_at)`: each leased id (`spent` false), each
 /// row dead-lettered for having used its attempts (true), and always a last row whose id
 /// is NULL, for the deadline from the database clock.
-fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
+fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: TopicClause) -> String {
     let mut params = Placeholders::starting_at('$', 5);
-    let topics_param = topics.then(|| params.take());
+    let topics_param = (topics != TopicClause::Any).then(|| params.take());
     let delay_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
@@ -458,7 +465,10 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
         filters += &format!(" AND o.{created_at} <= statement_timestamp() - {p}::interval");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND {} = ANY({p})", n.topic("o."));
+        filters += &match topics {
+            TopicClause::Except => format!(" AND ({} = ANY({p})) IS NOT TRUE", n.topic("o.")),
+            _ => format!(" AND {} = ANY({p})", n.topic("o.")),
+        };
     }
     let exhausted = heads::exhausted_error(n, "u", "$4");
     format!(
@@ -557,10 +567,12 @@ mod tests {
         let mut s = shape(&table, &columns, None);
         s.visibility_delay = Duration::from_secs(1);
         let n = Names::new(&columns, &DIALECT);
-        let sql = claim("\"outbox\"", &s, &n, true);
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Only);
         assert!(sql.contains("o.\"topic\" = ANY($5)"), "{sql}");
         assert!(sql.contains("- $6::interval"));
-        let sql = claim("\"outbox\"", &s, &n, false);
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Except);
+        assert!(sql.contains("(o.\"topic\" = ANY($5)) IS NOT TRUE"), "{sql}");
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Any);
         assert!(sql.contains("- $5::interval") && !sql.contains("$6"));
     }
 }
