@@ -213,6 +213,7 @@ macro_rules! storage_contract {
                 rows_of_paused_topics_are_not_claimed,
                 rows_of_paused_topics_are_not_claimed_without_strict_ordering,
                 blocked_keys_are_listed_oldest_head_first,
+                lease_holders_are_the_owners_of_live_leases,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -16,6 +16,7 @@ mod purge;
 mod relay;
 mod schema;
 mod stats;
+mod subscribers;
 mod tail;
 
 use std::process::ExitCode;
@@ -47,6 +48,7 @@ Examples:
   txoutbox --outbox orders pause                  (a broker is down: stop delivering)
   txoutbox --outbox orders pause --topic orders.paid   (only that topic's rows wait)
   txoutbox --outbox orders blocked                (keys stuck behind a leased or retrying row)
+  txoutbox --outbox orders subscribers            (who is connected, who holds leases)
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
@@ -138,6 +140,9 @@ enum Command {
     /// Keys whose oldest pending row is leased or waiting for a retry: who holds them,
     /// until when, how many rows wait behind.
     Blocked(blocked::Args),
+    /// The streams connected to the replica that answers (name, owner, address, window,
+    /// in flight, answers, since when) and the owners holding leases on every replica.
+    Subscribers,
     /// Print the DDL of an outbox's table, for your migration tool.
     Schema(schema::Args),
     /// Health of the server and of each outbox (grpc.health.v1).
@@ -208,6 +213,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Pause(args) => pause::run(&mut context, args, true).await,
         Command::Resume(args) => pause::run(&mut context, args, false).await,
         Command::Blocked(args) => blocked::run(&mut context, args).await,
+        Command::Subscribers => subscribers::run(&mut context).await,
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,

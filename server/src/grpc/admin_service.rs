@@ -214,9 +214,39 @@ impl v1::admin_server::Admin for AdminService {
             next_after_id,
         }))
     }
+
+    async fn list_subscribers(
+        &self,
+        request: Request<v1::ListSubscribersRequest>,
+    ) -> Result<Response<v1::ListSubscribersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.subscribers(&caller, &name).await.map(Response::new)
+    }
 }
 
 impl AdminService {
+    /// `ListSubscribers`: this replica's streams and every replica's lease holders.
+    async fn subscribers(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<v1::ListSubscribersResponse, Status> {
+        let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
+        let lease_holders = outbox.lease_holders().await?;
+        Ok(v1::ListSubscribersResponse {
+            connected: outbox
+                .connected()
+                .into_iter()
+                .map(convert::connected_subscriber)
+                .collect(),
+            lease_holders: lease_holders
+                .into_iter()
+                .map(convert::lease_holder)
+                .collect(),
+        })
+    }
+
     /// `Pause` and `Resume`, audited.
     async fn set_paused(
         &self,

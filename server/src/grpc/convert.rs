@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use prost_types::Timestamp;
 use txoutbox_proto::v1;
 
+use crate::relay::subscribers::StreamView;
 use crate::relay::subscription::{Event, Settlement};
 use crate::relay::Outbox;
-use crate::storage::{BlockedKey, OutboxMessage, Pauses, Stats, TopicStats};
+use crate::storage::{BlockedKey, LeaseHolder, OutboxMessage, Pauses, Stats, TopicStats};
 
 pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
     Timestamp {
@@ -116,6 +117,31 @@ pub fn outbox_info(outbox: &Outbox, pauses: Pauses) -> v1::OutboxInfo {
         max_batch_size: config.max_batch_size,
         paused_since: pauses.outbox.map(timestamp),
         paused_topics: paused_topics(&pauses),
+    }
+}
+
+pub fn connected_subscriber(stream: StreamView) -> v1::ConnectedSubscriber {
+    v1::ConnectedSubscriber {
+        name: stream.name,
+        owner: stream.owner,
+        peer: stream.peer.unwrap_or_default(),
+        identity: stream.identity,
+        topics: stream.topics,
+        window: stream.window,
+        in_flight: u32::try_from(stream.in_flight).unwrap_or(u32::MAX),
+        acked: stream.acked,
+        nacked: stream.nacked,
+        fenced: stream.fenced,
+        connected_since: Some(timestamp(stream.connected_since)),
+        last_answer: stream.last_answer.map(timestamp),
+    }
+}
+
+pub fn lease_holder(holder: LeaseHolder) -> v1::LeaseHolder {
+    v1::LeaseHolder {
+        owner: holder.owner,
+        rows: holder.rows,
+        earliest_expiry: Some(timestamp(holder.earliest_expiry)),
     }
 }
 

@@ -52,6 +52,7 @@ impl v1::relay_server::Relay for RelayService {
         request: Request<Streaming<v1::SubscribeRequest>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let caller = Caller::of(&request)?;
+        let peer = request.remote_addr().map(|addr| addr.to_string());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
             .await
@@ -84,6 +85,8 @@ impl v1::relay_server::Relay for RelayService {
             subscriber: open.subscriber,
             topics: open.topics,
             max_in_flight: open.max_in_flight,
+            peer,
+            identity: caller.identity().map(|identity| identity.name.clone()),
         };
         let window = match caller.identity() {
             Some(identity) => Some(Arc::new(

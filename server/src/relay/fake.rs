@@ -374,6 +374,10 @@ impl Storage for FakeStorage {
     }
 
     // Never paused: the relay's tests are about its loop.
+    async fn lease_holders(&self) -> StorageResult<Vec<crate::storage::LeaseHolder>> {
+        Ok(Vec::new())
+    }
+
     async fn pauses(&self) -> StorageResult<crate::storage::Pauses> {
         Ok(crate::storage::Pauses::default())
     }

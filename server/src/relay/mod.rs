@@ -15,6 +15,7 @@ pub mod limits;
 pub mod pause;
 pub mod poller;
 pub mod response_size;
+pub mod subscribers;
 pub mod subscription;
 
 use std::collections::BTreeMap;
@@ -113,6 +114,8 @@ pub struct Outbox {
     pause: pause::PauseView,
     /// Answers ignored since start because the caller no longer held the row.
     fenced: AtomicU64,
+    /// The streams of this outbox connected to this replica (see [`subscribers`]).
+    subscribers: Arc<subscribers::Subscribers>,
     /// What this outbox counts for Prometheus (unscraped unless [`Outbox::with_metrics`]).
     metrics: OutboxMetrics,
 }
@@ -139,6 +142,7 @@ impl Outbox {
             row_bytes: AtomicUsize::new(0),
             pause: pause::PauseView::default(),
             fenced: AtomicU64::new(0),
+            subscribers: Arc::default(),
         }
     }
 

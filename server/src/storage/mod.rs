@@ -152,6 +152,20 @@ pub struct TopicStats {
     pub oldest_pending_age: Option<Duration>,
 }
 
+/// An owner holding leases now (see [`Storage::lease_holders`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseHolder {
+    /// A stream's owner id (`subscriber:uuid`) or a unary worker id.
+    pub owner: String,
+    /// Pending rows it holds with a lease that has not run out.
+    pub rows: u64,
+    /// When the first of its leases runs out.
+    pub earliest_expiry: DateTime<Utc>,
+}
+
+/// Most owners [`Storage::lease_holders`] returns (the most rows first).
+pub const MAX_LEASE_HOLDERS: i64 = 1000;
+
 /// Dead rows by topic and error (see [`Storage::count_dead`]).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct DeadCounts {
@@ -369,6 +383,11 @@ pub trait Storage: Send + Sync + 'static {
     /// id above `after_id`, at most `limit` (see [`blocked`] for the cost).
     async fn blocked_keys(&self, after_id: MessageId, limit: u32)
         -> StorageResult<Vec<BlockedKey>>;
+
+    /// The owners holding leases now, on every replica sharing the table: the most rows
+    /// first, at most [`MAX_LEASE_HOLDERS`]. One statement that groups the pending rows
+    /// leased now (a pass over the pending rows, like `stats`).
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>>;
 
     /// What is paused, and since when: the whole outbox, topics (see [`pauses`]).
     async fn pauses(&self) -> StorageResult<Pauses>;

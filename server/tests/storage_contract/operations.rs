@@ -1,7 +1,7 @@
 //! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
 //! the outbox's pause, blocked keys.
 
-use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, NackResult, Pauses};
+use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses};
 
 use super::*;
 
@@ -331,4 +331,42 @@ pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     let next = storage.blocked_keys(a, 10).await.unwrap();
     assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [d]);
     assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
+}
+
+/// Owners with live leases, the most rows first; a lease given back or run out is not
+/// counted.
+pub async fn lease_holders_are_the_owners_of_live_leases(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let other = backend.open(Setup::default()).await;
+    for i in 0..6 {
+        insert(&*storage, "t", "p", Some(&format!("k{i}"))).await;
+    }
+    let w1 = claim(&*storage, "w1", 3, LEASE).await;
+    let w2 = claim(&*other, "w2", 2, LEASE).await;
+    let short = claim(&*storage, "w3", 1, SHORT_LEASE).await;
+    assert_eq!((w1.len(), w2.len(), short.len()), (3, 2, 1));
+    storage
+        .release(&[w2[0].id], "w2", Duration::ZERO)
+        .await
+        .unwrap();
+    let seen = |holders: &[LeaseHolder]| -> Vec<(String, u64)> {
+        holders.iter().map(|h| (h.owner.clone(), h.rows)).collect()
+    };
+    let expected = [("w1".to_owned(), 3), ("w2".to_owned(), 1)];
+    let holders = other.lease_holders().await.unwrap();
+    assert!(
+        seen(&holders).contains(&("w3".to_owned(), 1)) || seen(&holders) == expected,
+        "{holders:?}"
+    );
+    // w3's lease runs out on the database clock.
+    let start = std::time::Instant::now();
+    let holders = loop {
+        let holders = other.lease_holders().await.unwrap();
+        if seen(&holders) == expected || start.elapsed() > DEADLINE {
+            break holders;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(seen(&holders), expected, "w3's lease ran out");
+    assert_about_from_now(holders[0].earliest_expiry, LEASE);
 }

@@ -70,6 +70,7 @@ use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::drain::Drain;
 use super::idle::{changed, PollGroup, Turn};
+use super::subscribers::StreamInfo;
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
 
@@ -87,6 +88,10 @@ pub struct SubscriptionSpec {
     pub topics: Vec<String>,
     pub max_in_flight: u32,
     pub lease: Duration,
+    /// The client's address, when the transport knows it (for `Admin.ListSubscribers`).
+    pub peer: Option<String>,
+    /// The authenticated identity, when auth is on.
+    pub identity: Option<String>,
 }
 
 /// What the subscription tells its subscriber.
@@ -138,7 +143,9 @@ pub async fn run(
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let idle = outbox.idle_poll(&spec.topics);
     let held = Held::new(outbox.metrics().in_flight.clone());
+    let registration = outbox.subscribers.register(&spec, &owner);
     let mut state = Subscription {
+        info: Arc::clone(&registration.info),
         found: Some(idle.found()),
         idle,
         topics: spec.topics.clone().into(),
@@ -170,6 +177,8 @@ pub async fn run(
 
 struct Subscription {
     outbox: Arc<Outbox>,
+    /// What `Admin.ListSubscribers` shows of this stream, kept current by the loop.
+    info: Arc<StreamInfo>,
     spec: SubscriptionSpec,
     owner: Arc<str>,
     /// `spec.topics`, shared with the claim tasks.
@@ -220,6 +229,7 @@ impl Subscription {
             return Err(RelayError::ShuttingDown);
         }
         loop {
+            self.info.set_in_flight(self.held.len());
             self.start_next_answer(answers).await?;
             let quiet = matches!(
                 self.claiming,
@@ -502,6 +512,7 @@ impl Subscription {
             self.claiming.claim_now();
         }
         self.spec.max_in_flight = window;
+        self.info.set_window(window);
         self.send(Event::Settled(Settlement::default())).await;
     }
 
@@ -511,6 +522,8 @@ impl Subscription {
         let applied = applied?;
         let held_before = self.held.len();
         self.account(&applied);
+        self.info.set_in_flight(self.held.len());
+        self.info.settled(&applied.settlements);
         for settlement in applied.settlements {
             self.send(Event::Settled(settlement)).await;
         }

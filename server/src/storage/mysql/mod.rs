@@ -76,8 +76,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
-    Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
+    PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -518,6 +519,21 @@ impl Storage for MySqlStorage {
             .map(convert::decode_blocked)
             .collect::<Result<_, _>>()
             .map_err(self.error("blocked keys"))
+    }
+
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("lease holders"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
+                owner,
+                rows: super::rows::count(rows),
+                earliest_expiry,
+            })
+            .collect())
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

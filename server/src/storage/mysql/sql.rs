@@ -21,6 +21,7 @@ use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
+use crate::storage::MAX_LEASE_HOLDERS;
 
 /// Statements for one outbox table.
 #[derive(Debug)]
@@ -55,6 +56,8 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id, `?` at
     /// most.
     pub blocked_keys: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
+    pub lease_holders: String,
     /// The outbox's pauses `(target, paused_at)`; pause the target `?` (idempotent);
     /// resume it (see [`crate::storage::pauses`]).
     pub pauses: String,
@@ -206,6 +209,13 @@ impl Statements {
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?"
+            ),
+            lease_holders: format!(
+                "SELECT CAST({leased_by} AS CHAR), CAST(COUNT(*) AS SIGNED), MIN({available_at}) \
+                 FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
+                   AND {available_at} > UTC_TIMESTAMP(6) \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
             ),
             pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!(

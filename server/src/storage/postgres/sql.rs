@@ -19,7 +19,7 @@ use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
-use crate::storage::TopicClause;
+use crate::storage::{TopicClause, MAX_LEASE_HOLDERS};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -82,6 +82,8 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
     /// most.
     pub blocked_keys: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
+    pub lease_holders: String,
     /// The outbox's pauses `(target, paused_at)`; pause the targets `$1` (idempotent);
     /// resume them (see [`crate::storage::pauses`]).
     pub pauses: String,
@@ -328,6 +330,12 @@ impl Statements {
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT $2"
+            ),
+            lease_holders: format!(
+                "SELECT {leased_by}::text, count(*)::int8, min({available_at}) FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
+                   AND {available_at} > statement_timestamp() \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
             ),
             pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!(

@@ -54,8 +54,8 @@ use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
-    Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
+    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -529,6 +529,25 @@ impl Storage for SqliteStorage {
             .map(convert::decode_blocked)
             .collect::<Result<_, _>>()
             .map_err(self.error("blocked keys"))
+    }
+
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let err = || self.error("lease holders");
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders)
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        rows.into_iter()
+            .map(|(owner, rows, until)| {
+                Ok(LeaseHolder {
+                    owner,
+                    rows: super::rows::count(rows),
+                    earliest_expiry: datetime(until)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

@@ -22,7 +22,7 @@ use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
-use crate::storage::TopicClause;
+use crate::storage::{TopicClause, MAX_LEASE_HOLDERS};
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -77,6 +77,8 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub blocked_keys: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live at `?1`, the most rows first.
+    pub lease_holders: String,
     /// The outbox's pauses `(target, paused_at)`; pause the target `?1` at `?2`
     /// (idempotent); resume it (see [`crate::storage::pauses`]).
     pub pauses: String,
@@ -281,6 +283,11 @@ impl Statements {
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?2"
+            ),
+            lease_holders: format!(
+                "SELECT {leased_by}, count(*), min({available_at}) FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL AND {available_at} > ?1 \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
             ),
             pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!("INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES (?1, ?2)"),
