@@ -319,6 +319,41 @@ pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> Str
     )
 }
 
+/// Blocked keys (see `storage/blocked.rs`) of a strict table, `$1` after this head id,
+/// `$2` at most: the heads walked in `head_id` order through their partial index, each
+/// key's first pending row found from its head through the `(key, id)` index of pending
+/// rows, kept when it is not due now. So a page costs one index lookup per key with
+/// pending rows before the page's last blocked key (not one per pending row, as the
+/// statement of a table without heads does), plus the count of the rows behind each
+/// blocked key. Pages follow `head_id`: a head an answer left behind (see the module
+/// docs; the next claim moves it on) is listed where its old `head_id` puts it.
+pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names) -> String {
+    let Names {
+        id,
+        key,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        created_at,
+        ..
+    } = n;
+    format!(
+        "SELECT h.key AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+           o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+           o.{created_at} AS created_at, o.{available_at} AS until, \
+           (SELECT count(*) FROM {t} b WHERE b.{key} = h.key \
+             AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+         FROM {heads} h CROSS JOIN LATERAL (\
+           SELECT r.* FROM {t} r WHERE r.{key} = h.key AND r.{status} = 'pending' \
+             AND r.{id} >= h.head_id ORDER BY r.{id} LIMIT 1) o \
+         WHERE h.head_id IS NOT NULL AND h.head_id > $1 \
+           AND o.{available_at} > statement_timestamp() \
+         ORDER BY h.head_id LIMIT $2"
+    )
+}
+
 /// Deletes up to `$1` heads rows of drained keys (`purge`).
 pub(super) fn purge_drained(heads: &str) -> String {
     format!(

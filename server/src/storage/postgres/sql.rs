@@ -80,7 +80,7 @@ pub(super) struct Statements {
     /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
     pub heads: Option<String>,
     /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
-    /// most.
+    /// most. With strict ordering, through the key-heads table ([`heads::blocked_keys`]).
     pub blocked_keys: String,
     /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
     pub lease_holders: String,
@@ -319,18 +319,21 @@ impl Statements {
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
             heads: shape.strict_ordering.then(|| objects.heads.clone()),
-            blocked_keys: format!(
-                "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
-               o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
-               o.{created_at} AS created_at, o.{available_at} AS until, \
-               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
-                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
-             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
-               AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
-               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
-             ORDER BY o.{id} LIMIT $2"
-            ),
+            blocked_keys: match shape.strict_ordering {
+                true => heads::blocked_keys(&t, &objects.heads, &n),
+                false => format!(
+                    "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+                   o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+                   o.{created_at} AS created_at, o.{available_at} AS until, \
+                   (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                     AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+                 FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+                   AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
+                   AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                     AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+                 ORDER BY o.{id} LIMIT $2"
+                ),
+            },
             lease_holders: format!(
                 "SELECT {leased_by}::text, count(*)::int8, min({available_at}) FROM {t} \
                  WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
