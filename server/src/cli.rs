@@ -70,9 +70,7 @@ pub async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("txoutboxd: {error}");
             if path.is_none() {
-                eprintln!(
-                    "hint: pass --config FILE; deploy/txoutboxd.example.toml is a starting point"
-                );
+                eprintln!("hint: pass --config FILE; {}", example_config());
             }
             return ExitCode::from(2);
         }
@@ -211,20 +209,36 @@ fn announce_embedded_default(config: &Config, listener: &tokio::net::TcpListener
     );
 }
 
+/// Where to start a configuration file: the example of the sources this binary was built
+/// from, as a `--config` that works from here.
+fn example_config() -> String {
+    match source_file("deploy/txoutboxd.example.toml") {
+        Some(example) => format!("start from --config {example}"),
+        None => "start from deploy/txoutboxd.example.toml in a clone of the txoutbox repository"
+            .to_owned(),
+    }
+}
+
 /// The Python example subscriber's wrapper, which makes its venv on first use, so the
-/// printed command works on a fresh machine: `client/python/subscribe` of the sources this
-/// binary was built from, relative to the working directory when it is below it (the
-/// README's `cargo run` from the repository root). `None` without those sources.
+/// printed command works on a fresh machine. `None` without the sources.
 fn example_subscriber() -> Option<String> {
+    source_file("client/python/subscribe")
+}
+
+/// `path` in the sources this binary was built from, as one shell word that names it from
+/// the working directory: relative when the working directory holds it (the README's
+/// `cargo run` from the repository root), else absolute. `None` without those sources
+/// (a binary copied elsewhere).
+fn source_file(path: &str) -> Option<String> {
     let sources = Path::new(env!("CARGO_MANIFEST_DIR")).parent()?;
-    let script = sources.join("client/python/subscribe");
-    if !script.is_file() {
+    let file = sources.join(path);
+    if !file.is_file() {
         return None;
     }
     let cwd = std::env::current_dir().ok();
     let shown = cwd
-        .and_then(|cwd| script.strip_prefix(cwd).ok().map(Path::to_path_buf))
-        .unwrap_or(script);
+        .and_then(|cwd| file.strip_prefix(cwd).ok().map(Path::to_path_buf))
+        .unwrap_or(file);
     Some(shell_word(&shown.display().to_string()))
 }
 

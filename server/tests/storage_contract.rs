@@ -203,6 +203,7 @@ macro_rules! storage_contract {
                 answers_that_delay_a_row_need_a_live_lease,
                 a_row_claimed_max_attempts_times_is_dead_lettered_by_the_next_claim,
                 a_batch_of_nacks_does_what_the_nacks_would_one_by_one,
+                answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted,
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
                 dead_rows_are_listed_in_id_order_filtered_and_counted,

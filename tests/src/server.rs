@@ -101,6 +101,21 @@ impl Server {
     /// Only the port (`--listen`, to run beside other tests) and the log format (JSON, to
     /// read the address) are set; the test's own `TXOUTBOX_*` variables are not passed on.
     pub async fn start_embedded(dir: &std::path::Path) -> Self {
+        let mut command = Self::embedded(dir);
+        command.env("TXOUTBOX_SERVER__LOG_FORMAT", "json");
+        Self::spawn(command, None, true).await
+    }
+
+    /// The embedded default as a newcomer sees it: text logs, started in `dir` (the
+    /// repository root, as the README does it) with its SQLite file at `db`, out of the
+    /// clone.
+    pub async fn start_embedded_text(dir: &std::path::Path, db: &std::path::Path) -> Self {
+        let mut command = Self::embedded(dir);
+        command.arg("--db").arg(db);
+        Self::spawn(command, None, true).await
+    }
+
+    fn embedded(dir: &std::path::Path) -> Command {
         let mut command = Command::new(binary());
         command
             .current_dir(dir)
@@ -111,8 +126,7 @@ impl Server {
                 command.env_remove(name);
             }
         }
-        command.env("TXOUTBOX_SERVER__LOG_FORMAT", "json");
-        Self::spawn(command, None, true).await
+        command
     }
 
     async fn spawn(
@@ -293,7 +307,12 @@ async fn echo_log(
     }
 }
 
+/// The `address` field of the "listening" line, in JSON or in text format.
 fn listening_address(line: &str) -> String {
+    if !line.starts_with('{') {
+        let (_, after) = line.split_once(" address=").expect("address field");
+        return after.split(' ').next().unwrap().to_owned();
+    }
     let value: serde_json::Value = serde_json::from_str(line).expect("JSON log line");
     value["fields"]["address"]
         .as_str()

@@ -20,7 +20,7 @@ use kafka_common::{by_key, consume, insert_keyed};
 
 /// The `txoutbox` binary of this build: `TXOUTBOX_BIN`, or the one cargo built next to
 /// the test executable (`cargo nextest run --workspace` builds it).
-fn binary() -> PathBuf {
+pub(crate) fn binary() -> PathBuf {
     if let Ok(path) = std::env::var("TXOUTBOX_BIN") {
         return PathBuf::from(path);
     }

@@ -40,6 +40,8 @@ mod client_restart;
 mod client_run_once;
 #[path = "client_stop.rs"]
 mod client_stop;
+#[path = "database_passwords.rs"]
+mod database_passwords;
 #[path = "e2e.rs"]
 mod e2e;
 #[path = "faults.rs"]
@@ -64,6 +66,8 @@ mod node_client;
 mod observability;
 #[path = "operations.rs"]
 mod operations;
+#[path = "printed_hints.rs"]
+mod printed_hints;
 #[path = "python_client.rs"]
 mod python_client;
 #[path = "replica_stall.rs"]

@@ -68,6 +68,60 @@ async fn the_commands_printed_at_start_work_as_printed() {
     db.drop().await;
 }
 
+/// The line a newcomer reads: text format (the default), the server started from the
+/// repository root as the README does, so the subscriber's path is relative. Each command
+/// runs from there as it is printed: `insert=` up to ` subscribe=`, `subscribe=` to the
+/// end of the line (no colour codes when the log is not a terminal).
+#[tokio::test]
+async fn the_text_start_up_line_works_as_printed_from_the_repository_root() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("txoutbox.db");
+    let root = repository();
+    let server = Server::start_embedded_text(&root, &file).await;
+    server.wait_serving("default").await;
+    let line = {
+        let log = server.log.lock().unwrap();
+        let lines: Vec<&String> = log
+            .iter()
+            .filter(|line| line.contains("embedded default"))
+            .collect();
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        lines[0].clone()
+    };
+    assert!(!line.contains('\x1b'), "colour codes in a pipe: {line:?}");
+    assert!(!line.starts_with('{'), "the text format: {line}");
+    let (_, commands) = line.split_once(" insert=").expect("insert=");
+    let (insert, subscribe) = commands.split_once(" subscribe=").expect("subscribe=");
+    assert_eq!(
+        subscribe,
+        format!(
+            "client/python/subscribe --server {} --outbox default",
+            server.address
+        ),
+        "relative to the repository root"
+    );
+
+    let output = run(insert, &root, DEADLINE).await;
+    assert!(output.status.success(), "`{insert}` failed");
+    let mut subscriber = Running::start(subscribe, &root);
+    let line = subscriber
+        .next_json_line(SUBSCRIBER_DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("`{subscribe}` printed no message"));
+    assert_eq!(
+        (&line["topic"], &line["payload"], &line["answer"]),
+        (&json!("demo"), &json!("hello"), &json!("ack")),
+        "{line}"
+    );
+    let db = SqliteDb::at(&file);
+    eventually("the row to be done", DEADLINE, || async {
+        (db.count("done").await == 1).then_some(())
+    })
+    .await;
+    subscriber.interrupt(DEADLINE).await;
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn the_readme_two_commands_are_the_server_and_the_test_script() {
     let commands = blocks(&readme_section("## Two commands"), "sh");

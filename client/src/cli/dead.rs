@@ -37,6 +37,8 @@ pub struct Args {
 #[derive(Debug, clap::Subcommand)]
 enum DeadCommand {
     /// Dead rows in id order, a page at a time: attempts, last error, when each died.
+    // The last --after-id counts: "add --after-id N" works on any page's command line.
+    #[command(args_override_self = true)]
     List {
         #[command(flatten)]
         select: Select,

@@ -6,6 +6,7 @@
 //! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
 
 mod blocked;
+mod command_line;
 mod dead;
 mod exit;
 mod health;
@@ -28,6 +29,7 @@ use txoutbox_client::proto::v1::admin_client::AdminClient;
 use txoutbox_client::proto::v1::ListOutboxesRequest;
 use txoutbox_client::{Connection, Credentials};
 
+use command_line::Reach;
 use exit::CliError;
 use output::Format;
 
@@ -205,6 +207,15 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     .bearer_token(cli.token.as_deref().unwrap_or_default())?;
     let mut context = Context::new(cli.servers, cli.outbox, cli.format, tls)?;
     context.credentials = credentials;
+    // A token from TXOUTBOX_TOKEN is still there when a printed command runs.
+    let token_from_env = std::env::var("TXOUTBOX_TOKEN").ok() == cli.token;
+    context.reach = Reach {
+        servers: context.servers.clone(),
+        token_flag: cli.token.is_some() && !token_from_env,
+        tls_ca: cli.tls_ca,
+        tls_cert: cli.tls_cert,
+        tls_key: cli.tls_key,
+    };
     match cli.command {
         Command::Tail(args) => tail::run(&mut context, args).await,
         Command::Stats => stats::run(&mut context).await,
@@ -228,6 +239,8 @@ pub(crate) struct Context {
     outbox: Option<String>,
     format: Option<Format>,
     credentials: Credentials,
+    /// The servers and credential options again, for the commands hints print.
+    reach: Reach,
     channel: Option<Connection>,
 }
 
@@ -261,8 +274,15 @@ impl Context {
             outbox: outbox.filter(|o| !o.is_empty()),
             format,
             credentials: Credentials::default(),
+            reach: Reach::default(),
             channel: None,
         })
+    }
+
+    /// The `txoutbox` command with these `args` that reaches the same servers with the
+    /// same credentials, for a hint to print (see `command_line.rs`).
+    fn command_line(&self, args: &[&str]) -> String {
+        self.reach.command(args)
     }
 
     /// The output format, or this command's default.

@@ -52,11 +52,12 @@ pub async fn run(context: &mut Context, args: Args, pause: bool) -> Result<(), C
             match since {
                 Some(since) => println!(
                     "outbox {outbox} is paused (since {since}): no replica hands out rows; \
-                     resume with `txoutbox --outbox {outbox} resume`"
+                     resume with {}",
+                    context.command_line(&["--outbox", &outbox, "resume"])
                 ),
                 None => println!("outbox {outbox} is running"),
             }
-            print_paused_topics(&outbox, &state.paused_topics);
+            print_paused_topics(context, &outbox, &state.paused_topics);
             Ok(())
         }
     }
@@ -77,14 +78,16 @@ pub fn paused_topics_json(topics: &[PausedTopic]) -> serde_json::Value {
         .into()
 }
 
-/// One line per paused topic.
-pub fn print_paused_topics(outbox: &str, topics: &[PausedTopic]) {
+/// One line per paused topic, with the command that resumes it (as printed hints are:
+/// with the servers and credentials of this command).
+pub fn print_paused_topics(context: &Context, outbox: &str, topics: &[PausedTopic]) {
     for topic in topics {
+        let resume = ["--outbox", outbox, "resume", "--topic", &topic.topic];
         println!(
-            "topic {} is paused (since {}): resume with `txoutbox --outbox {outbox} resume --topic {}`",
+            "topic {} is paused (since {}): resume with {}",
             topic.topic,
             paused_since(&topic.paused_since).unwrap_or_else(|| "-".to_owned()),
-            topic.topic
+            context.command_line(&resume)
         );
     }
 }

@@ -40,7 +40,7 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
                 Some(since) => println!("outbox {outbox} (PAUSED since {since})"),
                 None => println!("outbox {outbox}"),
             }
-            super::pause::print_paused_topics(&outbox, &stats.paused_topics);
+            super::pause::print_paused_topics(context, &outbox, &stats.paused_topics);
             print_table(
                 &[
                     "TOPIC",

@@ -12,7 +12,6 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
 use super::{limits, Outbox, RelayResult};
@@ -120,11 +119,6 @@ impl Outbox {
         }
     }
 
-    /// When the whole outbox was paused, if it is, as this replica sees it.
-    pub async fn paused_since(&self) -> Option<DateTime<Utc>> {
-        self.pauses().await.outbox
-    }
-
     /// The pauses as the database holds them now (for admin output).
     pub async fn pauses_now(&self) -> RelayResult<Pauses> {
         let pauses = self.storage.pauses().await?;
@@ -145,6 +139,8 @@ impl Outbox {
 
 #[cfg(test)]
 mod tests {
+    use chrono::Utc;
+
     use super::*;
 
     fn strings(items: &[&str]) -> Vec<String> {

@@ -1,6 +1,8 @@
 //! Logging: `tracing` to stderr, text or JSON, filtered by `RUST_LOG` (default `info`);
 //! with traces on (see [`super::traces`]), the same spans go to the collector.
 
+use std::io::IsTerminal;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing_subscriber::layer::SubscriberExt;
@@ -28,7 +30,11 @@ impl Drop for TelemetryGuard {
 /// Installs the log output and, when `provider` is given, the span export.
 pub fn init_with(format: LogFormat, provider: Option<SdkTracerProvider>) -> TelemetryGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let output = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a terminal: a log file or a pipe gets the lines as they read, so
+    // the commands the start-up line prints can be copied from it as they are.
+    let output = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     let output = match format {
         LogFormat::Text => output.boxed(),
         LogFormat::Json => output.json().boxed(),

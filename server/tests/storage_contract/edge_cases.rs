@@ -1,5 +1,5 @@
 //! The contract's cases of errors, insert signals, races with late answers, batches of
-//! nacks and teams' own tables; see `cases.rs`.
+//! nacks, answers with repeated and unsorted ids, and teams' own tables; see `cases.rs`.
 
 use txoutbox_server::storage::{NackRequest, NackResult, StorageError};
 
@@ -315,5 +315,82 @@ pub async fn a_text_payload_is_handed_out_as_its_utf8_bytes(backend: &impl Backe
     assert!(
         err.to_string().contains("payload_format = \"text\""),
         "{err}"
+    );
+}
+
+/// Answers may name their ids in any order and more than once (a client's retried
+/// batch, answers merged): each row is changed once, and the ids an answer applied come
+/// back sorted, each once, whatever the backend.
+pub async fn answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted(
+    backend: &impl Backend,
+) {
+    let storage = backend.open(Setup::default()).await;
+    let mut rows = Vec::new();
+    for i in 0..6 {
+        rows.push(insert(&*storage, "t", &format!("p{i}"), None).await);
+    }
+    let [a, b, c, d, e, f] = rows[..] else {
+        unreachable!()
+    };
+    // Claimed twice, so that a release applied twice would refund two attempts.
+    assert_eq!(claim(&*storage, "w0", 10, SHORT_LEASE).await.len(), 6);
+    let mut held = Vec::new();
+    while held.len() < rows.len() {
+        held.extend(claim_eventually(&*storage, "w1", 10).await);
+    }
+    assert_eq!(ids(&held), rows);
+    assert!(held.iter().all(|m| m.attempts == 2), "{held:?}");
+
+    let extended = storage
+        .extend_lease(&[c, a, c, b, a], "w1", LEASE)
+        .await
+        .unwrap();
+    assert_eq!(extended.ids, [a, b, c], "extend");
+    assert_eq!(
+        storage.ack(&[b, a, b, a], "w1").await.unwrap(),
+        [a, b],
+        "ack"
+    );
+    assert_eq!(
+        storage
+            .release(&[e, d, e, d], "w1", Duration::ZERO)
+            .await
+            .unwrap(),
+        [d, e],
+        "release"
+    );
+    let nack = |id, error| NackRequest {
+        id,
+        error,
+        requested_delay: Some(FUTURE),
+    };
+    let results = storage
+        .nack_many(
+            &[nack(f, "first"), nack(c, "c"), nack(f, "again")],
+            "w1",
+            &POLICY,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&results[0], NackResult::Retried { released, .. } if released.is_empty()),
+        "{results:?}"
+    );
+    assert!(
+        matches!(results[1], NackResult::Retried { .. }),
+        "{results:?}"
+    );
+    assert_eq!(results[2], NackResult::Fenced, "f, twice");
+    assert_eq!(backend.last_error(f).await.as_deref(), Some("first"));
+
+    // Released once: the attempt refunded once, so this claim is the second again.
+    let got = claim(&*storage, "w2", 10, LEASE).await;
+    assert_eq!(ids(&got), [d, e], "c and f wait for their retry");
+    assert!(got.iter().all(|m| m.attempts == 2), "{got:?}");
+    let stats = storage.stats().await.unwrap().total;
+    assert_eq!(
+        (stats.leased, stats.waiting, stats.dead),
+        (2, 2, 0),
+        "{stats:?}"
     );
 }
