@@ -210,7 +210,11 @@ macro_rules! storage_contract {
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,
                 a_pause_is_seen_by_every_server_on_the_table,
+                paused_topics_are_held_in_the_database,
+                rows_of_paused_topics_are_not_claimed,
+                rows_of_paused_topics_are_not_claimed_without_strict_ordering,
                 blocked_keys_are_listed_oldest_head_first,
+                lease_holders_are_the_owners_of_live_leases,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,
@@ -298,6 +302,7 @@ fn request(owner: &str) -> ClaimRequest<'_> {
         batch_size: 10,
         lease: LEASE,
         topics: &[],
+        paused_topics: &[],
         max_attempts: POLICY.max_attempts,
     }
 }
@@ -314,6 +319,7 @@ async fn claim_topics(
         batch_size,
         lease,
         topics,
+        paused_topics: &[],
         max_attempts: POLICY.max_attempts,
     };
     storage.claim(request).await.expect("claim").messages
@@ -452,6 +458,7 @@ async fn the_relays_own_tables_hold_keys_up_to_the_limit_and_refuse_longer_ones(
             batch_size: 10,
             lease: LEASE,
             topics: &[],
+            paused_topics: &[],
             max_attempts: 10,
         });
         let got = got.await.unwrap().messages;

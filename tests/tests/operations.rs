@@ -1,7 +1,7 @@
 //! Operations (issue 14) against a real `txoutboxd` on every backend: dead letters listed,
 //! counted, re-driven in id order per key (checked through a real streaming subscriber)
 //! and discarded; an outbox paused and resumed across two replicas and a restart; through
-//! the Admin RPCs and the `txoutbox` command line.
+//! the Admin RPCs and the `txoutbox` command line; the subscribers of two replicas.
 //! `operations_suite!(name, database)` expands to one test per case of
 //! `operations/dead_letters.rs`, each on its own fresh database.
 
@@ -13,6 +13,8 @@ mod dead_letters;
 mod pause;
 #[path = "operations/stats.rs"]
 mod stats;
+#[path = "operations/subscribers.rs"]
+mod subscribers;
 
 use txoutbox_tests::{MappedPgDb, MariaDb, SqliteDb, TestDb};
 
@@ -27,8 +29,12 @@ macro_rules! operations_suite {
                 dead_letters::the_command_line_acts_only_with_yes,
                 pause::a_pause_holds_on_every_replica_and_across_a_restart,
                 pause::the_command_line_pauses_shows_it_and_resumes,
+                pause::a_topic_pause_holds_on_every_replica_and_across_a_restart,
+                pause::the_command_line_pauses_a_topic_and_resumes_it,
                 stats::stats_count_retry_waiting_throughput_and_fenced_answers,
                 blocked::a_stuck_key_is_found_with_its_holder,
+                subscribers::each_replica_lists_its_streams_and_every_lease_holder,
+                subscribers::the_command_line_lists_subscribers,
             );
         }
     };

@@ -247,8 +247,27 @@ async fn every_rpc(
         }
     );
     // Resume right after, so a caller allowed to pause leaves the outbox running.
-    call!("Pause", admin.pause, v1::PauseRequest { outbox: o() });
-    call!("Resume", admin.resume, v1::ResumeRequest { outbox: o() });
+    call!(
+        "Pause",
+        admin.pause,
+        v1::PauseRequest {
+            outbox: o(),
+            topics: vec![]
+        }
+    );
+    call!(
+        "Resume",
+        admin.resume,
+        v1::ResumeRequest {
+            outbox: o(),
+            topics: vec![]
+        }
+    );
+    call!(
+        "ListSubscribers",
+        admin.list_subscribers,
+        v1::ListSubscribersRequest { outbox: o() }
+    );
     call!(
         "ListBlockedKeys",
         admin.list_blocked_keys,
@@ -494,11 +513,23 @@ async fn admin_actions_are_audited_with_the_identity() {
         let outbox = "orders".to_owned();
         let result = if pause {
             admin
-                .pause(with_token(v1::PauseRequest { outbox }, token))
+                .pause(with_token(
+                    v1::PauseRequest {
+                        outbox,
+                        topics: vec![],
+                    },
+                    token,
+                ))
                 .await
         } else {
             admin
-                .resume(with_token(v1::ResumeRequest { outbox }, token))
+                .resume(with_token(
+                    v1::ResumeRequest {
+                        outbox,
+                        topics: vec![],
+                    },
+                    token,
+                ))
                 .await
         };
         result.unwrap();
@@ -532,6 +563,7 @@ async fn admin_actions_are_audited_with_the_identity() {
         .pause(with_token(
             v1::PauseRequest {
                 outbox: "orders".into(),
+                topics: vec![],
             },
             Some(SUBSCRIBER_TOKEN),
         ))

@@ -17,6 +17,7 @@ mod purge;
 mod relay;
 mod schema;
 mod stats;
+mod subscribers;
 mod tail;
 
 use std::process::ExitCode;
@@ -47,7 +48,9 @@ Examples:
   txoutbox --outbox orders dead count             (dead rows by topic and error)
   txoutbox --outbox orders dead redrive --key order-42 --yes
   txoutbox --outbox orders pause                  (a broker is down: stop delivering)
+  txoutbox --outbox orders pause --topic orders.paid   (only that topic's rows wait)
   txoutbox --outbox orders blocked                (keys stuck behind a leased or retrying row)
+  txoutbox --outbox orders subscribers            (who is connected, who holds leases)
   txoutbox --outbox orders schema | psql \"$DATABASE_URL\"
   txoutbox health
   txoutbox --outbox orders relay --kafka broker-1:9092,broker-2:9092 --topic-prefix outbox.
@@ -131,14 +134,17 @@ enum Command {
     Purge(purge::Args),
     /// Dead-lettered rows: list, count, re-drive (in id order per key) or discard them.
     Dead(dead::Args),
-    /// Stop every replica handing out rows of the outbox (held in the database) until
-    /// `resume`: streams stay open, answers are still applied.
-    Pause,
-    /// Lift a `pause`.
-    Resume,
+    /// Stop every replica handing out rows of the outbox, or of some topics (`--topic`),
+    /// held in the database, until `resume`: streams stay open, answers are still applied.
+    Pause(pause::Args),
+    /// Lift a `pause` of the outbox, or of some topics (`--topic`).
+    Resume(pause::Args),
     /// Keys whose oldest pending row is leased or waiting for a retry: who holds them,
     /// until when, how many rows wait behind.
     Blocked(blocked::Args),
+    /// The streams connected to the replica that answers (name, owner, address, window,
+    /// in flight, answers, since when) and the owners holding leases on every replica.
+    Subscribers,
     /// Print the DDL of an outbox's table, for your migration tool.
     Schema(schema::Args),
     /// Health of the server and of each outbox (grpc.health.v1).
@@ -215,9 +221,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Stats => stats::run(&mut context).await,
         Command::Purge(args) => purge::run(&mut context, args).await,
         Command::Dead(args) => dead::run(&mut context, args).await,
-        Command::Pause => pause::run(&mut context, true).await,
-        Command::Resume => pause::run(&mut context, false).await,
+        Command::Pause(args) => pause::run(&mut context, args, true).await,
+        Command::Resume(args) => pause::run(&mut context, args, false).await,
         Command::Blocked(args) => blocked::run(&mut context, args).await,
+        Command::Subscribers => subscribers::run(&mut context).await,
         Command::Schema(args) => schema::run(&mut context, args).await,
         Command::Health => health::run(&mut context).await,
         Command::Insert(args) => insert::run(&mut context, args).await,

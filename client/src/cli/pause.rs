@@ -1,34 +1,53 @@
 //! `txoutbox pause` and `txoutbox resume`: stop every replica handing out rows of an
-//! outbox (a broker is down, being fixed), and start again. The pause is held in the
-//! database: replicas started meanwhile obey it too. Streams stay open; `stats` shows it.
+//! outbox, or of some of its topics (`--topic`; a broker is down, being fixed), and start
+//! again. The pause is held in the database: replicas started meanwhile obey it too.
+//! Streams stay open; `stats` shows it.
 
 use std::time::SystemTime;
 
 use serde_json::json;
 use txoutbox_client::proto::prost_types;
-use txoutbox_client::proto::v1::{PauseRequest, ResumeRequest};
+use txoutbox_client::proto::v1::{PauseRequest, PausedTopic, ResumeRequest};
 
 use super::output::{print_json, Format};
 use super::{CliError, Context};
 
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  txoutbox --outbox orders pause\n  txoutbox --outbox orders pause --topic orders.paid --topic orders.refunded\n  txoutbox --outbox orders resume --topic orders.paid"
+)]
+pub struct Args {
+    /// Only this topic (repeat for several); without it, the whole outbox. `resume`
+    /// without it lifts the pause of the whole outbox only: paused topics stay paused.
+    #[arg(long = "topic", value_name = "TOPIC")]
+    topics: Vec<String>,
+}
+
 /// `pause` (true) or `resume` (false).
-pub async fn run(context: &mut Context, pause: bool) -> Result<(), CliError> {
+pub async fn run(context: &mut Context, args: Args, pause: bool) -> Result<(), CliError> {
     let outbox = context.outbox().await?;
     let mut admin = context.admin().await?;
+    let topics = args.topics;
     let state = if pause {
         let request = PauseRequest {
             outbox: outbox.clone(),
+            topics,
         };
         admin.pause(request).await?.into_inner()
     } else {
         let request = ResumeRequest {
             outbox: outbox.clone(),
+            topics,
         };
         admin.resume(request).await?.into_inner()
     };
     let since = paused_since(&state.paused_since);
     match context.format_or(Format::Table) {
-        Format::Json => print_json(&json!({ "outbox": outbox, "paused_since": since })),
+        Format::Json => print_json(&json!({
+            "outbox": outbox,
+            "paused_since": since,
+            "paused_topics": paused_topics_json(&state.paused_topics),
+        })),
         Format::Table => {
             match since {
                 Some(since) => println!(
@@ -38,6 +57,7 @@ pub async fn run(context: &mut Context, pause: bool) -> Result<(), CliError> {
                 ),
                 None => println!("outbox {outbox} is running"),
             }
+            print_paused_topics(context, &outbox, &state.paused_topics);
             Ok(())
         }
     }
@@ -47,4 +67,27 @@ pub async fn run(context: &mut Context, pause: bool) -> Result<(), CliError> {
 pub fn paused_since(at: &Option<prost_types::Timestamp>) -> Option<String> {
     let at = SystemTime::try_from((*at)?).ok()?;
     Some(humantime::format_rfc3339_seconds(at).to_string())
+}
+
+/// The paused topics as a JSON object: topic to the time of its pause.
+pub fn paused_topics_json(topics: &[PausedTopic]) -> serde_json::Value {
+    topics
+        .iter()
+        .map(|t| (t.topic.clone(), json!(paused_since(&t.paused_since))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// One line per paused topic, with the command that resumes it (as printed hints are:
+/// with the servers and credentials of this command).
+pub fn print_paused_topics(context: &Context, outbox: &str, topics: &[PausedTopic]) {
+    for topic in topics {
+        let resume = ["--outbox", outbox, "resume", "--topic", &topic.topic];
+        println!(
+            "topic {} is paused (since {}): resume with {}",
+            topic.topic,
+            paused_since(&topic.paused_since).unwrap_or_else(|| "-".to_owned()),
+            context.command_line(&resume)
+        );
+    }
 }

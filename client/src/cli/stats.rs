@@ -25,6 +25,7 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
         Format::Json => print_json(&json!({
             "outbox": outbox,
             "paused_since": paused_since,
+            "paused_topics": super::pause::paused_topics_json(&stats.paused_topics),
             "delivered_last_minute": stats.delivered_last_minute,
             "fenced_answers": stats.fenced_answers,
             "total": topic_json(&total),
@@ -39,6 +40,7 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
                 Some(since) => println!("outbox {outbox} (PAUSED since {since})"),
                 None => println!("outbox {outbox}"),
             }
+            super::pause::print_paused_topics(context, &outbox, &stats.paused_topics);
             print_table(
                 &[
                     "TOPIC",

@@ -33,12 +33,12 @@ impl v1::admin_server::Admin for AdminService {
         let mut outboxes = Vec::new();
         for outbox in self.relay.outboxes().filter(|o| caller.sees(&o.name)) {
             // An outbox whose database is down is still listed: with this replica's
-            // last view of its pause.
-            let paused_since = match outbox.paused_since_now().await {
-                Ok(since) => since,
-                Err(_) => outbox.paused_since().await,
+            // last view of its pauses.
+            let pauses = match outbox.pauses_now().await {
+                Ok(pauses) => pauses,
+                Err(_) => outbox.pauses().await,
             };
-            outboxes.push(convert::outbox_info(outbox, paused_since));
+            outboxes.push(convert::outbox_info(outbox, pauses));
         }
         Ok(Response::new(v1::ListOutboxesResponse { outboxes }))
     }
@@ -50,12 +50,12 @@ impl v1::admin_server::Admin for AdminService {
         let caller = Caller::of(&request)?;
         let outbox = caller.outbox(&self.relay, Scope::Admin, &request.get_ref().outbox)?;
         let stats = outbox.stats().await?;
-        let paused_since = match outbox.paused_since_now().await {
-            Ok(since) => since,
-            Err(_) => outbox.paused_since().await,
+        let pauses = match outbox.pauses_now().await {
+            Ok(pauses) => pauses,
+            Err(_) => outbox.pauses().await,
         };
         let extras = convert::StatsExtras {
-            paused_since,
+            pauses,
             delivered_last_minute: outbox.delivered_last_minute().await?,
             fenced_answers: outbox.fenced_count(),
         };
@@ -181,8 +181,9 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::PauseRequest>,
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let name = request.into_inner().outbox;
-        self.set_paused(&caller, &name, true).await
+        let request = request.into_inner();
+        self.set_paused(&caller, &request.outbox, &request.topics, true)
+            .await
     }
 
     async fn resume(
@@ -190,8 +191,9 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::ResumeRequest>,
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let name = request.into_inner().outbox;
-        self.set_paused(&caller, &name, false).await
+        let request = request.into_inner();
+        self.set_paused(&caller, &request.outbox, &request.topics, false)
+            .await
     }
 
     async fn list_blocked_keys(
@@ -212,26 +214,68 @@ impl v1::admin_server::Admin for AdminService {
             next_after_id,
         }))
     }
+
+    async fn list_subscribers(
+        &self,
+        request: Request<v1::ListSubscribersRequest>,
+    ) -> Result<Response<v1::ListSubscribersResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        let name = request.into_inner().outbox;
+        self.subscribers(&caller, &name).await.map(Response::new)
+    }
 }
 
 impl AdminService {
+    /// `ListSubscribers`: this replica's streams and every replica's lease holders.
+    async fn subscribers(
+        &self,
+        caller: &Caller,
+        name: &str,
+    ) -> Result<v1::ListSubscribersResponse, Status> {
+        let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
+        let lease_holders = outbox.lease_holders().await?;
+        Ok(v1::ListSubscribersResponse {
+            connected: outbox
+                .connected()
+                .into_iter()
+                .map(convert::connected_subscriber)
+                .collect(),
+            lease_holders: lease_holders
+                .into_iter()
+                .map(convert::lease_holder)
+                .collect(),
+        })
+    }
+
     /// `Pause` and `Resume`, audited.
     async fn set_paused(
         &self,
         caller: &Caller,
         name: &str,
+        topics: &[String],
         paused: bool,
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let outcome = async {
             let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
-            let since = outbox.set_paused(paused).await?;
+            let pauses = outbox.set_paused(topics, paused).await?;
             Ok(v1::PauseResponse {
-                paused_since: since.map(convert::timestamp),
+                paused_since: pauses.outbox.map(convert::timestamp),
+                paused_topics: convert::paused_topics(&pauses),
             })
         }
         .await;
         let action = if paused { "pause" } else { "resume" };
-        audit::record(caller, action, name, "", &outcome);
+        let arguments = match topics {
+            [] => String::new(),
+            topics => {
+                let echoed: Vec<String> = topics
+                    .iter()
+                    .map(|t| crate::relay::limits::echo(t))
+                    .collect();
+                format!("topics={}", echoed.join(","))
+            }
+        };
+        audit::record(caller, action, name, &arguments, &outcome);
         outcome.map(Response::new)
     }
 }

@@ -6,9 +6,10 @@ use chrono::{DateTime, Utc};
 use prost_types::Timestamp;
 use txoutbox_proto::v1;
 
+use crate::relay::subscribers::StreamView;
 use crate::relay::subscription::{Event, Settlement};
 use crate::relay::Outbox;
-use crate::storage::{BlockedKey, OutboxMessage, Stats, TopicStats};
+use crate::storage::{BlockedKey, LeaseHolder, OutboxMessage, Pauses, Stats, TopicStats};
 
 pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
     Timestamp {
@@ -94,8 +95,8 @@ pub fn blocked_key(key: BlockedKey) -> v1::BlockedKey {
     }
 }
 
-/// `paused_since`: the outbox's pause as the database holds it.
-pub fn outbox_info(outbox: &Outbox, paused_since: Option<DateTime<Utc>>) -> v1::OutboxInfo {
+/// `pauses`: the outbox's pauses as the database holds them.
+pub fn outbox_info(outbox: &Outbox, pauses: Pauses) -> v1::OutboxInfo {
     let config = &outbox.config;
     v1::OutboxInfo {
         name: outbox.name.clone(),
@@ -114,13 +115,51 @@ pub fn outbox_info(outbox: &Outbox, paused_since: Option<DateTime<Utc>>) -> v1::
         backoff_max_ms: millis(config.backoff.maximum),
         backoff_jitter: config.backoff.jitter,
         max_batch_size: config.max_batch_size,
-        paused_since: paused_since.map(timestamp),
+        paused_since: pauses.outbox.map(timestamp),
+        paused_topics: paused_topics(&pauses),
     }
+}
+
+pub fn connected_subscriber(stream: StreamView) -> v1::ConnectedSubscriber {
+    v1::ConnectedSubscriber {
+        name: stream.name,
+        owner: stream.owner,
+        peer: stream.peer.unwrap_or_default(),
+        identity: stream.identity,
+        topics: stream.topics,
+        window: stream.window,
+        in_flight: u32::try_from(stream.in_flight).unwrap_or(u32::MAX),
+        acked: stream.acked,
+        nacked: stream.nacked,
+        fenced: stream.fenced,
+        connected_since: Some(timestamp(stream.connected_since)),
+        last_answer: stream.last_answer.map(timestamp),
+    }
+}
+
+pub fn lease_holder(holder: LeaseHolder) -> v1::LeaseHolder {
+    v1::LeaseHolder {
+        owner: holder.owner,
+        rows: holder.rows,
+        earliest_expiry: Some(timestamp(holder.earliest_expiry)),
+    }
+}
+
+/// The paused topics, by name.
+pub fn paused_topics(pauses: &Pauses) -> Vec<v1::PausedTopic> {
+    pauses
+        .topics
+        .iter()
+        .map(|(topic, since)| v1::PausedTopic {
+            topic: topic.clone(),
+            paused_since: Some(timestamp(*since)),
+        })
+        .collect()
 }
 
 /// What the Stats call adds to the storage's counts.
 pub struct StatsExtras {
-    pub paused_since: Option<DateTime<Utc>>,
+    pub pauses: Pauses,
     pub delivered_last_minute: Option<u64>,
     pub fenced_answers: u64,
 }
@@ -129,7 +168,8 @@ pub fn stats(stats: Stats, extras: StatsExtras) -> v1::StatsResponse {
     v1::StatsResponse {
         total: Some(topic_stats(stats.total)),
         topics: stats.topics.into_iter().map(topic_stats).collect(),
-        paused_since: extras.paused_since.map(timestamp),
+        paused_since: extras.pauses.outbox.map(timestamp),
+        paused_topics: paused_topics(&extras.pauses),
         delivered_last_minute: extras.delivered_last_minute,
         fenced_answers: extras.fenced_answers,
     }
@@ -203,6 +243,7 @@ mod tests {
             messages: rows.iter().cloned().map(message).collect(),
             lease_expires_at: Some(timestamp(Utc::now())),
             paused: false,
+            paused_topics: Vec::new(),
         };
         assert!(unary.encoded_len() <= bound);
         for row in rows {
@@ -210,6 +251,7 @@ mod tests {
                 messages: vec![message(row.clone())],
                 lease_expires_at: None,
                 paused: false,
+                paused_topics: Vec::new(),
             };
             assert!(alone.encoded_len() <= message_bytes(&row));
         }

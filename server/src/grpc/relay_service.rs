@@ -16,6 +16,7 @@ use super::status::to_status;
 use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
+use crate::relay::pause::ClaimScope;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
 use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
@@ -51,6 +52,7 @@ impl v1::relay_server::Relay for RelayService {
         request: Request<Streaming<v1::SubscribeRequest>>,
     ) -> Result<Response<Self::SubscribeStream>, Status> {
         let caller = Caller::of(&request)?;
+        let peer = request.remote_addr().map(|addr| addr.to_string());
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
             .await
@@ -83,6 +85,8 @@ impl v1::relay_server::Relay for RelayService {
             subscriber: open.subscriber,
             topics: open.topics,
             max_in_flight: open.max_in_flight,
+            peer,
+            identity: caller.identity().map(|identity| identity.name.clone()),
         };
         // Before the window is reserved: a new filter past max_topic_filters is refused.
         let idle = outbox.idle_poll(&spec.topics)?;
@@ -137,11 +141,14 @@ impl v1::relay_server::Relay for RelayService {
             )
             .await?;
         // The view the claim just used (fresh within a second): says why it came back empty.
-        let paused = claimed.messages.is_empty() && outbox.paused_since().await.is_some();
+        let pauses = outbox.pauses().await;
+        let paused = claimed.messages.is_empty()
+            && ClaimScope::of(&request.topics, &pauses) == ClaimScope::Paused;
         Ok(Response::new(v1::ClaimResponse {
             messages: claimed.messages.into_iter().map(convert::message).collect(),
             lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
             paused,
+            paused_topics: pauses.topic_names(),
         }))
     }
 

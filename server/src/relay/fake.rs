@@ -374,12 +374,20 @@ impl Storage for FakeStorage {
     }
 
     // Never paused: the relay's tests are about its loop.
-    async fn paused_since(&self) -> StorageResult<Option<chrono::DateTime<Utc>>> {
-        Ok(None)
+    async fn lease_holders(&self) -> StorageResult<Vec<crate::storage::LeaseHolder>> {
+        Ok(Vec::new())
     }
 
-    async fn set_paused(&self, _paused: bool) -> StorageResult<Option<chrono::DateTime<Utc>>> {
-        Ok(None)
+    async fn pauses(&self) -> StorageResult<crate::storage::Pauses> {
+        Ok(crate::storage::Pauses::default())
+    }
+
+    async fn set_paused(
+        &self,
+        _topics: &[String],
+        _paused: bool,
+    ) -> StorageResult<crate::storage::Pauses> {
+        Ok(crate::storage::Pauses::default())
     }
 
     fn schema_sql(&self) -> String {

@@ -15,6 +15,7 @@ pub mod limits;
 pub mod pause;
 pub mod poller;
 pub mod response_size;
+pub mod subscribers;
 pub mod subscription;
 
 use std::collections::BTreeMap;
@@ -115,6 +116,8 @@ pub struct Outbox {
     pause: pause::PauseView,
     /// Answers ignored since start because the caller no longer held the row.
     fenced: AtomicU64,
+    /// The streams of this outbox connected to this replica (see [`subscribers`]).
+    subscribers: Arc<subscribers::Subscribers>,
     /// What this outbox counts for Prometheus (unscraped unless [`Outbox::with_metrics`]).
     metrics: OutboxMetrics,
 }
@@ -146,6 +149,7 @@ impl Outbox {
             row_bytes: AtomicUsize::new(0),
             pause: pause::PauseView::default(),
             fenced: AtomicU64::new(0),
+            subscribers: Arc::default(),
         }
     }
 
@@ -315,20 +319,27 @@ impl Outbox {
         let batch_size = batch_size
             .min(self.config.max_batch_size)
             .min(self.rows_per_response());
-        if self.paused_since().await.is_some() {
-            // Paused: nothing handed out, nothing asked of the table (see `pause`).
-            return Ok(Claimed {
-                messages: Vec::new(),
-                lease_expires_at: chrono::Utc::now()
-                    + chrono::Duration::from_std(lease).unwrap_or_default(),
-                exhausted: Vec::new(),
-            });
-        }
+        let (topics, paused_topics) = match pause::ClaimScope::of(topics, &self.pauses().await) {
+            pause::ClaimScope::Paused => {
+                // Paused: nothing handed out, nothing asked of the table (see `pause`).
+                return Ok(Claimed {
+                    messages: Vec::new(),
+                    lease_expires_at: chrono::Utc::now()
+                        + chrono::Duration::from_std(lease).unwrap_or_default(),
+                    exhausted: Vec::new(),
+                });
+            }
+            pause::ClaimScope::Topics {
+                topics,
+                paused_topics,
+            } => (topics, paused_topics),
+        };
         let request = ClaimRequest {
             owner,
             batch_size,
             lease,
-            topics,
+            topics: &topics,
+            paused_topics: &paused_topics,
             max_attempts: self.config.max_attempts,
         };
         let timer = self.metrics.claim_duration.start_timer();

@@ -1,89 +1,182 @@
-//! Pause and resume of an outbox (`Admin.Pause`, `Admin.Resume`): while paused no claim
-//! hands out rows, on any replica: streams stay open and their answers are still applied,
-//! unary claims come back empty saying why. The pause is held in the database (see
-//! [`Storage::paused_since`](crate::storage::Storage::paused_since)), so every replica
-//! obeys it and it survives restarts; health stays SERVING, since paused is not broken.
+//! Pause and resume of an outbox, or of some of its topics (`Admin.Pause`,
+//! `Admin.Resume`): while paused no claim hands out rows of what is paused, on any
+//! replica: streams stay open and their answers are still applied, unary claims come back
+//! empty saying why. The pauses are held in the database (see
+//! [`Storage::pauses`](crate::storage::Storage::pauses)), so every replica obeys them and
+//! they survive restarts; health stays SERVING, since paused is not broken.
 //!
-//! Each replica reads the pause at most once per [`PAUSE_REFRESH`] per outbox, on the
+//! Each replica reads the pauses at most once per [`PAUSE_REFRESH`] per outbox, on the
 //! claim path: one small query a second, not one per claim. A pause made through this
 //! replica applies at once; one made through another within [`PAUSE_REFRESH`].
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use super::{Outbox, RelayResult};
+use super::{limits, Outbox, RelayResult};
+use crate::storage::Pauses;
 
-/// How stale a replica's view of the pause may be.
+/// How stale a replica's view of the pauses may be.
 pub const PAUSE_REFRESH: Duration = Duration::from_secs(1);
 
-/// The pause as this replica last read it.
+/// The pauses as this replica last read them.
 #[derive(Debug, Default)]
 pub struct PauseView {
     state: Mutex<Option<Seen>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Seen {
     at: Instant,
-    since: Option<DateTime<Utc>>,
+    pauses: Pauses,
 }
 
 impl PauseView {
-    fn fresh(&self) -> Option<Option<DateTime<Utc>>> {
-        let seen = (*self.state.lock().unwrap())?;
-        (seen.at.elapsed() < PAUSE_REFRESH).then_some(seen.since)
+    fn fresh(&self) -> Option<Pauses> {
+        let state = self.state.lock().unwrap();
+        let seen = state.as_ref()?;
+        (seen.at.elapsed() < PAUSE_REFRESH).then(|| seen.pauses.clone())
     }
 
-    fn remember(&self, since: Option<DateTime<Utc>>) {
+    fn remember(&self, pauses: Pauses) {
         *self.state.lock().unwrap() = Some(Seen {
             at: Instant::now(),
-            since,
+            pauses,
         });
     }
 
     /// The last value read, however old.
-    fn last(&self) -> Option<DateTime<Utc>> {
-        self.state.lock().unwrap().and_then(|seen| seen.since)
+    fn last(&self) -> Pauses {
+        self.state
+            .lock()
+            .unwrap()
+            .as_ref()
+            .map(|seen| seen.pauses.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// What a claim may take given the pauses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimScope {
+    /// Nothing: the outbox, or every topic of the claim's filter, is paused.
+    Paused,
+    /// `topics` (the filter without its paused topics; empty: every topic) except
+    /// `paused_topics`.
+    Topics {
+        topics: Vec<String>,
+        paused_topics: Vec<String>,
+    },
+}
+
+impl ClaimScope {
+    /// The scope of a claim filtering on `topics` (empty: every topic) under `pauses`.
+    pub fn of(topics: &[String], pauses: &Pauses) -> Self {
+        if pauses.outbox.is_some() {
+            return Self::Paused;
+        }
+        if topics.is_empty() {
+            return Self::Topics {
+                topics: Vec::new(),
+                paused_topics: pauses.topic_names(),
+            };
+        }
+        let kept: Vec<String> = topics
+            .iter()
+            .filter(|topic| !pauses.topics.contains_key(*topic))
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            return Self::Paused;
+        }
+        Self::Topics {
+            topics: kept,
+            paused_topics: Vec::new(),
+        }
     }
 }
 
 impl Outbox {
-    /// When the outbox was paused, if it is, as this replica sees it (at most
-    /// [`PAUSE_REFRESH`] old). A database that cannot be read keeps the last view: the
-    /// claim that follows meets the same database and reports the outage itself.
-    pub async fn paused_since(&self) -> Option<DateTime<Utc>> {
-        if let Some(since) = self.pause.fresh() {
-            return since;
+    /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
+    /// database that cannot be read keeps the last view: the claim that follows meets the
+    /// same database and reports the outage itself.
+    pub async fn pauses(&self) -> Pauses {
+        if let Some(pauses) = self.pause.fresh() {
+            return pauses;
         }
-        match self.storage.paused_since().await {
-            Ok(since) => {
-                self.pause.remember(since);
-                since
+        match self.storage.pauses().await {
+            Ok(pauses) => {
+                self.pause.remember(pauses.clone());
+                pauses
             }
             Err(error) => {
-                tracing::debug!(outbox = %self.name, %error, "could not read the pause; keeping the last view");
+                tracing::debug!(outbox = %self.name, %error, "could not read the pauses; keeping the last view");
                 let last = self.pause.last();
-                self.pause.remember(last);
+                self.pause.remember(last.clone());
                 last
             }
         }
     }
 
-    /// The pause as the database holds it now (for admin output).
-    pub async fn paused_since_now(&self) -> RelayResult<Option<DateTime<Utc>>> {
-        let since = self.storage.paused_since().await?;
-        self.pause.remember(since);
-        Ok(since)
+    /// The pauses as the database holds them now (for admin output).
+    pub async fn pauses_now(&self) -> RelayResult<Pauses> {
+        let pauses = self.storage.pauses().await?;
+        self.pause.remember(pauses.clone());
+        Ok(pauses)
     }
 
-    /// Pauses or resumes the outbox on every replica; returns the state after.
-    pub async fn set_paused(&self, paused: bool) -> RelayResult<Option<DateTime<Utc>>> {
-        let since = self.storage.set_paused(paused).await?;
-        self.pause.remember(since);
-        tracing::info!(outbox = %self.name, paused = since.is_some(), "pause changed");
-        Ok(since)
+    /// Pauses or resumes `topics` (empty: the whole outbox) on every replica; returns the
+    /// state after.
+    pub async fn set_paused(&self, topics: &[String], paused: bool) -> RelayResult<Pauses> {
+        limits::topics(topics)?;
+        let pauses = self.storage.set_paused(topics, paused).await?;
+        self.pause.remember(pauses.clone());
+        tracing::info!(outbox = %self.name, ?topics, paused, "pause changed");
+        Ok(pauses)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn paused_topics_leave_a_filter_or_are_excluded_from_every_topic() {
+        let now = Utc::now();
+        let pauses = Pauses::from_rows([("b".to_owned(), now)]);
+        assert_eq!(
+            ClaimScope::of(&[], &pauses),
+            ClaimScope::Topics {
+                topics: vec![],
+                paused_topics: strings(&["b"])
+            }
+        );
+        assert_eq!(
+            ClaimScope::of(&strings(&["a", "b"]), &pauses),
+            ClaimScope::Topics {
+                topics: strings(&["a"]),
+                paused_topics: vec![]
+            }
+        );
+        assert_eq!(
+            ClaimScope::of(&strings(&["b"]), &pauses),
+            ClaimScope::Paused
+        );
+        let whole = Pauses::from_rows([("".to_owned(), now)]);
+        assert_eq!(ClaimScope::of(&strings(&["a"]), &whole), ClaimScope::Paused);
+        assert_eq!(
+            ClaimScope::of(&[], &Pauses::default()),
+            ClaimScope::Topics {
+                topics: vec![],
+                paused_topics: vec![]
+            }
+        );
     }
 }

@@ -1,14 +1,18 @@
 //! Blocked keys: keys whose oldest pending row (their head) is leased or waiting for a
 //! retry, so their later rows wait. What an operator looks at when "a key is stuck".
 //!
-//! Cost. Every backend answers with one statement that visits the pending rows not due
-//! now (leased, or waiting for a retry), checks each is its key's head through the
-//! `(key, id)` index of pending rows, and counts the rows behind it through the same
-//! index. The pending rows not due now are found by a pass over the pending rows
-//! (MySQL/MariaDB: a range of its `(status, available_at)` index): there is deliberately
-//! no index on `available_at` elsewhere, since every claim moves it and such an index
-//! would tax every claim for an operator's occasional look. README, Operations, has
-//! the measured cost on a million pending rows.
+//! Cost. A strict PostgreSQL table answers through its key-heads table: heads in
+//! `head_id` order, each key's first pending row looked up through the `(key, id)` index
+//! of pending rows, so a page costs one lookup per key before its last blocked key, not
+//! one per pending row (`postgres::heads::blocked_keys`; BENCHMARKS.md, "Blocked keys",
+//! has the measurement and its command). Every other table answers with one statement
+//! that visits the pending rows not due now (leased, or waiting for a retry), checks each
+//! is its key's head through the `(key, id)` index of pending rows, and counts the rows
+//! behind it through the same index. The pending rows not due now are found by a pass
+//! over the pending rows (MySQL/MariaDB: a range of its `(status, available_at)` index):
+//! there is deliberately no index on `available_at` elsewhere, since every claim moves it
+//! and such an index would tax every claim for an operator's occasional look. README,
+//! Operations, has the measured cost on a million pending rows.
 
 use chrono::{DateTime, Utc};
 

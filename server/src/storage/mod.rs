@@ -21,6 +21,7 @@ pub mod mysql;
 pub mod nack;
 pub mod names;
 pub mod options;
+pub mod pauses;
 pub mod postgres;
 pub mod rows;
 pub mod sqlite;
@@ -37,6 +38,7 @@ pub use self::blocked::{BlockedKey, HeadState};
 pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
+pub use self::pauses::{Pauses, TopicClause, TopicFilter};
 
 /// Identifier of an outbox row. Insertion order is id order.
 pub type MessageId = i64;
@@ -100,6 +102,9 @@ pub struct ClaimRequest<'a> {
     pub lease: Duration,
     /// Only these topics; empty means every topic.
     pub topics: &'a [String],
+    /// Not these topics (an operator paused them), when `topics` is empty: the relay
+    /// takes paused topics out of a filter itself. See [`TopicFilter::of`].
+    pub paused_topics: &'a [String],
     /// A due row already claimed this many times (never answered: its holders died or
     /// let the lease run out) is dead-lettered by the claim instead of handed out again.
     pub max_attempts: u32,
@@ -146,6 +151,20 @@ pub struct TopicStats {
     pub dead: u64,
     pub oldest_pending_age: Option<Duration>,
 }
+
+/// An owner holding leases now (see [`Storage::lease_holders`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseHolder {
+    /// A stream's owner id (`subscriber:uuid`) or a unary worker id.
+    pub owner: String,
+    /// Pending rows it holds with a lease that has not run out.
+    pub rows: u64,
+    /// When the first of its leases runs out.
+    pub earliest_expiry: DateTime<Utc>,
+}
+
+/// Most owners [`Storage::lease_holders`] returns (the most rows first).
+pub const MAX_LEASE_HOLDERS: i64 = 1000;
 
 /// Dead rows by topic and error (see [`Storage::count_dead`]).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -365,14 +384,18 @@ pub trait Storage: Send + Sync + 'static {
     async fn blocked_keys(&self, after_id: MessageId, limit: u32)
         -> StorageResult<Vec<BlockedKey>>;
 
-    /// When the outbox was paused, if it is: the pause is a row of the outbox's pauses
-    /// table (`<table>_pauses`, created with the outbox's table), so every replica sharing
-    /// the database sees it, and it outlives restarts.
-    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>>;
+    /// The owners holding leases now, on every replica sharing the table: the most rows
+    /// first, at most [`MAX_LEASE_HOLDERS`]. One statement that groups the pending rows
+    /// leased now (a pass over the pending rows, like `stats`).
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>>;
 
-    /// Pauses (`true`) or resumes the outbox; idempotent (a second pause keeps the first
-    /// time). Returns the state after the call, as [`Storage::paused_since`].
-    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>>;
+    /// What is paused, and since when: the whole outbox, topics (see [`pauses`]).
+    async fn pauses(&self) -> StorageResult<Pauses>;
+
+    /// Pauses (`true`) or resumes `topics`, or the whole outbox when `topics` is empty;
+    /// idempotent (a second pause keeps the first time). Returns the state after the
+    /// call, as [`Storage::pauses`].
+    async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses>;
 
     /// Inserts one row outside any caller transaction (tests and demos only).
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;

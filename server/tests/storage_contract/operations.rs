@@ -1,7 +1,7 @@
 //! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
 //! the outbox's pause, blocked keys.
 
-use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, NackResult};
+use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses};
 
 use super::*;
 
@@ -191,18 +191,98 @@ pub async fn redrive_and_discard_are_bounded_and_idempotent(backend: &impl Backe
 pub async fn a_pause_is_seen_by_every_server_on_the_table(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let other = backend.open(Setup::default()).await;
-    assert_eq!(other.paused_since().await.unwrap(), None);
-    let since = storage.set_paused(true).await.unwrap().expect("paused");
+    assert_eq!(other.pauses().await.unwrap(), Pauses::default());
+    let since = storage.set_paused(&[], true).await.unwrap().outbox;
+    let since = since.expect("paused");
     assert!((Utc::now() - since).num_seconds().abs() < 5);
-    assert_eq!(other.paused_since().await.unwrap(), Some(since));
+    assert_eq!(other.pauses().await.unwrap().outbox, Some(since));
     assert_eq!(
-        other.set_paused(true).await.unwrap(),
+        other.set_paused(&[], true).await.unwrap().outbox,
         Some(since),
         "idempotent"
     );
-    assert_eq!(other.set_paused(false).await.unwrap(), None);
-    assert_eq!(storage.set_paused(false).await.unwrap(), None);
-    assert_eq!(storage.paused_since().await.unwrap(), None);
+    assert_eq!(other.set_paused(&[], false).await.unwrap().outbox, None);
+    assert_eq!(storage.set_paused(&[], false).await.unwrap().outbox, None);
+    assert_eq!(storage.pauses().await.unwrap(), Pauses::default());
+}
+
+fn topics(names: &[&str]) -> Vec<String> {
+    names.iter().map(|name| name.to_string()).collect()
+}
+
+/// Topic pauses are rows of their own: another server sees them, a resume of the whole
+/// outbox leaves them, a resume of one topic leaves the others.
+pub async fn paused_topics_are_held_in_the_database(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let other = backend.open(Setup::default()).await;
+    let pauses = storage
+        .set_paused(&topics(&["a", "b"]), true)
+        .await
+        .unwrap();
+    assert_eq!(pauses.outbox, None);
+    assert_eq!(pauses.topic_names(), ["a", "b"]);
+    let seen = other.pauses().await.unwrap();
+    assert_eq!(seen, pauses);
+    let again = other.set_paused(&topics(&["b"]), true).await.unwrap();
+    assert_eq!(again, pauses, "idempotent: the first time is kept");
+    storage.set_paused(&[], true).await.unwrap();
+    let after = other.set_paused(&[], false).await.unwrap();
+    assert_eq!(
+        after, pauses,
+        "resuming the outbox leaves its topics paused"
+    );
+    let after = other.set_paused(&topics(&["a"]), false).await.unwrap();
+    assert_eq!(after.topic_names(), ["b"]);
+    assert_eq!(after.topics["b"], pauses.topics["b"]);
+}
+
+/// A claim of every topic but the paused ones.
+async fn claim_unpaused(storage: &dyn Storage, owner: &str, paused: &[String]) -> Vec<MessageId> {
+    let request = ClaimRequest {
+        paused_topics: paused,
+        ..super::request(owner)
+    };
+    ids(&storage.claim(request).await.expect("claim").messages)
+}
+
+/// Rows of a paused topic stay; under strict ordering a key whose next row is of a
+/// paused topic waits with it, while keyless rows and other keys flow.
+pub async fn rows_of_paused_topics_are_not_claimed(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let held = insert(&*storage, "paused", "1", Some("k")).await;
+    let behind = insert(&*storage, "open", "2", Some("k")).await;
+    let keyless = insert(&*storage, "paused", "3", None).await;
+    let other = insert(&*storage, "open", "4", Some("j")).await;
+    let free = insert(&*storage, "open", "5", None).await;
+    let paused = topics(&["paused"]);
+    assert_eq!(
+        claim_unpaused(&*storage, "w1", &paused).await,
+        [other, free],
+        "k waits behind its row of the paused topic"
+    );
+    assert_eq!(
+        claim_unpaused(&*storage, "w1", &[]).await,
+        [held, behind, keyless],
+        "resumed: in id order"
+    );
+}
+
+pub async fn rows_of_paused_topics_are_not_claimed_without_strict_ordering(backend: &impl Backend) {
+    let storage = backend
+        .open(Setup {
+            strict_ordering: false,
+            ..Setup::default()
+        })
+        .await;
+    let held = insert(&*storage, "paused", "1", Some("k")).await;
+    let other = insert(&*storage, "open", "2", Some("k")).await;
+    let keyless = insert(&*storage, "paused", "3", None).await;
+    let paused = topics(&["paused", "also"]);
+    assert_eq!(claim_unpaused(&*storage, "w1", &paused).await, [other]);
+    assert_eq!(
+        claim_unpaused(&*storage, "w1", &topics(&["open"])).await,
+        [held, keyless]
+    );
 }
 
 /// `k`'s head waits for a retry with two rows behind it; `j`'s head is leased with one
@@ -251,4 +331,42 @@ pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     let next = storage.blocked_keys(a, 10).await.unwrap();
     assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [d]);
     assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
+}
+
+/// Owners with live leases, the most rows first; a lease given back or run out is not
+/// counted.
+pub async fn lease_holders_are_the_owners_of_live_leases(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let other = backend.open(Setup::default()).await;
+    for i in 0..6 {
+        insert(&*storage, "t", "p", Some(&format!("k{i}"))).await;
+    }
+    let w1 = claim(&*storage, "w1", 3, LEASE).await;
+    let w2 = claim(&*other, "w2", 2, LEASE).await;
+    let short = claim(&*storage, "w3", 1, SHORT_LEASE).await;
+    assert_eq!((w1.len(), w2.len(), short.len()), (3, 2, 1));
+    storage
+        .release(&[w2[0].id], "w2", Duration::ZERO)
+        .await
+        .unwrap();
+    let seen = |holders: &[LeaseHolder]| -> Vec<(String, u64)> {
+        holders.iter().map(|h| (h.owner.clone(), h.rows)).collect()
+    };
+    let expected = [("w1".to_owned(), 3), ("w2".to_owned(), 1)];
+    let holders = other.lease_holders().await.unwrap();
+    assert!(
+        seen(&holders).contains(&("w3".to_owned(), 1)) || seen(&holders) == expected,
+        "{holders:?}"
+    );
+    // w3's lease runs out on the database clock.
+    let start = std::time::Instant::now();
+    let holders = loop {
+        let holders = other.lease_holders().await.unwrap();
+        if seen(&holders) == expected || start.elapsed() > DEADLINE {
+            break holders;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(seen(&holders), expected, "w3's lease ran out");
+    assert_about_from_now(holders[0].earliest_expiry, LEASE);
 }

@@ -629,3 +629,92 @@ pub async fn mapped_storage(
         .await
         .unwrap()
 }
+
+/// A strict table's blocked keys come from its key-heads table: the same keys as the scan
+/// of a table without heads, oldest head first, paged by head id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_keys_of_a_strict_table_match_those_of_the_scan() {
+    for strict_ordering in [true, false] {
+        let backend = PgBackend::new().await;
+        let storage = backend
+            .open(Setup {
+                strict_ordering,
+                ..Setup::default()
+            })
+            .await;
+        let table = backend.qualified();
+        backend
+            .execute(&format!(
+                "INSERT INTO {table} (topic, key, payload) \
+                 SELECT 't', 'k' || (g % 20), 'x' FROM generate_series(1, 200) g"
+            ))
+            .await;
+        // Every third key's head is leased, every fifth (not third) waits for a retry.
+        backend
+            .execute(&format!(
+                "UPDATE {table} SET leased_by = 'w' || id, available_at = now() + interval '1 hour' \
+                 WHERE id IN (SELECT min(id) FROM {table} GROUP BY key) AND id % 3 = 0; \
+                 UPDATE {table} SET available_at = now() + interval '1 hour', last_error = 'e' \
+                 WHERE id IN (SELECT min(id) FROM {table} GROUP BY key) AND id % 5 = 0 \
+                   AND id % 3 <> 0"
+            ))
+            .await;
+        let all = storage.blocked_keys(0, 100).await.unwrap();
+        let heads: Vec<MessageId> = all.iter().map(|b| b.head_id).collect();
+        assert_eq!(
+            heads,
+            [3, 5, 6, 9, 10, 12, 15, 18, 20],
+            "strict: {strict_ordering}"
+        );
+        assert!(all.iter().all(|b| b.waiting_behind == 9));
+        assert_eq!(all[0].owner.as_deref(), Some("w3"));
+        let page = storage.blocked_keys(9, 2).await.unwrap();
+        let heads: Vec<MessageId> = page.iter().map(|b| b.head_id).collect();
+        assert_eq!(heads, [10, 12]);
+    }
+}
+
+/// Measures `blocked_keys` on 1,000,000 pending rows over 10,000 keys, 200 heads leased
+/// at the lowest ids, pages of 50, on a strict table (through its key-heads table) and
+/// on one without strict ordering (the scan of pending rows): BENCHMARKS.md, "Blocked
+/// keys". A measurement, not a check:
+/// `cargo nextest run -p txoutbox-server --run-ignored only blocked_keys_cost --no-capture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement of about a minute, not a check: see BENCHMARKS.md"]
+async fn blocked_keys_cost_on_a_million_pending_rows() {
+    for strict_ordering in [false, true] {
+        let backend = PgBackend::new().await;
+        let storage = backend
+            .open(Setup {
+                strict_ordering,
+                ..Setup::default()
+            })
+            .await;
+        let table = backend.qualified();
+        backend
+            .execute(&format!(
+                "INSERT INTO {table} (topic, key, payload) \
+                 SELECT 't', 'k' || (g % 10000), 'x' FROM generate_series(1, 1000000) g; \
+                 UPDATE {table} SET leased_by = 'w', available_at = now() + interval '1 hour' \
+                 WHERE id IN (SELECT min(id) FROM {table} GROUP BY key ORDER BY 1 LIMIT 200); \
+                 ANALYZE {table}"
+            ))
+            .await;
+        let first = storage.blocked_keys(0, 50).await.unwrap();
+        assert_eq!(first.len(), 50);
+        let last_blocked = storage.blocked_keys(0, 1000).await.unwrap();
+        assert_eq!(last_blocked.len(), 200);
+        let past = last_blocked[199].head_id;
+        for (page, after_id) in [("first page", 0), ("past the last blocked key", past)] {
+            let mut best = Duration::MAX;
+            for _ in 0..5 {
+                let start = Instant::now();
+                storage.blocked_keys(after_id, 50).await.unwrap();
+                best = best.min(start.elapsed());
+            }
+            println!(
+                "blocked_keys, strict_ordering = {strict_ordering}, {page}: best of 5 {best:?}"
+            );
+        }
+    }
+}

@@ -89,6 +89,7 @@ async fn worker(
                 batch_size,
                 lease: LEASE,
                 topics: &[],
+                paused_topics: &[],
                 max_attempts: u32::MAX,
             })
             .await?;

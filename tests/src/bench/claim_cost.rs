@@ -195,6 +195,7 @@ async fn claim(
             batch_size,
             lease: LEASE,
             topics: &[],
+            paused_topics: &[],
             max_attempts: u32::MAX,
         })
         .await?;

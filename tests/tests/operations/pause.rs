@@ -10,7 +10,13 @@ use crate::cli_client::{json, stdout, txoutbox};
 
 /// A unary claim on `server`: `(ids, paused)`.
 async fn claim(server: &Server, worker: &str) -> (Vec<i64>, bool) {
-    let claimed = server
+    let claimed = claim_topics(server, worker, &[]).await;
+    let ids = claimed.messages.iter().map(|m| m.id).collect();
+    (ids, claimed.paused)
+}
+
+async fn claim_topics(server: &Server, worker: &str, topics: &[&str]) -> v1::ClaimResponse {
+    server
         .relay()
         .await
         .claim(v1::ClaimRequest {
@@ -18,13 +24,24 @@ async fn claim(server: &Server, worker: &str) -> (Vec<i64>, bool) {
             worker_id: worker.into(),
             batch_size: 10,
             lease_ms: 0,
-            topics: vec![],
+            topics: topics.iter().map(|t| t.to_string()).collect(),
         })
         .await
         .unwrap()
+        .into_inner()
+}
+
+/// The topics `server` lists as paused for the outbox.
+async fn listed_paused_topics(server: &Server) -> Vec<String> {
+    let listed = server
+        .admin()
+        .await
+        .list_outboxes(v1::ListOutboxesRequest {})
+        .await
+        .unwrap()
         .into_inner();
-    let ids = claimed.messages.iter().map(|m| m.id).collect();
-    (ids, claimed.paused)
+    let topics = &listed.outboxes[0].paused_topics;
+    topics.iter().map(|t| t.topic.clone()).collect()
 }
 
 async fn listed_paused(server: &Server) -> bool {
@@ -51,6 +68,7 @@ pub async fn a_pause_holds_on_every_replica_and_across_a_restart(db: impl Outbox
         .await
         .pause(v1::PauseRequest {
             outbox: "orders".into(),
+            topics: vec![],
         })
         .await
         .unwrap()
@@ -87,6 +105,7 @@ pub async fn a_pause_holds_on_every_replica_and_across_a_restart(db: impl Outbox
         .await
         .resume(v1::ResumeRequest {
             outbox: "orders".into(),
+            topics: vec![],
         })
         .await
         .unwrap()
@@ -124,6 +143,117 @@ pub async fn the_command_line_pauses_shows_it_and_resumes(db: impl OutboxDb) {
     assert!(stats["paused_since"].is_null());
     eventually("the pause audited", DEADLINE, || async {
         server.log_contains("\"action\":\"pause\"").then_some(())
+    })
+    .await;
+    db.drop().await;
+}
+
+/// Replica `b` pauses topic `paused`; replica `a`'s open stream keeps getting the other
+/// topics' rows, never the paused topic's, and a key whose next row is of the paused
+/// topic waits with it; a unary claim of the paused topic only says paused. A restarted
+/// `b` still lists the pause; resumed through it, `a`'s stream gets the held rows in id
+/// order.
+pub async fn a_topic_pause_holds_on_every_replica_and_across_a_restart(db: impl OutboxDb) {
+    let config = db.config("");
+    let a = Server::start_serving(&config).await;
+    let b = Server::start_serving(&config).await;
+    let mut stream = Subscriber::open(&a, "stream", 10, 0).await;
+    let paused = b
+        .admin()
+        .await
+        .pause(v1::PauseRequest {
+            outbox: "orders".into(),
+            topics: vec!["paused".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(paused.paused_since.is_none(), "the outbox itself runs");
+    assert_eq!(paused.paused_topics[0].topic, "paused");
+    eventually("replica a to see the topic pause", DEADLINE, || async {
+        claim_topics(&a, "w", &["paused"])
+            .await
+            .paused
+            .then_some(())
+    })
+    .await;
+
+    let held = db.insert("paused", Some("k"), b"held").await;
+    let behind = db.insert("open", Some("k"), b"behind").await;
+    let keyless = db.insert("paused", None, b"keyless").await;
+    let flows = db.insert("open", Some("j"), b"flows").await;
+    let got = stream.take(1).await;
+    assert_eq!(got[0].id, flows, "other keys and topics flow");
+    stream.ack(&[flows]).await;
+    assert!(
+        stream.nothing_within(Duration::from_secs(2)).await,
+        "the paused topic's rows, and k's row behind one, wait"
+    );
+    let unary = claim_topics(&b, "w", &["paused"]).await;
+    assert!(unary.messages.is_empty() && unary.paused);
+    assert_eq!(unary.paused_topics, ["paused"]);
+    assert_eq!(listed_paused_topics(&a).await, ["paused"]);
+    assert_eq!(a.health("orders").await, ServingStatus::Serving);
+
+    b.kill();
+    drop(b);
+    let b = Server::start_serving(&config).await;
+    assert_eq!(listed_paused_topics(&b).await, ["paused"]);
+    assert!(claim_topics(&b, "w", &["paused"]).await.paused);
+
+    let resumed = b
+        .admin()
+        .await
+        .resume(v1::ResumeRequest {
+            outbox: "orders".into(),
+            topics: vec!["paused".into()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resumed.paused_topics.is_empty());
+    let mut ids = Vec::new();
+    while ids.len() < 3 {
+        let got = stream.take(1).await;
+        stream.ack(&[got[0].id]).await;
+        ids.push(got[0].id);
+    }
+    assert_eq!(ids, [held, behind, keyless], "in id order");
+    assert!(listed_paused_topics(&a).await.is_empty());
+    db.drop().await;
+}
+
+pub async fn the_command_line_pauses_a_topic_and_resumes_it(db: impl OutboxDb) {
+    let server = Server::start_serving(&db.config("")).await;
+    let url = server.url();
+    let paused = txoutbox(&url, &["pause", "--topic", "orders.paid"]).await;
+    assert!(paused.status.success());
+    assert!(
+        stdout(&paused).contains("outbox orders is running")
+            && stdout(&paused).contains("topic orders.paid is paused"),
+        "{}",
+        stdout(&paused)
+    );
+    let stats = txoutbox(&url, &["stats"]).await;
+    assert!(
+        stdout(&stats).contains("topic orders.paid is paused"),
+        "{}",
+        stdout(&stats)
+    );
+    let stats = json(&txoutbox(&url, &["--format", "json", "stats"]).await);
+    assert!(stats["paused_topics"]["orders.paid"].is_string(), "{stats}");
+    let resumed = json(
+        &txoutbox(
+            &url,
+            &["--format", "json", "resume", "--topic", "orders.paid"],
+        )
+        .await,
+    );
+    assert_eq!(resumed["paused_topics"], serde_json::json!({}), "{resumed}");
+    eventually("the topic pause audited", DEADLINE, || async {
+        server
+            .log_contains("\"arguments\":\"topics=`orders.paid`\"")
+            .then_some(())
     })
     .await;
     db.drop().await;

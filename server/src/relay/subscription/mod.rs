@@ -74,6 +74,7 @@ use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::drain::Drain;
 use super::idle::{changed, PollGroup, Turn};
+use super::subscribers::StreamInfo;
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
 
@@ -91,6 +92,10 @@ pub struct SubscriptionSpec {
     pub topics: Vec<String>,
     pub max_in_flight: u32,
     pub lease: Duration,
+    /// The client's address, when the transport knows it (for `Admin.ListSubscribers`).
+    pub peer: Option<String>,
+    /// The authenticated identity, when auth is on.
+    pub identity: Option<String>,
 }
 
 /// What the subscription tells its subscriber.
@@ -143,7 +148,9 @@ pub async fn run(
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let held = Held::new(outbox.metrics().in_flight.clone());
+    let registration = outbox.subscribers.register(&spec, &owner);
     let mut state = Subscription {
+        info: Arc::clone(&registration.info),
         found: Some(idle.found()),
         idle,
         topics: spec.topics.clone().into(),
@@ -175,6 +182,8 @@ pub async fn run(
 
 struct Subscription {
     outbox: Arc<Outbox>,
+    /// What `Admin.ListSubscribers` shows of this stream, kept current by the loop.
+    info: Arc<StreamInfo>,
     spec: SubscriptionSpec,
     owner: Arc<str>,
     /// `spec.topics`, shared with the claim tasks.
@@ -225,6 +234,7 @@ impl Subscription {
             return Err(RelayError::ShuttingDown);
         }
         loop {
+            self.info.set_in_flight(self.held.len());
             self.start_next_answer(answers).await?;
             let quiet = matches!(
                 self.claiming,
@@ -507,6 +517,7 @@ impl Subscription {
             self.claiming.claim_now();
         }
         self.spec.max_in_flight = window;
+        self.info.set_window(window);
         self.send(Event::Settled(Settlement::default())).await;
     }
 
@@ -516,6 +527,8 @@ impl Subscription {
         let applied = applied?;
         let held_before = self.held.len();
         self.account(&applied);
+        self.info.set_in_flight(self.held.len());
+        self.info.settled(&applied.settlements);
         for settlement in applied.settlements {
             self.send(Event::Settled(settlement)).await;
         }

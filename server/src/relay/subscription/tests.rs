@@ -58,6 +58,8 @@ impl Harness {
             subscriber: "test".into(),
             topics: Vec::new(),
             max_in_flight: window,
+            peer: None,
+            identity: None,
             lease: LEASE,
         };
         let idle = self.outbox.idle_poll(&spec.topics).expect("a poll group");

@@ -61,6 +61,7 @@ fn request(owner: &str, batch_size: u32) -> ClaimRequest<'_> {
         batch_size,
         lease: Duration::from_secs(60),
         topics: &[],
+        paused_topics: &[],
         max_attempts: 100,
     }
 }

@@ -76,8 +76,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
-    Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
+    PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -520,24 +521,44 @@ impl Storage for MySqlStorage {
             .map_err(self.error("blocked keys"))
     }
 
-    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        sqlx::query_scalar(&self.sql.paused_since)
-            .fetch_optional(&self.pool)
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders)
+            .fetch_all(&self.pool)
             .await
-            .map_err(self.error("read the pause"))
+            .map_err(self.error("lease holders"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
+                owner,
+                rows: super::rows::count(rows),
+                earliest_expiry,
+            })
+            .collect())
     }
 
-    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+    async fn pauses(&self) -> StorageResult<Pauses> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.sql.pauses)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("read the pauses"))?;
+        Ok(Pauses::from_rows(rows))
+    }
+
+    async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
         let statement = if paused {
             &self.sql.pause
         } else {
             &self.sql.resume
         };
-        sqlx::query(statement)
-            .execute(&self.pool)
-            .await
-            .map_err(self.error("pause"))?;
-        self.paused_since().await
+        // One statement per target, each idempotent: a call cut short is repeated.
+        for target in Pauses::targets(topics) {
+            sqlx::query(statement)
+                .bind(target)
+                .execute(&self.pool)
+                .await
+                .map_err(self.error("pause"))?;
+        }
+        self.pauses().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

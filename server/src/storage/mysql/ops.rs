@@ -10,12 +10,11 @@ use sqlx::{Arguments, Row};
 use super::convert::{self, after, decode_candidate, decode_scanned};
 use super::sql::{self, ClaimShape};
 use super::MySqlStorage;
-use crate::storage::columns::TopicSource;
 use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, FailureDecision,
-    MessageId, NackResult, OutboxMessage, RetryPolicy,
+    MessageId, NackResult, OutboxMessage, RetryPolicy, TopicFilter,
 };
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -64,25 +63,24 @@ impl MySqlStorage {
             - chrono::Duration::from_std(self.options.visibility_delay)
                 .unwrap_or(chrono::Duration::MAX);
 
-        // Every row of a fixed topic has it: a filter takes all of them or none.
-        let topics = match &self.options.columns.topic {
-            TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
-                if !request.topics.contains(fixed) {
-                    tx.commit().await?;
-                    return Ok(Claimed {
-                        exhausted: Vec::new(),
-                        messages: Vec::new(),
-                        lease_expires_at: after(now, request.lease),
-                    });
-                }
-                &[]
-            }
-            _ => request.topics,
+        let Some(filter) = TopicFilter::of(request, &self.options.columns.topic) else {
+            tx.commit().await?;
+            return Ok(Claimed {
+                exhausted: Vec::new(),
+                messages: Vec::new(),
+                lease_expires_at: after(now, request.lease),
+            });
+        };
+        let (topics, paused): (&[String], &[String]) = match filter {
+            TopicFilter::Any => (&[], &[]),
+            TopicFilter::Only(topics) => (topics, &[]),
+            TopicFilter::Except(paused) => (&[], paused),
         };
         let shape = |excluded_keys: usize| ClaimShape {
             strict_ordering: strict,
             visibility_delay: delay,
             topics: topics.len(),
+            paused_topics: paused.len(),
             excluded_keys,
         };
 
@@ -103,7 +101,7 @@ impl MySqlStorage {
             if delay {
                 query = query.bind(visible_before);
             }
-            for topic in topics {
+            for topic in topics.iter().chain(paused) {
                 query = query.bind(topic);
             }
             for key in &taken_keys {
@@ -114,7 +112,7 @@ impl MySqlStorage {
                 if delay {
                     query = query.bind(visible_before);
                 }
-                for topic in topics {
+                for topic in topics.iter().chain(paused) {
                     query = query.bind(topic);
                 }
             }

@@ -21,6 +21,7 @@ use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
+use crate::storage::MAX_LEASE_HOLDERS;
 
 /// Statements for one outbox table.
 #[derive(Debug)]
@@ -55,8 +56,11 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id, `?` at
     /// most.
     pub blocked_keys: String,
-    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
-    pub paused_since: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
+    pub lease_holders: String,
+    /// The outbox's pauses `(target, paused_at)`; pause the target `?` (idempotent);
+    /// resume it (see [`crate::storage::pauses`]).
+    pub pauses: String,
     pub pause: String,
     pub resume: String,
 }
@@ -206,11 +210,18 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
-            pause: format!(
-                "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES ('', UTC_TIMESTAMP(6))"
+            lease_holders: format!(
+                "SELECT CAST({leased_by} AS CHAR), CAST(COUNT(*) AS SIGNED), MIN({available_at}) \
+                 FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
+                   AND {available_at} > UTC_TIMESTAMP(6) \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
             ),
-            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
+            pause: format!(
+                "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES (?, UTC_TIMESTAMP(6))"
+            ),
+            resume: format!("DELETE FROM {pauses} WHERE target = ?"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             names,
             table: t,
@@ -357,6 +368,8 @@ pub(super) struct ClaimShape {
     /// How many topics the filter names; never more than zero for a fixed topic (the
     /// backend decides in Rust whether a filter includes it).
     pub topics: usize,
+    /// How many paused topics the claim leaves out (only without a topic filter).
+    pub paused_topics: usize,
     /// How many keys an earlier round of the same claim found taken (see
     /// [`Statements::claim_candidates`]).
     pub excluded_keys: usize,
@@ -377,8 +390,9 @@ impl Statements {
     /// rows that match.
     ///
     /// Parameters, in order: `now`, the id to scan after; with a visibility delay,
-    /// `visible_before`; each topic; each excluded key; with strict ordering `now`, then
-    /// `visible_before` and the topics again for the predecessor test; the row count.
+    /// `visible_before`; each topic; each paused topic; each excluded key; with strict
+    /// ordering `now`, then `visible_before`, the topics and the paused topics again for
+    /// the predecessor test; the row count.
     ///
     /// With strict ordering an earlier pending row of the key holds a row back unless it
     /// is claimable by this very claim (it then comes first in id order and is taken in
@@ -408,6 +422,13 @@ impl Statements {
         if shape.topics > 0 {
             filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
         }
+        if shape.paused_topics > 0 {
+            filters += &format!(
+                " AND ({} IN ({})) IS NOT TRUE",
+                topic("o."),
+                placeholders(shape.paused_topics)
+            );
+        }
         if shape.excluded_keys > 0 {
             filters += &format!(
                 " AND (o.{key} IS NULL OR o.{key} NOT IN ({}))",
@@ -424,6 +445,13 @@ impl Statements {
                     " OR {} NOT IN ({})",
                     topic("p."),
                     placeholders(shape.topics)
+                );
+            }
+            if shape.paused_topics > 0 {
+                blocked += &format!(
+                    " OR {} IN ({})",
+                    topic("p."),
+                    placeholders(shape.paused_topics)
                 );
             }
             filters += &format!(
@@ -695,6 +723,7 @@ mod tests {
             strict_ordering: true,
             visibility_delay: true,
             topics: 2,
+            paused_topics: 0,
             excluded_keys: 3,
         };
         let claim = sql.claim_candidates(&shape);
@@ -707,6 +736,7 @@ mod tests {
             strict_ordering: false,
             visibility_delay: false,
             topics: 0,
+            paused_topics: 0,
             excluded_keys: 0,
         };
         let claim = sql.claim_candidates(&plain);
@@ -736,6 +766,7 @@ mod tests {
             strict_ordering: true,
             visibility_delay: false,
             topics: 1,
+            paused_topics: 0,
             excluded_keys: 0,
         });
         assert!(claim.starts_with(

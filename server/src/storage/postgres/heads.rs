@@ -48,7 +48,8 @@ use crate::storage::names::Names;
 
 /// Suffix of the claim function's name, versioned: a server of another version on the
 /// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v1";
+/// `v2`: paused topics (a seventh argument) are not claimed.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v2";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
@@ -164,8 +165,10 @@ $$;
     )
 }
 
-/// `claim(owner, lease, batch, topics, delay, max_attempts)`: the strict claim (see the
-/// module docs). `topics` NULL means every topic, `delay` NULL no visibility delay. Returns
+/// `claim(owner, lease, batch, topics, delay, max_attempts, paused)`: the strict claim
+/// (see the module docs). `topics` NULL means every topic, `delay` NULL no visibility
+/// delay, `paused` (topics an operator paused) NULL none. A key whose first row is of a
+/// paused topic waits, like a key whose first row is leased. Returns
 /// one row per leased id (`txo_spent` false), one per row dead-lettered for having used
 /// `max_attempts` (true), and always a last row whose id is NULL, for the lease deadline.
 fn claim(o: &Objects<'_>, n: &Names) -> String {
@@ -194,8 +197,9 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
         format!(
             "{alias}.{available_at} <= txo_now \
              AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
-             AND (txo_topics IS NULL OR {} = ANY(txo_topics))",
-            n.topic(&format!("{alias}."))
+             AND (txo_topics IS NULL OR {topic} = ANY(txo_topics)) \
+             AND (txo_paused IS NULL OR ({topic} = ANY(txo_paused)) IS NOT TRUE)",
+            topic = n.topic(&format!("{alias}."))
         )
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
@@ -209,7 +213,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION {claim_function}(
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
-    txo_delay interval, txo_max_attempts integer)
+    txo_delay interval, txo_max_attempts integer, txo_paused text[])
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -312,6 +316,41 @@ pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> Str
     format!(
         "format('claimed %s times without an answer (max_attempts = %s)', \
          {alias}.{attempts}, {max_attempts}) || coalesce('; last error: ' || {alias}.{last_error}, '')"
+    )
+}
+
+/// Blocked keys (see `storage/blocked.rs`) of a strict table, `$1` after this head id,
+/// `$2` at most: the heads walked in `head_id` order through their partial index, each
+/// key's first pending row found from its head through the `(key, id)` index of pending
+/// rows, kept when it is not due now. So a page costs one index lookup per key with
+/// pending rows before the page's last blocked key (not one per pending row, as the
+/// statement of a table without heads does), plus the count of the rows behind each
+/// blocked key. Pages follow `head_id`: a head an answer left behind (see the module
+/// docs; the next claim moves it on) is listed where its old `head_id` puts it.
+pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names) -> String {
+    let Names {
+        id,
+        key,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        created_at,
+        ..
+    } = n;
+    format!(
+        "SELECT h.key AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+           o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+           o.{created_at} AS created_at, o.{available_at} AS until, \
+           (SELECT count(*) FROM {t} b WHERE b.{key} = h.key \
+             AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+         FROM {heads} h CROSS JOIN LATERAL (\
+           SELECT r.* FROM {t} r WHERE r.{key} = h.key AND r.{status} = 'pending' \
+             AND r.{id} >= h.head_id ORDER BY r.{id} LIMIT 1) o \
+         WHERE h.head_id IS NOT NULL AND h.head_id > $1 \
+           AND o.{available_at} > statement_timestamp() \
+         ORDER BY h.head_id LIMIT $2"
     )
 }
 

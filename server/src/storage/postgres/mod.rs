@@ -46,8 +46,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
-    Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
+    PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -546,24 +547,41 @@ impl Storage for PostgresStorage {
             .map_err(self.error("blocked keys"))
     }
 
-    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        sqlx::query_scalar(&self.sql.paused_since)
-            .fetch_optional(&self.pool)
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders)
+            .fetch_all(&self.pool)
             .await
-            .map_err(self.error("read the pause"))
+            .map_err(self.error("lease holders"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
+                owner,
+                rows: super::rows::count(rows),
+                earliest_expiry,
+            })
+            .collect())
     }
 
-    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
+    async fn pauses(&self) -> StorageResult<Pauses> {
+        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.sql.pauses)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("read the pauses"))?;
+        Ok(Pauses::from_rows(rows))
+    }
+
+    async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
         let statement = if paused {
             &self.sql.pause
         } else {
             &self.sql.resume
         };
         sqlx::query(statement)
+            .bind(Pauses::targets(topics))
             .execute(&self.pool)
             .await
             .map_err(self.error("pause"))?;
-        self.paused_since().await
+        self.pauses().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -17,7 +17,8 @@ use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::rows::{attempts, count};
 use crate::storage::{
     sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult,
+    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
+    TopicFilter,
 };
 
 impl PostgresStorage {
@@ -26,26 +27,29 @@ impl PostgresStorage {
         let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
         let delay = (!self.options.visibility_delay.is_zero())
             .then(|| interval(self.options.visibility_delay));
+        let topics = TopicFilter::requested(&request);
         let query = match &self.sql.strict {
             Some(strict) => sqlx::query(&strict.claim)
                 .bind(request.owner)
                 .bind(interval(request.lease))
                 .bind(i32::try_from(request.batch_size).unwrap_or(i32::MAX))
-                .bind((!request.topics.is_empty()).then_some(request.topics))
+                .bind(matches!(topics, TopicFilter::Only(_)).then_some(topics.topics()))
                 .bind(delay)
-                .bind(max_attempts),
+                .bind(max_attempts)
+                .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics())),
             None => {
-                let statement = match request.topics {
-                    [] => &self.sql.claim_all,
-                    _ => &self.sql.claim_topics,
+                let statement = match topics.clause() {
+                    TopicClause::Any => &self.sql.claim_all,
+                    TopicClause::Only => &self.sql.claim_topics,
+                    TopicClause::Except => &self.sql.claim_except,
                 };
                 let mut query = sqlx::query(statement)
                     .bind(request.owner)
                     .bind(interval(request.lease))
                     .bind(i64::from(request.batch_size))
                     .bind(max_attempts);
-                if !request.topics.is_empty() {
-                    query = query.bind(request.topics);
+                if topics != TopicFilter::Any {
+                    query = query.bind(topics.topics());
                 }
                 if let Some(delay) = delay {
                     query = query.bind(delay);

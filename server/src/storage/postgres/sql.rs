@@ -19,6 +19,7 @@ use crate::storage::columns::{Columns, PayloadFormat};
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
+use crate::storage::{TopicClause, MAX_LEASE_HOLDERS};
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -37,6 +38,8 @@ pub(super) struct Statements {
     /// `(id, spent, lease_expires_at)` rows as described there.
     pub claim_all: String,
     pub claim_topics: String,
+    /// Every topic but the paused ones bound as `$5`.
+    pub claim_except: String,
     /// The messages of the ids `$1`, in id order, read once a strict claim committed.
     pub fetch: String,
     /// Acks return `(id, key)` of the rows they applied to.
@@ -77,10 +80,13 @@ pub(super) struct Statements {
     /// With strict ordering: the heads table, quoted and qualified (see `heads.rs`).
     pub heads: Option<String>,
     /// Keys whose head is not due (see `blocked.rs`): `$1` after this head id, `$2` at
-    /// most.
+    /// most. With strict ordering, through the key-heads table ([`heads::blocked_keys`]).
     pub blocked_keys: String,
-    /// The outbox's pause: when it began, if paused; pause (idempotent); resume.
-    pub paused_since: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
+    pub lease_holders: String,
+    /// The outbox's pauses `(target, paused_at)`; pause the targets `$1` (idempotent);
+    /// resume them (see [`crate::storage::pauses`]).
+    pub pauses: String,
     pub pause: String,
     pub resume: String,
 }
@@ -88,7 +94,8 @@ pub(super) struct Statements {
 #[derive(Debug)]
 pub(super) struct StrictStatements {
     /// `$1` owner, `$2` lease, `$3` batch size, `$4` topics or NULL, `$5` visibility delay
-    /// or NULL, `$6` max attempts; rows `(id, spent, lease_expires_at)`.
+    /// or NULL, `$6` max attempts, `$7` paused topics or NULL; rows `(id, spent,
+    /// lease_expires_at)`.
     pub claim: String,
     /// Moves on the heads of the keys `$1` after rows of theirs stopped being pending.
     pub advance: String,
@@ -203,7 +210,7 @@ impl Statements {
         let functions = if shape.strict_ordering {
             vec![
                 format!(
-                    "{}(text,interval,integer,text[],interval,integer)",
+                    "{}(text,interval,integer,text[],interval,integer,text[])",
                     objects.claim_function
                 ),
                 format!("{}(text[])", objects.advance_function),
@@ -214,8 +221,9 @@ impl Statements {
         let (schema, schema_check) = schema(&t, shape, &n, &objects);
         let pauses = pauses_table(shape);
         Self {
-            claim_all: claim(&t, shape, &n, false),
-            claim_topics: claim(&t, shape, &n, true),
+            claim_all: claim(&t, shape, &n, TopicClause::Any),
+            claim_topics: claim(&t, shape, &n, TopicClause::Only),
+            claim_except: claim(&t, shape, &n, TopicClause::Except),
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
                 message = message(&n, "o")
@@ -304,31 +312,41 @@ impl Statements {
                 claim: format!(
                     "SELECT txo_id AS id, txo_spent AS spent, \
                      txo_lease_expires_at AS lease_expires_at \
-                     FROM {}($1, $2, $3, $4, $5, $6)",
+                     FROM {}($1, $2, $3, $4, $5, $6, $7)",
                     objects.claim_function
                 ),
                 advance: format!("SELECT {}($1)", objects.advance_function),
                 purge_drained: heads::purge_drained(&objects.heads),
             }),
             heads: shape.strict_ordering.then(|| objects.heads.clone()),
-            blocked_keys: format!(
-                "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
-               o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
-               o.{created_at} AS created_at, o.{available_at} AS until, \
-               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
-                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
-             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
-               AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
-               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
-             ORDER BY o.{id} LIMIT $2"
+            blocked_keys: match shape.strict_ordering {
+                true => heads::blocked_keys(&t, &objects.heads, &n),
+                false => format!(
+                    "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
+                   o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
+                   o.{created_at} AS created_at, o.{available_at} AS until, \
+                   (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                     AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+                 FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+                   AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
+                   AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                     AND p.{status} = 'pending' AND p.{id} < o.{id}) \
+                 ORDER BY o.{id} LIMIT $2"
+                ),
+            },
+            lease_holders: format!(
+                "SELECT {leased_by}::text, count(*)::int8, min({available_at}) FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
+                   AND {available_at} > statement_timestamp() \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
+            pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!(
-                "INSERT INTO {pauses} (target, paused_at) VALUES ('', statement_timestamp()) \
+                "INSERT INTO {pauses} (target, paused_at) \
+                 SELECT t, statement_timestamp() FROM unnest($1::text[]) AS t \
                  ON CONFLICT (target) DO NOTHING"
             ),
-            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ANY($1::text[])"),
             names: n,
             qualified_table: t,
             display_table,
@@ -434,20 +452,20 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 };
 
 /// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
-/// `$5` topics (with `topics`) and the visibility delay (when configured) as the next
-/// parameter. Rows `(id, spent, lease_expires_at)` and a message's columns
-/// ([`message`]): each leased row with its message (`spent` false), each row
-/// dead-lettered for having used its attempts (true), and always a last row whose id is
-/// NULL, for the deadline from the database clock.
+/// `$5` topics (taken or, paused, left: see `topics`) and the visibility delay (when
+/// configured) as the next parameter. Rows `(id, spent, lease_expires_at)` and a
+/// message's columns ([`message`]): each leased row with its message (`spent` false), each
+/// row dead-lettered for having used its attempts (true), and always a last row whose id
+/// is NULL, for the deadline from the database clock.
 ///
 /// The messages come back from the claim itself, not from a read once it committed (as
 /// the strict claim's do): the rows it locks meanwhile are ones every other claim skips
 /// (`SKIP LOCKED`) and only this owner may answer, and it takes no table-wide lock, so
 /// however slowly this server reads, nobody waits (issue 9). One statement per batch
 /// fewer: a round trip, a snapshot and an index probe per row (BENCHMARKS.md, issue 16).
-fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
+fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: TopicClause) -> String {
     let mut params = Placeholders::starting_at('$', 5);
-    let topics_param = topics.then(|| params.take());
+    let topics_param = (topics != TopicClause::Any).then(|| params.take());
     let delay_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
@@ -465,7 +483,10 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: bool) -> String {
         filters += &format!(" AND o.{created_at} <= statement_timestamp() - {p}::interval");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND {} = ANY({p})", n.topic("o."));
+        filters += &match topics {
+            TopicClause::Except => format!(" AND ({} = ANY({p})) IS NOT TRUE", n.topic("o.")),
+            _ => format!(" AND {} = ANY({p})", n.topic("o.")),
+        };
     }
     let exhausted = heads::exhausted_error(n, "u", "$4");
     format!(
@@ -566,10 +587,12 @@ mod tests {
         let mut s = shape(&table, &columns, None);
         s.visibility_delay = Duration::from_secs(1);
         let n = Names::new(&columns, &DIALECT);
-        let sql = claim("\"outbox\"", &s, &n, true);
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Only);
         assert!(sql.contains("o.\"topic\" = ANY($5)"), "{sql}");
         assert!(sql.contains("- $6::interval"));
-        let sql = claim("\"outbox\"", &s, &n, false);
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Except);
+        assert!(sql.contains("(o.\"topic\" = ANY($5)) IS NOT TRUE"), "{sql}");
+        let sql = claim("\"outbox\"", &s, &n, TopicClause::Any);
         assert!(sql.contains("- $5::interval") && !sql.contains("$6"));
     }
 }

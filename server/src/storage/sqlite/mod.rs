@@ -38,7 +38,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sqlx::pool::PoolConnection;
 use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -55,8 +54,8 @@ use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, MessageId, NackRequest, NackResult, NewMessage, RetryPolicy, Stats,
-    Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
+    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -532,28 +531,55 @@ impl Storage for SqliteStorage {
             .map_err(self.error("blocked keys"))
     }
 
-    async fn paused_since(&self) -> StorageResult<Option<DateTime<Utc>>> {
-        let err = || self.error("read the pause");
-        let since: Option<i64> = sqlx::query_scalar(&self.sql.paused_since)
-            .fetch_optional(&self.pools.reader)
+    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let err = || self.error("lease holders");
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders)
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
             .await
             .map_err(err())?;
-        since.map(datetime).transpose().map_err(err())
+        rows.into_iter()
+            .map(|(owner, rows, until)| {
+                Ok(LeaseHolder {
+                    owner,
+                    rows: super::rows::count(rows),
+                    earliest_expiry: datetime(until)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())
     }
 
-    async fn set_paused(&self, paused: bool) -> StorageResult<Option<DateTime<Utc>>> {
-        let mut conn = self.writer("pause").await?;
-        let query = if paused {
-            sqlx::query(&self.sql.pause).bind(now_ms())
-        } else {
-            sqlx::query(&self.sql.resume)
-        };
-        query
-            .execute(&mut *conn)
+    async fn pauses(&self) -> StorageResult<Pauses> {
+        let err = || self.error("read the pauses");
+        let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.pauses)
+            .fetch_all(&self.pools.reader)
             .await
-            .map_err(self.error("pause"))?;
+            .map_err(err())?;
+        let rows = rows
+            .into_iter()
+            .map(|(target, since)| Ok((target, datetime(since)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(err())?;
+        Ok(Pauses::from_rows(rows))
+    }
+
+    async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
+        let mut conn = self.writer("pause").await?;
+        let now = now_ms();
+        for target in Pauses::targets(topics) {
+            let query = if paused {
+                sqlx::query(&self.sql.pause).bind(target).bind(now)
+            } else {
+                sqlx::query(&self.sql.resume).bind(target)
+            };
+            query
+                .execute(&mut *conn)
+                .await
+                .map_err(self.error("pause"))?;
+        }
         drop(conn);
-        self.paused_since().await
+        self.pauses().await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {

@@ -10,12 +10,12 @@ use sqlx::{Arguments, Row};
 use super::convert::{after, before, datetime, decode_messages, json_list, now_ms};
 use super::sql::FILTER;
 use super::SqliteStorage;
-use crate::storage::columns::TopicSource;
 use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::{attempts, count};
 use crate::storage::{
     sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult,
+    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
+    TopicFilter,
 };
 
 impl SqliteStorage {
@@ -23,32 +23,20 @@ impl SqliteStorage {
     /// their attempts dead-lettered and the rest leased, in one `BEGIN IMMEDIATE`.
     pub(super) async fn claim_rows(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         let err = || self.error("claim");
-        // Every row of a fixed topic has it: a filter takes all of them or none.
-        let topics = match &self.options.columns.topic {
-            TopicSource::Fixed(fixed) if !request.topics.is_empty() => {
-                if !request.topics.contains(fixed) {
-                    return Ok(Claimed {
-                        exhausted: Vec::new(),
-                        messages: Vec::new(),
-                        lease_expires_at: datetime(after(now_ms(), request.lease)).map_err(err())?,
-                    });
-                }
-                &[]
-            }
-            _ => request.topics,
+        let Some(filter) = TopicFilter::of(&request, &self.options.columns.topic) else {
+            return Ok(Claimed {
+                exhausted: Vec::new(),
+                messages: Vec::new(),
+                lease_expires_at: datetime(after(now_ms(), request.lease)).map_err(err())?,
+            });
         };
-        let (statement, exhaust, probe) = match topics {
-            [] => (
-                &self.sql.claim_all,
-                &self.sql.exhaust_all,
-                &self.sql.probe_all,
-            ),
-            _ => (
-                &self.sql.claim_topics,
-                &self.sql.exhaust_topics,
-                &self.sql.probe_topics,
-            ),
+        let sql = &self.sql;
+        let (statement, exhaust, probe) = match filter.clause() {
+            TopicClause::Any => (&sql.claim_all, &sql.exhaust_all, &sql.probe_all),
+            TopicClause::Only => (&sql.claim_topics, &sql.exhaust_topics, &sql.probe_topics),
+            TopicClause::Except => (&sql.claim_except, &sql.exhaust_except, &sql.probe_except),
         };
+        let topics = filter.topics();
         let topics = (!topics.is_empty()).then(|| json_list(topics));
         let delay = self.options.visibility_delay;
 

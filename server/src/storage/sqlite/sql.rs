@@ -22,6 +22,7 @@ use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{Dialect, Names, Placeholders};
+use crate::storage::{TopicClause, MAX_LEASE_HOLDERS};
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -36,12 +37,16 @@ pub(super) struct Statements {
     pub display_table: String,
     pub claim_all: String,
     pub claim_topics: String,
+    /// Every topic but the paused ones (a JSON array in `?2`).
+    pub claim_except: String,
     /// Dead-letter the rows a claim would take that used their attempts (`exhaust_*`),
     /// before the claim, which then passes them over.
     pub exhaust_all: String,
     pub exhaust_topics: String,
+    pub exhaust_except: String,
     pub probe_all: String,
     pub probe_topics: String,
+    pub probe_except: String,
     pub ack: String,
     pub ack_delete: String,
     pub nack_select: String,
@@ -72,8 +77,11 @@ pub(super) struct Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub blocked_keys: String,
-    /// The outbox's pause: when it began, if paused; `?1` now: pause (idempotent); resume.
-    pub paused_since: String,
+    /// `(owner, rows, earliest_expiry)` of the leases live at `?1`, the most rows first.
+    pub lease_holders: String,
+    /// The outbox's pauses `(target, paused_at)`; pause the target `?1` at `?2`
+    /// (idempotent); resume it (see [`crate::storage::pauses`]).
+    pub pauses: String,
     pub pause: String,
     pub resume: String,
 }
@@ -164,14 +172,21 @@ impl Statements {
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
         // A fixed topic is never filtered in SQL (see `candidates`): its "topics"
         // statements are the unfiltered ones, and unused.
-        let filtered = c.topic.is_some();
+        // A fixed topic is filtered in Rust (see `candidates`).
+        let (only, except) = match c.topic {
+            Some(_) => (TopicClause::Only, TopicClause::Except),
+            None => (TopicClause::Any, TopicClause::Any),
+        };
         Self {
-            claim_all: claim(&t, &c, shape, false),
-            claim_topics: claim(&t, &c, shape, filtered),
-            exhaust_all: exhaust(&t, &c, shape, false),
-            exhaust_topics: exhaust(&t, &c, shape, filtered),
-            probe_all: probe(&t, &c, shape, false),
-            probe_topics: probe(&t, &c, shape, filtered),
+            claim_all: claim(&t, &c, shape, TopicClause::Any),
+            claim_topics: claim(&t, &c, shape, only),
+            claim_except: claim(&t, &c, shape, except),
+            exhaust_all: exhaust(&t, &c, shape, TopicClause::Any),
+            exhaust_topics: exhaust(&t, &c, shape, only),
+            exhaust_except: exhaust(&t, &c, shape, except),
+            probe_all: probe(&t, &c, shape, TopicClause::Any),
+            probe_topics: probe(&t, &c, shape, only),
+            probe_except: probe(&t, &c, shape, except),
             // `?3` now.
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = ?3, {leased_by} = NULL \
@@ -269,9 +284,14 @@ impl Statements {
                  AND p.{status} = 'pending' AND p.{id} < o.{id}) \
              ORDER BY o.{id} LIMIT ?2"
             ),
-            paused_since: format!("SELECT paused_at FROM {pauses} WHERE target = ''"),
-            pause: format!("INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES ('', ?1)"),
-            resume: format!("DELETE FROM {pauses} WHERE target = ''"),
+            lease_holders: format!(
+                "SELECT {leased_by}, count(*), min({available_at}) FROM {t} \
+                 WHERE {status} = 'pending' AND {leased_by} IS NOT NULL AND {available_at} > ?1 \
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
+            ),
+            pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
+            pause: format!("INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES (?1, ?2)"),
+            resume: format!("DELETE FROM {pauses} WHERE target = ?1"),
             table: t.clone(),
             names: c.clone(),
         }
@@ -350,14 +370,16 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
     contains: |column, placeholder| format!("instr({column}, {placeholder}) > 0"),
 };
 
-/// `?1` now, then `?2` topics (a JSON array, with `topics`) and the visibility cutoff (now
-/// minus the delay, when one is configured) as the next parameter: the rows a claim may
+/// `?1` now, then `?2` topics (a JSON array, taken or, paused, left: see `topics`) and
+/// the visibility cutoff (now minus the delay, when one is configured) as the next
+/// parameter: the rows a claim may
 /// take, in id order. Shared by the claim and its probe, which bind the same prefix.
 /// A fixed topic has no topic filter: the backend decides in Rust whether a filter
 /// includes it (claim everything) or not (claim nothing).
-fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, usize) {
+fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> (String, usize) {
     let mut params = Placeholders::starting_at('?', 2);
-    let topics_param = topics.then(|| params.take());
+    let topics_param = (topics != TopicClause::Any).then(|| params.take());
+    let except = topics == TopicClause::Except;
     let cutoff_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
         id,
@@ -374,7 +396,10 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, u
         filters += &format!(" AND o.{created_at} <= {p}");
     }
     if let Some(p) = &topics_param {
-        filters += &format!(" AND o.{topic} IN (SELECT value FROM json_each({p}))");
+        filters += &match except {
+            true => format!(" AND (o.{topic} IN (SELECT value FROM json_each({p}))) IS NOT TRUE"),
+            false => format!(" AND o.{topic} IN (SELECT value FROM json_each({p}))"),
+        };
     }
     if shape.strict_ordering {
         // As in PostgreSQL: an earlier pending row of the key holds this one back unless
@@ -385,7 +410,8 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, u
             blocked += &format!(" OR p.{created_at} > {p}");
         }
         if let Some(p) = &topics_param {
-            blocked += &format!(" OR p.{topic} NOT IN (SELECT value FROM json_each({p}))");
+            let not = if except { "" } else { "NOT " };
+            blocked += &format!(" OR p.{topic} {not}IN (SELECT value FROM json_each({p}))");
         }
         filters += &format!(
             " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
@@ -403,7 +429,7 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> (String, u
 /// Whether a claim would find anything: a read, answered without the write lock, so an
 /// idle relay polling the file never stands in a producer's way. Parameters as in
 /// [`candidates`].
-fn probe(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+fn probe(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> String {
     let (select, _) = candidates(t, c, shape, topics);
     format!("SELECT EXISTS ({select} LIMIT 1)")
 }
@@ -415,7 +441,7 @@ fn probe(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
 /// has one writer at a time per file, so the rows it picks cannot be picked by another
 /// claim, and the strict-ordering predicate sees every earlier claim's result. Rows that
 /// used their attempts are passed over: [`exhaust`] dead-letters them first.
-fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> String {
     let (select, next) = candidates(t, c, shape, topics);
     let (owner, lease_until, limit, max_attempts) = (next, next + 1, next + 2, next + 3);
     let Names {
@@ -438,7 +464,7 @@ fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
 /// rows among the next batch a claim would take that were claimed `max_attempts` times
 /// already (their holders never answered), returning their ids. The reason goes into
 /// `last_error`, before the error the row had.
-fn exhaust(t: &str, c: &Names, shape: &Shape<'_>, topics: bool) -> String {
+fn exhaust(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> String {
     let (select, next) = candidates(t, c, shape, topics);
     let (limit, max_attempts) = (next, next + 1);
     let Names {
@@ -502,6 +528,9 @@ mod tests {
         let exhaust = &sql.exhaust_topics;
         assert!(exhaust.contains("LIMIT ?4") && exhaust.contains("attempts >= ?5"));
         assert!(sql.probe_all.contains("o.created_at <= ?2") && !sql.probe_all.contains("?3"));
+        assert!(sql
+            .claim_except
+            .contains("(o.topic IN (SELECT value FROM json_each(?2))) IS NOT TRUE"));
     }
 
     #[test]
