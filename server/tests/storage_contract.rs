@@ -261,7 +261,10 @@ async fn fixed_topic_json_table_holds_two_invoices(storage: &dyn Storage, first:
         .iter()
         .all(|m| m.topic == "invoices" && m.headers.is_empty()));
     assert_eq!(got[1].key.as_deref(), Some("inv-2"));
-    assert_eq!(storage.ack(&ids(&got), "w1").await.unwrap(), ids(&got));
+    assert_eq!(
+        storage.ack(&ids(&got).into(), "w1").await.unwrap(),
+        ids(&got)
+    );
     assert_eq!(storage.stats().await.unwrap(), Default::default());
 
     for (message, complaint) in [

@@ -457,7 +457,7 @@ async fn a_row_inserted_while_its_key_drains_is_still_claimed() {
         // The ack runs while the producer's transaction is open; it may wait for it.
         let acking = {
             let storage = Arc::clone(&storage);
-            tokio::spawn(async move { storage.ack(&[first], "w").await.unwrap() })
+            tokio::spawn(async move { storage.ack(&[first].into(), "w").await.unwrap() })
         };
         tokio::time::sleep(Duration::from_millis(50)).await;
         producer.execute("COMMIT").await.unwrap();
@@ -469,7 +469,7 @@ async fn a_row_inserted_while_its_key_drains_is_still_claimed() {
             [second],
             "round {round}: the new row was orphaned"
         );
-        storage.ack(&[second], "w").await.unwrap();
+        storage.ack(&[second].into(), "w").await.unwrap();
     }
 }
 
@@ -504,7 +504,7 @@ async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
     .await
     .unwrap();
     // Does not wait for the producer: the head stays on the acked row.
-    assert_eq!(storage.ack(&[first], "w").await.unwrap(), [first]);
+    assert_eq!(storage.ack(&[first].into(), "w").await.unwrap(), [first]);
     assert_eq!(
         head().await,
         Some(first),

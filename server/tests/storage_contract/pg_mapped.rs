@@ -123,7 +123,10 @@ async fn a_fixed_topic_json_table_without_headers_relays_what_producers_insert()
     let stats = storage.stats().await.unwrap();
     assert_eq!(stats.topics[0].topic, "audit");
     assert_eq!(stats.total.leased, 2);
-    let acked = storage.ack(&[got[0].id, got[1].id], "w1").await.unwrap();
+    let acked = storage
+        .ack(&[got[0].id, got[1].id].into(), "w1")
+        .await
+        .unwrap();
     assert_eq!(acked.len(), 2);
 }
 

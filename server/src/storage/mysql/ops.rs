@@ -14,7 +14,7 @@ use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, FailureDecision,
-    MessageId, NackResult, OutboxMessage, RetryPolicy, TopicFilter,
+    MessageId, NackResult, OutboxMessage, RetryPolicy, SortedIds, TopicFilter,
 };
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -39,16 +39,17 @@ impl MySqlStorage {
     async fn held(
         &self,
         conn: &mut MySqlConnection,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         live: bool,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let statement = self.sql.held(ids.len(), live);
         let mut query = sqlx::query_scalar(&statement);
         for id in ids {
             query = query.bind(id);
         }
-        query.bind(owner).fetch_all(conn).await
+        let held: Vec<MessageId> = query.bind(owner).fetch_all(conn).await?;
+        Ok(ids.only(held))
     }
 
     pub(super) async fn claim_once(
@@ -273,9 +274,9 @@ impl MySqlStorage {
 
     pub(super) async fn ack_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = self.held(&mut tx, ids, owner, false).await?;
         if !held.is_empty() {
@@ -352,7 +353,10 @@ impl MySqlStorage {
         let released = if successors.is_empty() {
             successors
         } else {
-            self.held(&mut tx, &successors, owner, false).await?
+            let successors = SortedIds::from(successors);
+            self.held(&mut tx, &successors, owner, false)
+                .await?
+                .into_vec()
         };
         if !released.is_empty() {
             let statement = self.sql.release_at(released.len());
@@ -368,10 +372,10 @@ impl MySqlStorage {
 
     pub(super) async fn release_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = self.held(&mut tx, ids, owner, !delay.is_zero()).await?;
         if !held.is_empty() {
@@ -388,13 +392,13 @@ impl MySqlStorage {
 
     pub(super) async fn extend_lease_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> Result<Extended, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = if ids.is_empty() {
-            Vec::new()
+            SortedIds::default()
         } else {
             self.held(&mut tx, ids, owner, true).await?
         };
@@ -416,7 +420,7 @@ impl MySqlStorage {
 
     pub(super) async fn return_leases_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
     ) -> Result<u64, sqlx::Error> {
         let statement = self.sql.return_leases(ids.len());
@@ -515,7 +519,7 @@ impl MySqlStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
@@ -527,14 +531,14 @@ impl MySqlStorage {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_once(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
@@ -546,6 +550,6 @@ impl MySqlStorage {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(SortedIds::from(ids))
     }
 }

@@ -16,8 +16,8 @@ use crate::storage::dead::{self, FilterValue};
 use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::rows::{attempts, count};
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
+    ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter, FailureDecision,
+    MessageId, NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause,
     TopicFilter,
 };
 
@@ -166,12 +166,12 @@ impl PostgresStorage {
                 let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
                     return NackResult::Fenced;
                 };
-                let released = sorted_unique(
-                    rows.iter()
-                        .filter(|row| row.2 == nack.id && row.0 != nack.id)
-                        .map(|row| row.0)
-                        .collect(),
-                );
+                let released: SortedIds = rows
+                    .iter()
+                    .filter(|row| row.2 == nack.id && row.0 != nack.id)
+                    .map(|row| row.0)
+                    .collect();
+                let released = released.into_vec();
                 if *dead {
                     NackResult::DeadLettered { released }
                 } else {
@@ -292,7 +292,7 @@ impl PostgresStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
         let query = sqlx::query_scalar(&statement)
@@ -302,14 +302,14 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("re-drive dead letters"))?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_rows(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
         let query = sqlx::query_scalar(&statement).bind(i64::from(limit));
@@ -317,7 +317,7 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("discard dead letters"))?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 }
 

@@ -13,8 +13,8 @@ use super::SqliteStorage;
 use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::{attempts, count};
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
+    ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter, FailureDecision,
+    MessageId, NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause,
     TopicFilter,
 };
 
@@ -104,7 +104,7 @@ impl SqliteStorage {
         }
         tracing::debug!(claimed = messages.len(), "claimed");
         Ok(Claimed {
-            exhausted: sorted_unique(exhausted),
+            exhausted: SortedIds::from(exhausted).into_vec(),
             messages,
             lease_expires_at,
         })
@@ -168,7 +168,8 @@ impl SqliteStorage {
             None => Vec::new(),
         };
         let at = datetime(successors_at).map_err(err())?;
-        Ok(NackResult::applied(decision, at, sorted_unique(released)))
+        let released = SortedIds::from(released).into_vec();
+        Ok(NackResult::applied(decision, at, released))
     }
 }
 
@@ -272,7 +273,7 @@ impl SqliteStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let err = || self.error("re-drive dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
@@ -287,18 +288,18 @@ impl SqliteStorage {
             .map_err(sqlx::Error::Encode)
             .map_err(err())?;
         add_filter(&mut arguments, values).map_err(err())?;
-        let ids = sqlx::query_scalar_with(&statement, arguments)
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(&mut *conn)
             .await
             .map_err(err())?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_rows(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let err = || self.error("discard dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
@@ -309,10 +310,10 @@ impl SqliteStorage {
             .map_err(sqlx::Error::Encode)
             .map_err(err())?;
         add_filter(&mut arguments, values).map_err(err())?;
-        let ids = sqlx::query_scalar_with(&statement, arguments)
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(&mut *conn)
             .await
             .map_err(err())?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 }
