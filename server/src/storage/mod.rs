@@ -166,6 +166,20 @@ pub struct LeaseHolder {
     pub earliest_expiry: DateTime<Utc>,
 }
 
+impl LeaseHolder {
+    /// The holders a backend's `lease_holders` statement returned, as
+    /// `(owner, rows, earliest_expiry)`.
+    pub fn from_rows(rows: Vec<(String, i64, DateTime<Utc>)>) -> Vec<Self> {
+        rows.into_iter()
+            .map(|(owner, rows, earliest_expiry)| Self {
+                owner,
+                rows: rows::count(rows),
+                earliest_expiry,
+            })
+            .collect()
+    }
+}
+
 /// Most owners [`Storage::lease_holders`] returns (the most rows first).
 pub const MAX_LEASE_HOLDERS: i64 = 1000;
 

@@ -515,14 +515,7 @@ impl Storage for MySqlStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("lease holders"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
-                owner,
-                rows: super::rows::count(rows),
-                earliest_expiry,
-            })
-            .collect())
+        Ok(LeaseHolder::from_rows(rows))
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

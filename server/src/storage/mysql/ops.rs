@@ -433,12 +433,17 @@ impl MySqlStorage {
     }
 }
 
-/// `arguments` with the selector's values added, in the order [`dead::conditions`]
-/// rendered them: one `?` per id.
-fn add_filter(
-    arguments: &mut MySqlArguments,
+/// The arguments of a dead-letter statement: `leading` (an id), the selector's values in
+/// the order [`dead::conditions`] rendered them (one `?` per id), then the `limit`.
+fn dead_arguments(
+    leading: &[i64],
     values: &[FilterValue<'_>],
-) -> Result<(), sqlx::Error> {
+    limit: i64,
+) -> Result<MySqlArguments, sqlx::Error> {
+    let mut arguments = MySqlArguments::default();
+    for value in leading {
+        arguments.add(*value).map_err(sqlx::Error::Encode)?;
+    }
     for value in values {
         match value {
             FilterValue::Ids(ids) => {
@@ -450,7 +455,8 @@ fn add_filter(
             FilterValue::Time(at) => arguments.add(*at).map_err(sqlx::Error::Encode)?,
         }
     }
-    Ok(())
+    arguments.add(limit).map_err(sqlx::Error::Encode)?;
+    Ok(arguments)
 }
 
 /// The dead-letter operations (see `dead.rs`), one attempt each.
@@ -462,12 +468,7 @@ impl MySqlStorage {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        arguments.add(after_id).map_err(sqlx::Error::Encode)?;
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[after_id], &values, i64::from(limit))?;
         let statement = self.sql.dead_list(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pool)
@@ -477,22 +478,16 @@ impl MySqlStorage {
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> Result<DeadCounts, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(dead::MAX_COUNT_GROUPS)
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[], &values, dead::MAX_COUNT_GROUPS)?;
         let statement = self.sql.dead_count(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pool)
             .await?;
-        let mut counts = DeadCounts::default();
-        for row in &rows {
-            let (group, total) = convert::decode_dead_count(row)?;
-            counts.groups.push(group);
-            counts.total = total;
-        }
-        Ok(counts)
+        let rows = rows
+            .iter()
+            .map(convert::decode_dead_count)
+            .collect::<Result<_, _>>()?;
+        Ok(DeadCounts::from_rows(rows))
     }
 
     /// Locks the first `limit` selected dead rows in `conn`'s transaction.
@@ -503,11 +498,7 @@ impl MySqlStorage {
         limit: u32,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[], &values, i64::from(limit))?;
         let statement = self.sql.dead_lock(&conditions);
         sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(conn)

@@ -7,18 +7,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
-use sqlx::Row;
+use sqlx::{FromRow, Row};
 
 use super::convert::{decode_claim, decode_message, interval};
 use super::sql::FILTER;
 use super::PostgresStorage;
-use crate::storage::dead::{self, FilterValue};
+use crate::storage::dead::{self, DeadCountRow, FilterValue};
 use crate::storage::nack::{plan_nacks, HeldRow};
-use crate::storage::rows::{attempts, count};
+use crate::storage::rows::attempts;
 use crate::storage::{
-    ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter, FailureDecision,
-    MessageId, NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause,
-    TopicFilter,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
+    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause, TopicFilter,
 };
 
 impl PostgresStorage {
@@ -275,16 +274,12 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(err())?;
-        let mut counts = DeadCounts::default();
-        for row in &rows {
-            counts.total = count(row.try_get("total").map_err(err())?);
-            counts.groups.push(DeadCount {
-                topic: row.try_get("topic").map_err(err())?,
-                error: row.try_get("error").map_err(err())?,
-                count: count(row.try_get("count").map_err(err())?),
-            });
-        }
-        Ok(counts)
+        let rows = rows
+            .iter()
+            .map(DeadCountRow::from_row)
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        Ok(DeadCounts::from_rows(rows))
     }
 
     pub(super) async fn redrive_rows(

@@ -538,16 +538,12 @@ impl Storage for SqliteStorage {
             .fetch_all(&self.pools.reader)
             .await
             .map_err(err())?;
-        rows.into_iter()
-            .map(|(owner, rows, until)| {
-                Ok(LeaseHolder {
-                    owner,
-                    rows: super::rows::count(rows),
-                    earliest_expiry: datetime(until)?,
-                })
-            })
+        let rows = rows
+            .into_iter()
+            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(err())
+            .map_err(err())?;
+        Ok(LeaseHolder::from_rows(rows))
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {
