@@ -29,6 +29,8 @@ mod mysql;
 mod operations;
 #[path = "storage_contract/pg.rs"]
 mod pg;
+#[path = "storage_contract/pg_backend.rs"]
+mod pg_backend;
 #[path = "storage_contract/pg_mapped.rs"]
 mod pg_mapped;
 #[path = "storage_contract/sqlite_file.rs"]
@@ -406,7 +408,7 @@ async fn next_signal(signal: &mut tokio::sync::watch::Receiver<u64>) {
 }
 
 use mysql::MySqlBackend;
-use pg::PgBackend;
+use pg_backend::PgBackend;
 use sqlite_file::SqliteBackend;
 
 storage_contract!(postgres, PgBackend::new().await);

@@ -1,7 +1,7 @@
 //! PostgreSQL with a team's own table, mapped ("bring your own table"): what the contract
 //! run on `postgres_mapped` cannot show.
 
-use super::pg::{mapped_storage, team_mapping, PgBackend};
+use super::pg_backend::{mapped_storage, team_mapping, PgBackend};
 use super::*;
 use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::StorageError;
