@@ -3,7 +3,7 @@
 //! `storage_contract!(name, factory)` expands to one `#[tokio::test]` per case in
 //! [`cases`] (`storage_contract/cases.rs`), each with a fresh [`Backend`] from `factory`
 //! (an expression that may `.await`). Adding a backend is one line at the bottom of this
-//! file plus its [`Backend`] impl, like [`pg`]'s (`storage_contract/pg.rs`). The cases carry the seed's `StorageContract` over and add what the
+//! file plus its [`Backend`] impl, like [`pg_backend`]'s (`storage_contract/pg_backend.rs`). The cases carry the seed's `StorageContract` over and add what the
 //! server relies on (nack policy, successors, lease extension, purge, wake-ups, errors).
 //!
 //! PostgreSQL: every test gets a uniquely named schema in the database at
@@ -208,6 +208,7 @@ macro_rules! storage_contract {
                 answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted,
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
+                a_null_in_a_nullable_headers_column_means_no_headers,
                 dead_rows_are_listed_in_id_order_filtered_and_counted,
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,

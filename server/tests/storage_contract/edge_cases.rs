@@ -323,6 +323,22 @@ pub async fn a_text_payload_is_handed_out_as_its_utf8_bytes(backend: &impl Backe
     );
 }
 
+/// A NULL in a nullable headers column (a producer that sets none) means no headers.
+pub async fn a_null_in_a_nullable_headers_column_means_no_headers(backend: &impl Backend) {
+    let mapping = ColumnMapping {
+        payload: "note".into(),
+        payload_format: PayloadFormat::Text,
+        ..ColumnMapping::default()
+    };
+    let storage = backend.own_table(TeamTable::Notes, mapping).await;
+    backend
+        .produce("INSERT INTO {db}.notes (topic, note) VALUES ('t', 'no headers')")
+        .await;
+    let got = claim(&*storage, "w1", 10, LEASE).await;
+    assert_eq!(got.len(), 1);
+    assert!(got[0].headers.is_empty());
+}
+
 /// Answers may name their ids in any order and more than once (a client's retried
 /// batch, answers merged): each row is changed once, and the ids an answer applied come
 /// back sorted, each once, whatever the backend.
