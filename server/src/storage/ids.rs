@@ -67,12 +67,6 @@ impl<const N: usize> From<[MessageId; N]> for SortedIds {
     }
 }
 
-impl From<&Vec<MessageId>> for SortedIds {
-    fn from(ids: &Vec<MessageId>) -> Self {
-        ids.as_slice().into()
-    }
-}
-
 impl FromIterator<MessageId> for SortedIds {
     fn from_iter<I: IntoIterator<Item = MessageId>>(ids: I) -> Self {
         ids.into_iter().collect::<Vec<_>>().into()
