@@ -1,5 +1,7 @@
 //! Blocked keys: keys whose oldest pending row (their head) is leased or waiting for a
-//! retry, so their later rows wait. What an operator looks at when "a key is stuck".
+//! retry, so their later rows wait; and, under `dead_letter_holds_key`, keys whose later
+//! rows wait behind a dead row (its oldest dead row is then the head, listed once a
+//! pending row waits behind it). What an operator looks at when "a key is stuck".
 //!
 //! Cost. A strict PostgreSQL table answers through its key-heads table: heads in
 //! `head_id` order, each key's first pending row looked up through the `(key, id)` index
@@ -12,7 +14,9 @@
 //! over the pending rows (MySQL/MariaDB: a range of its `(status, available_at)` index):
 //! there is deliberately no index on `available_at` elsewhere, since every claim moves it
 //! and such an index would tax every claim for an operator's occasional look. README,
-//! Operations, has the measured cost on a million pending rows.
+//! Operations, has the measured cost on a million pending rows. Keys held by a dead row
+//! are found by a second walk, over the dead rows in id order, each checked through the
+//! `(key, id)` indexes of dead and pending rows: its cost follows the dead rows.
 
 use chrono::{DateTime, Utc};
 
@@ -25,6 +29,9 @@ pub enum HeadState {
     Leased,
     /// Waiting for its retry (or a delayed release) at `until`.
     RetryWaiting,
+    /// Dead since `until`, holding the key (`dead_letter_holds_key`) until an operator
+    /// re-drives or discards it.
+    Dead,
 }
 
 impl HeadState {
@@ -32,6 +39,7 @@ impl HeadState {
         match self {
             Self::Leased => "leased",
             Self::RetryWaiting => "retry_waiting",
+            Self::Dead => "dead",
         }
     }
 }
@@ -48,7 +56,7 @@ pub struct BlockedKey {
     pub last_error: Option<String>,
     /// When the head was inserted: how long the key has been waiting at most.
     pub head_created_at: DateTime<Utc>,
-    /// When the lease runs out, or the retry is due.
+    /// When the lease runs out, or the retry is due; when a dead head died.
     pub until: DateTime<Utc>,
     /// Pending rows of the key behind the head.
     pub waiting_behind: u64,

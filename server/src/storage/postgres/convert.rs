@@ -115,7 +115,9 @@ pub(super) fn decode_blocked(row: &PgRow) -> Result<BlockedKey, sqlx::Error> {
     Ok(BlockedKey {
         key: row.try_get("key")?,
         head_id: row.try_get("head_id")?,
-        state: if owner.is_some() {
+        state: if row.try_get("dead")? {
+            HeadState::Dead
+        } else if owner.is_some() {
             HeadState::Leased
         } else {
             HeadState::RetryWaiting

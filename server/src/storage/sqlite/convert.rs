@@ -148,7 +148,9 @@ pub(super) fn decode_blocked(row: &SqliteRow) -> Result<BlockedKey, sqlx::Error>
     Ok(BlockedKey {
         key: row.try_get("key")?,
         head_id: row.try_get("head_id")?,
-        state: if owner.is_some() {
+        state: if row.try_get::<i64, _>("dead")? != 0 {
+            HeadState::Dead
+        } else if owner.is_some() {
             HeadState::Leased
         } else {
             HeadState::RetryWaiting
