@@ -219,6 +219,7 @@ macro_rules! storage_contract {
                 a_dead_row_holds_its_key_until_redriven_or_discarded,
                 a_row_used_up_by_claims_holds_the_rows_of_its_key_behind_it,
                 without_the_policy_a_dead_row_holds_nothing_back,
+                a_dead_row_holds_the_rows_after_it_behind_a_redriven_one,
                 lease_holders_are_the_owners_of_live_leases,
             );
             storage_contract!(@cases $factory, $signal;

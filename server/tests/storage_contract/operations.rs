@@ -538,3 +538,38 @@ pub async fn without_the_policy_a_dead_row_holds_nothing_back(backend: &impl Bac
         .iter()
         .all(|b| b.state != HeadState::Dead));
 }
+
+/// `dead_letter_holds_key` turned on over dead rows already there: a re-driven row goes
+/// out, but not the key's rows behind a later dead row; discarded, they go too.
+pub async fn a_dead_row_holds_the_rows_after_it_behind_a_redriven_one(backend: &impl Backend) {
+    let plain = backend.open(Setup::default()).await;
+    let k1 = dead_row(&*plain, "t", Some("k"), "poison").await;
+    let k2 = dead_row(&*plain, "t", Some("k"), "poison").await;
+    let k3 = insert(&*plain, "t", "k3", Some("k")).await;
+    let storage = backend.open(holding()).await;
+    storage.ensure_table().await.unwrap();
+    let only = |id| DeadFilter {
+        ids: vec![id],
+        ..DeadFilter::default()
+    };
+    assert_eq!(
+        storage
+            .redrive_dead(&only(k1), 10, Duration::ZERO)
+            .await
+            .unwrap(),
+        [k1]
+    );
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k1]);
+    assert_eq!(storage.ack(&[k1], "w1").await.unwrap(), [k1]);
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    assert_eq!(
+        blocked
+            .iter()
+            .map(|b| (b.head_id, b.state, b.waiting_behind))
+            .collect::<Vec<_>>(),
+        [(k2, HeadState::Dead, 1)]
+    );
+    assert!(claim(&*storage, "w1", 10, LEASE).await.is_empty());
+    assert_eq!(storage.discard_dead(&only(k2), 10).await.unwrap(), [k2]);
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k3]);
+}
