@@ -20,6 +20,7 @@
 
 use chrono::{DateTime, Utc};
 
+use super::names::Names;
 use super::MessageId;
 
 /// Why a key's head is not claimable now.
@@ -60,4 +61,43 @@ pub struct BlockedKey {
     pub until: DateTime<Utc>,
     /// Pending rows of the key behind the head.
     pub waiting_behind: u64,
+}
+
+/// `EXISTS` a dead row of the key `key` (an SQL expression) before the id `id`: what
+/// holds a row back under `dead_letter_holds_key`, in every backend's claim and blocked
+/// keys, looked up through an index of the dead rows by key and id. Alias `x`.
+pub fn dead_before(t: &str, n: &Names, key: &str, id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = {key} AND x.{status} = 'dead' \
+         AND x.{i} < {id})",
+        k = n.key,
+        status = n.status,
+        i = n.id,
+    )
+}
+
+/// The keys a dead row holds (`dead_letter_holds_key`), as `FROM ... WHERE ...` of the
+/// dead row `d` with an id above `after` (a placeholder): each key's oldest dead row, when
+/// a pending row of the key waits behind it (a dead row with nothing behind holds nothing
+/// yet; the dead-letter list has it). A walk over the dead rows in id order, each checked
+/// through the indexes by key and id of dead and of pending rows: its cost follows the
+/// dead rows, which an operator keeps few. `waiting` counts the rows behind (`count` is
+/// the backend's `count(*)`, cast as it needs).
+pub fn dead_heads(t: &str, n: &Names, after: &str, count: &str) -> (String, String) {
+    let Names {
+        id, key, status, ..
+    } = n;
+    let behind = |what: &str| {
+        format!(
+            "(SELECT {what} FROM {t} b WHERE b.{key} = d.{key} AND b.{status} = 'pending' \
+             AND b.{id} > d.{id})"
+        )
+    };
+    let from = format!(
+        "FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > {after} \
+         AND NOT {} AND EXISTS {}",
+        dead_before(t, n, &format!("d.{key}"), &format!("d.{id}")),
+        behind("1"),
+    );
+    (from, behind(count))
 }

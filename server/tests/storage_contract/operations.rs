@@ -1,7 +1,9 @@
 //! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
 //! the outbox's pause, blocked keys.
 
-use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses};
+use txoutbox_server::storage::{
+    BlockedKey, DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses,
+};
 
 use super::*;
 
@@ -287,6 +289,22 @@ pub async fn rows_of_paused_topics_are_not_claimed_without_strict_ordering(backe
 
 /// `k`'s head waits for a retry with two rows behind it; `j`'s head is leased with one
 /// behind; keyless rows and keys whose head is due are not blocked.
+/// Key, head, state, owner and rows behind of each blocked key.
+fn heads(blocked: &[BlockedKey]) -> Vec<(&str, MessageId, HeadState, Option<&str>, u64)> {
+    blocked
+        .iter()
+        .map(|b| {
+            (
+                b.key.as_str(),
+                b.head_id,
+                b.state,
+                b.owner.as_deref(),
+                b.waiting_behind,
+            )
+        })
+        .collect()
+}
+
 pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let a = insert(&*storage, "t", "a", Some("k")).await;
@@ -304,18 +322,7 @@ pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     insert(&*storage, "t", "g", Some("free")).await;
 
     let blocked = storage.blocked_keys(0, 10).await.unwrap();
-    let seen: Vec<(&str, MessageId, HeadState, Option<&str>, u64)> = blocked
-        .iter()
-        .map(|b| {
-            (
-                b.key.as_str(),
-                b.head_id,
-                b.state,
-                b.owner.as_deref(),
-                b.waiting_behind,
-            )
-        })
-        .collect();
+    let seen = heads(&blocked);
     assert_eq!(
         seen,
         [
@@ -426,18 +433,7 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(backend: &impl
     assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
 
     let blocked = storage.blocked_keys(0, 10).await.unwrap();
-    let seen: Vec<(&str, MessageId, HeadState, Option<&str>, u64)> = blocked
-        .iter()
-        .map(|b| {
-            (
-                b.key.as_str(),
-                b.head_id,
-                b.state,
-                b.owner.as_deref(),
-                b.waiting_behind,
-            )
-        })
-        .collect();
+    let seen = heads(&blocked);
     assert_eq!(
         seen,
         [

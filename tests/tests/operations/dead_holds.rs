@@ -9,6 +9,7 @@ use txoutbox_proto::v1::{self, DeadLetterSelector};
 use txoutbox_tests::journal::parse;
 use txoutbox_tests::{OutboxDb, Server, Subscriber};
 
+use super::blocked::first_page;
 use crate::cli_client::{json, txoutbox};
 
 const CONFIG: &str = "dead_letter_holds_key = true\nmax_attempts = 2\n\
@@ -83,17 +84,7 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(db: impl Outbo
         assert_eq!((status.as_str(), attempts), ("pending", 0), "row {id}");
     }
 
-    let listed = server
-        .admin()
-        .await
-        .list_blocked_keys(v1::ListBlockedKeysRequest {
-            outbox: "orders".into(),
-            after_id: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let listed = first_page(&server).await;
     let seen: Vec<(&str, i64, &str, u32, u64)> = listed
         .keys
         .iter()

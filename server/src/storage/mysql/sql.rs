@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use super::table::{pauses_table, Schema};
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -380,26 +381,18 @@ fn blocked_keys_dead(dead_holds_key: bool, t: &str, n: &Names) -> String {
     let Names {
         id,
         key,
-        status,
         attempts,
         last_error,
         created_at,
         processed_at,
         ..
     } = n;
+    let (from, waiting) = blocked::dead_heads(t, n, "?", "CAST(COUNT(*) AS SIGNED)");
     format!(
-        " AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.{key} = o.{key} \
-           AND d.{status} = 'dead' AND d.{id} < o.{id}) \
-         UNION ALL \
+        " AND NOT {} UNION ALL \
          SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
-           d.{last_error}, d.{created_at}, d.{processed_at}, \
-           (SELECT CAST(COUNT(*) AS SIGNED) FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id}), CAST(1 AS SIGNED) \
-         FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > ? \
-           AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.{key} = d.{key} \
-             AND e.{status} = 'dead' AND e.{id} < d.{id}) \
-           AND EXISTS (SELECT 1 FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id})"
+           d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) {from}",
+        blocked::dead_before(t, n, &format!("o.{key}"), &format!("o.{id}")),
     )
 }
 
@@ -504,8 +497,8 @@ impl Statements {
             if self.dead_holds_key {
                 // A dead row holds the key too: a range of the `(key, status, id)` index.
                 filters += &format!(
-                    " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} d \
-                     WHERE d.{key} = o.{key} AND d.{status} = 'dead' AND d.{id} < o.{id}))"
+                    " AND (o.{key} IS NULL OR NOT {})",
+                    blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
                 );
             }
         }
@@ -572,8 +565,8 @@ impl Statements {
         // pre-filter saw, or one this claim dead-lettered for its attempts.
         let dead = match self.dead_holds_key {
             true => format!(
-                " OR EXISTS (SELECT 1 FROM {t} d WHERE d.{key} = o.{key} AND d.{id} < o.{id} \
-                   AND d.{status} = 'dead')"
+                " OR {}",
+                blocked::dead_before(t, &self.names, &format!("o.{key}"), &format!("o.{id}"))
             ),
             false => String::new(),
         };

@@ -44,6 +44,7 @@
 //! committed), so a slow reader never holds the lock either.
 
 use super::sql::{literal, LOCK_CLASS_CLAIM};
+use crate::storage::blocked;
 use crate::storage::names::Names;
 
 /// Suffix of the claim function's name, versioned: a server of another version on the
@@ -211,6 +212,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
     let exhausted = exhausted_error(n, "o", "txo_max_attempts");
+    let dead_before_first = blocked::dead_before(t, n, "h.key", "f.id");
     let lock_key = literal(lock_key);
     let repaired = HEADS_REPAIRED_BY_AN_EMPTY_CLAIM;
     // `bound`: with a full set of heads, no row after the last head can be among the
@@ -246,8 +248,7 @@ BEGIN
             WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
             ORDER BY r.{id} LIMIT 1) f
         WHERE h.head_id IS NOT NULL AND f.ok
-          AND NOT (txo_dead_holds AND EXISTS (
-              SELECT 1 FROM {t} d WHERE d.{key} = h.key AND d.{status} = 'dead' AND d.{id} < f.id))
+          AND NOT (txo_dead_holds AND {dead_before_first})
         ORDER BY h.head_id LIMIT txo_batch),
     bound AS (
         SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
@@ -362,8 +363,8 @@ pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) ->
     } = n;
     let not_behind_dead = match dead_holds {
         true => format!(
-            " AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.{key} = h.key \
-               AND d.{status} = 'dead' AND d.{id} < o.{id})"
+            " AND NOT {}",
+            blocked::dead_before(t, n, "h.key", &format!("o.{id}"))
         ),
         false => String::new(),
     };
@@ -389,35 +390,25 @@ pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) ->
     }
 }
 
-/// Keys held by a dead row (`dead_letter_holds_key`), in the columns of
-/// [`blocked_keys`], `$1` after this id, `$2` at most: each key's oldest dead row, when a
-/// pending row of the key waits behind it (a dead row with nothing behind holds nothing;
-/// the dead-letter list has it). `until` is when it died. A walk over the dead rows in id
-/// order (their `(id)` index), each checked through the `(key, id)` indexes of dead and of
-/// pending rows: the cost follows the dead rows, which an operator keeps few.
+/// Keys held by a dead row (`dead_letter_holds_key`, see
+/// [`crate::storage::blocked::dead_heads`]) in the columns of [`blocked_keys`], `$1` after
+/// this id, `$2` at most; `until` is when it died.
 fn dead_heads(t: &str, n: &Names) -> String {
     let Names {
         id,
         key,
-        status,
         attempts,
         last_error,
         created_at,
         processed_at,
         ..
     } = n;
+    let (from, waiting) = blocked::dead_heads(t, n, "$1", "count(*)");
     format!(
         "SELECT d.{key}::text AS key, d.{id}::int8 AS head_id, NULL::text AS owner, \
            d.{attempts}::int4 AS attempts, d.{last_error} AS last_error, \
-           d.{created_at} AS created_at, d.{processed_at} AS until, \
-           (SELECT count(*) FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id}) AS waiting, true AS dead \
-         FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > $1 \
-           AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.{key} = d.{key} \
-             AND e.{status} = 'dead' AND e.{id} < d.{id}) \
-           AND EXISTS (SELECT 1 FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id}) \
-         ORDER BY d.{id} LIMIT $2"
+           d.{created_at} AS created_at, d.{processed_at} AS until, {waiting} AS waiting, \
+           true AS dead {from} ORDER BY d.{id} LIMIT $2"
     )
 }
 

@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use super::table::{pauses_table, Schema};
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -431,8 +432,8 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> (St
             // `dead_letter_holds_key`: an earlier dead row of the key holds it back too,
             // found through the `(key, id)` index of dead rows.
             filters += &format!(
-                " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} d \
-                 WHERE d.{key} = o.{key} AND d.{status} = 'dead' AND d.{id} < o.{id}))"
+                " AND (o.{key} IS NULL OR NOT {})",
+                blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
             );
         }
     }
@@ -538,26 +539,19 @@ fn blocked_keys_dead(shape: &Shape<'_>, t: &str, c: &Names) -> String {
     let Names {
         id,
         key,
-        status,
         attempts,
         last_error,
         created_at,
         processed_at,
         ..
     } = c;
+    let (from, waiting) = blocked::dead_heads(t, c, "?1", "count(*)");
     format!(
-        " AND NOT EXISTS (SELECT 1 FROM {t} d WHERE d.{key} = o.{key} \
-           AND d.{status} = 'dead' AND d.{id} < o.{id}) \
-         UNION ALL \
+        " AND NOT {} UNION ALL \
          SELECT d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
-           d.{last_error} AS last_error, d.{created_at} AS created_at, d.{processed_at} AS until, \
-           (SELECT count(*) FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id}) AS waiting, 1 AS dead \
-         FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > ?1 \
-           AND NOT EXISTS (SELECT 1 FROM {t} e WHERE e.{key} = d.{key} \
-             AND e.{status} = 'dead' AND e.{id} < d.{id}) \
-           AND EXISTS (SELECT 1 FROM {t} b WHERE b.{key} = d.{key} \
-             AND b.{status} = 'pending' AND b.{id} > d.{id})"
+           d.{last_error} AS last_error, d.{created_at} AS created_at, \
+           d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead {from}",
+        blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}")),
     )
 }
 
