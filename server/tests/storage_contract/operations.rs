@@ -378,6 +378,14 @@ pub async fn lease_holders_are_the_owners_of_live_leases(backend: &impl Backend)
     assert_about_from_now(holders[0].earliest_expiry, LEASE);
 }
 
+async fn assert_no_dead_heads(storage: &dyn Storage) {
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    assert!(
+        blocked.iter().all(|b| b.state != HeadState::Dead),
+        "{blocked:?}"
+    );
+}
+
 /// Strict ordering with `dead_letter_holds_key`.
 fn holding() -> Setup {
     Setup {
@@ -469,12 +477,7 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(backend: &impl
 
     assert_eq!(storage.discard_dead(&only(j1), 10).await.unwrap(), [j1]);
     assert_eq!(ids(&claim(&*storage, "w3", 10, LEASE).await), [j2]);
-    assert!(storage
-        .blocked_keys(0, 10)
-        .await
-        .unwrap()
-        .iter()
-        .all(|b| b.state != HeadState::Dead));
+    assert_no_dead_heads(&*storage).await;
 }
 
 /// `dead_letter_holds_key`: of a key's rows claimed `max_attempts` times without an
@@ -527,12 +530,7 @@ pub async fn without_the_policy_a_dead_row_holds_nothing_back(backend: &impl Bac
         "{nacked:?}"
     );
     assert_eq!(ids(&claim(&*storage, "w2", 10, LEASE).await), [k2]);
-    assert!(storage
-        .blocked_keys(0, 10)
-        .await
-        .unwrap()
-        .iter()
-        .all(|b| b.state != HeadState::Dead));
+    assert_no_dead_heads(&*storage).await;
 }
 
 /// `dead_letter_holds_key` turned on over dead rows already there: a re-driven row goes

@@ -32,6 +32,12 @@
 //! A producer whose id was drawn before the relay moved the head past it, but whose
 //! trigger runs after (a commit-order inversion), moves the head back to its row.
 //!
+//! Under `dead_letter_holds_key` heads still point at pending rows only (producers, answers
+//! and `advance` do not change with the policy): the claim also asks, per key it walks,
+//! whether a dead row comes before the key's first pending row, and where the first dead
+//! row after it is (which ends the key's run), through a `(key, id)` index of the dead
+//! rows that the policy's DDL adds.
+//!
 //! A strict claim runs as one function call: it takes the table's advisory lock (claims on
 //! one table run one at a time across servers), then chooses rows in a new snapshot that
 //! sees what the claim before it leased. The lock is a transaction lock and the call is
