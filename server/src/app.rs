@@ -147,6 +147,7 @@ fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
     Ok(TableOptions {
         table: outbox.table.clone(),
         strict_ordering: outbox.strict_ordering,
+        dead_letter_holds_key: outbox.dead_letter_holds_key,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
         columns,

@@ -58,6 +58,7 @@ const DEADLINE: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 struct Setup {
     strict_ordering: bool,
+    dead_letter_holds_key: bool,
     delete_on_ack: bool,
     visibility_delay: Duration,
     notify: bool,
@@ -67,6 +68,7 @@ impl Default for Setup {
     fn default() -> Self {
         Self {
             strict_ordering: true,
+            dead_letter_holds_key: false,
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             notify: false,
@@ -217,6 +219,10 @@ macro_rules! storage_contract {
                 rows_of_paused_topics_are_not_claimed,
                 rows_of_paused_topics_are_not_claimed_without_strict_ordering,
                 blocked_keys_are_listed_oldest_head_first,
+                a_dead_row_holds_its_key_until_redriven_or_discarded,
+                a_row_used_up_by_claims_holds_the_rows_of_its_key_behind_it,
+                without_the_policy_a_dead_row_holds_nothing_back,
+                a_dead_row_holds_the_rows_after_it_behind_a_redriven_one,
                 lease_holders_are_the_owners_of_live_leases,
             );
             storage_contract!(@cases $factory, $signal;

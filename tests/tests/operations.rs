@@ -7,6 +7,8 @@
 
 #[path = "operations/blocked.rs"]
 mod blocked;
+#[path = "operations/dead_holds.rs"]
+mod dead_holds;
 #[path = "operations/dead_letters.rs"]
 mod dead_letters;
 #[path = "operations/pause.rs"]
@@ -27,6 +29,7 @@ macro_rules! operations_suite {
                 dead_letters::dead_letters_are_listed_counted_and_discarded,
                 dead_letters::redriven_rows_arrive_in_id_order_per_key,
                 dead_letters::the_command_line_acts_only_with_yes,
+                dead_holds::a_dead_row_holds_its_key_until_redriven_or_discarded,
                 pause::a_pause_holds_on_every_replica_and_across_a_restart,
                 pause::the_command_line_pauses_shows_it_and_resumes,
                 pause::a_topic_pause_holds_on_every_replica_and_across_a_restart,

@@ -1,6 +1,7 @@
-//! `txoutbox blocked`: keys whose oldest pending row is leased or waiting for a retry, so
-//! their later rows wait; who holds each (the lease owner), until when, and how many
-//! rows wait behind it. Oldest first, a page at a time.
+//! `txoutbox blocked`: keys whose oldest pending row is leased or waiting for a retry, or
+//! (under `dead_letter_holds_key`) whose later rows wait behind a dead row, so their later
+//! rows wait; who holds each (the lease owner), until when (for a dead head: since when),
+//! and how many rows wait behind it. Oldest first, a page at a time.
 
 use std::time::SystemTime;
 
@@ -94,7 +95,10 @@ fn key_cells(key: &BlockedKey) -> Vec<String> {
         key.owner.clone().unwrap_or_else(dash),
         key.attempts.to_string(),
         time(&key.head_created_at).unwrap_or_else(dash),
-        time(&key.until).unwrap_or_else(dash),
+        match (key.state.as_str(), time(&key.until)) {
+            ("dead", Some(died)) => format!("died {died}"),
+            (_, until) => until.unwrap_or_else(dash),
+        },
         key.waiting_behind.to_string(),
         key.last_error
             .as_deref()

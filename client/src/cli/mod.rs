@@ -139,8 +139,9 @@ enum Command {
     Pause(pause::Args),
     /// Lift a `pause` of the outbox, or of some topics (`--topic`).
     Resume(pause::Args),
-    /// Keys whose oldest pending row is leased or waiting for a retry: who holds them,
-    /// until when, how many rows wait behind.
+    /// Keys whose oldest pending row is leased or waiting for a retry, or that a dead row
+    /// holds (`dead_letter_holds_key`): who holds them, until when, how many rows wait
+    /// behind.
     Blocked(blocked::Args),
     /// The streams connected to the replica that answers (name, owner, address, window,
     /// in flight, answers, since when) and the owners holding leases on every replica.

@@ -417,6 +417,21 @@ mod tests {
     }
 
     #[test]
+    fn dead_letter_holds_key_is_off_by_default_and_needs_strict_ordering() {
+        let config = Config::from_toml(MINIMAL).unwrap();
+        assert!(!config.outboxes["orders"].dead_letter_holds_key);
+        let on = format!("{MINIMAL}\ndead_letter_holds_key = true\n");
+        assert!(Config::from_toml(&on).unwrap().outboxes["orders"].dead_letter_holds_key);
+        let error = Config::from_toml(&format!("{on}strict_ordering = false\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("outboxes.orders.dead_letter_holds_key: needs strict_ordering"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let text = format!("{MINIMAL}\nleese = \"90s\"\n");
         let error = Config::from_toml(&text).unwrap_err().to_string();

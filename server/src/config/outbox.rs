@@ -23,6 +23,9 @@ pub struct OutboxConfig {
     pub table: String,
     /// Hold back a row while an earlier pending row of its key is leased or retrying.
     pub strict_ordering: bool,
+    /// A dead-lettered row holds its key's later rows back (never claimed) until an
+    /// operator re-drives or discards it; needs `strict_ordering`.
+    pub dead_letter_holds_key: bool,
     /// Delete delivered rows instead of marking them done.
     pub delete_on_ack: bool,
     /// Only claim rows older than this: guards against commit-order races.
@@ -62,6 +65,7 @@ impl Default for OutboxConfig {
             schema: None,
             table: "outbox".to_owned(),
             strict_ordering: true,
+            dead_letter_holds_key: false,
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             notify_channel: None,
@@ -198,6 +202,12 @@ impl OutboxConfig {
         ];
         for (field, value, min, example) in durations {
             check_duration(problems, &format!("{key}.{field}"), value, min, example);
+        }
+        if self.dead_letter_holds_key && !self.strict_ordering {
+            problems.push(format!(
+                "{key}.dead_letter_holds_key: needs strict_ordering = true (without per-key \
+                 order a dead row has no later rows to hold back)"
+            ));
         }
         if self.max_lease < self.lease {
             problems.push(format!(

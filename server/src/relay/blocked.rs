@@ -1,5 +1,6 @@
-//! `Admin.ListBlockedKeys`: keys whose head is leased or waiting for a retry, oldest head
-//! first, a page at a time (see [`crate::storage::blocked`] for what it costs).
+//! `Admin.ListBlockedKeys`: keys whose head is leased or waiting for a retry (or dead,
+//! under `dead_letter_holds_key`), oldest head first, a page at a time (see
+//! [`crate::storage::blocked`] for what it costs).
 
 use super::dead_letters::limit;
 use super::{Outbox, RelayResult};

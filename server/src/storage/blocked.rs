@@ -1,5 +1,7 @@
 //! Blocked keys: keys whose oldest pending row (their head) is leased or waiting for a
-//! retry, so their later rows wait. What an operator looks at when "a key is stuck".
+//! retry, so their later rows wait; and, under `dead_letter_holds_key`, keys whose later
+//! rows wait behind a dead row (its oldest dead row is then the head, listed once a
+//! pending row waits behind it). What an operator looks at when "a key is stuck".
 //!
 //! Cost. A strict PostgreSQL table answers through its key-heads table: heads in
 //! `head_id` order, each key's first pending row looked up through the `(key, id)` index
@@ -12,10 +14,13 @@
 //! over the pending rows (MySQL/MariaDB: a range of its `(status, available_at)` index):
 //! there is deliberately no index on `available_at` elsewhere, since every claim moves it
 //! and such an index would tax every claim for an operator's occasional look. README,
-//! Operations, has the measured cost on a million pending rows.
+//! Operations, has the measured cost on a million pending rows. Keys held by a dead row
+//! are found by a second walk, over the dead rows in id order, each checked through the
+//! `(key, id)` indexes of dead and pending rows: its cost follows the dead rows.
 
 use chrono::{DateTime, Utc};
 
+use super::names::Names;
 use super::MessageId;
 
 /// Why a key's head is not claimable now.
@@ -25,12 +30,18 @@ pub enum HeadState {
     Leased,
     /// Waiting for its retry (or a delayed release) at `until`.
     RetryWaiting,
+    /// Dead since `until`, holding the key (`dead_letter_holds_key`) until an operator
+    /// re-drives or discards it.
+    Dead,
 }
 
 impl HeadState {
-    /// A head with a lease owner is leased; one without waits for its retry.
-    pub fn of(owner: Option<&str>) -> Self {
-        if owner.is_some() {
+    /// A dead head (listed under `dead_letter_holds_key`) is dead; one with a lease owner
+    /// is leased; one without waits for its retry.
+    pub fn of(dead: bool, owner: Option<&str>) -> Self {
+        if dead {
+            Self::Dead
+        } else if owner.is_some() {
             Self::Leased
         } else {
             Self::RetryWaiting
@@ -41,6 +52,7 @@ impl HeadState {
         match self {
             Self::Leased => "leased",
             Self::RetryWaiting => "retry_waiting",
+            Self::Dead => "dead",
         }
     }
 }
@@ -57,8 +69,47 @@ pub struct BlockedKey {
     pub last_error: Option<String>,
     /// When the head was inserted: how long the key has been waiting at most.
     pub head_created_at: DateTime<Utc>,
-    /// When the lease runs out, or the retry is due.
+    /// When the lease runs out, or the retry is due; when a dead head died.
     pub until: DateTime<Utc>,
     /// Pending rows of the key behind the head.
     pub waiting_behind: u64,
+}
+
+/// `EXISTS` a dead row of the key `key` (an SQL expression) before the id `id`: what
+/// holds a row back under `dead_letter_holds_key`, in every backend's claim and blocked
+/// keys, looked up through an index of the dead rows by key and id. Alias `x`.
+pub fn dead_before(t: &str, n: &Names, key: &str, id: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM {t} x WHERE x.{k} = {key} AND x.{status} = 'dead' \
+         AND x.{i} < {id})",
+        k = n.key,
+        status = n.status,
+        i = n.id,
+    )
+}
+
+/// The keys a dead row holds (`dead_letter_holds_key`), as `FROM ... WHERE ...` of the
+/// dead row `d` with an id above `after` (a placeholder): each key's oldest dead row, when
+/// a pending row of the key waits behind it (a dead row with nothing behind holds nothing
+/// yet; the dead-letter list has it). A walk over the dead rows in id order, each checked
+/// through the indexes by key and id of dead and of pending rows: its cost follows the
+/// dead rows, which an operator keeps few. `waiting` counts the rows behind (`count` is
+/// the backend's `count(*)`, cast as it needs).
+pub fn dead_heads(t: &str, n: &Names, after: &str, count: &str) -> (String, String) {
+    let Names {
+        id, key, status, ..
+    } = n;
+    let behind = |what: &str| {
+        format!(
+            "(SELECT {what} FROM {t} b WHERE b.{key} = d.{key} AND b.{status} = 'pending' \
+             AND b.{id} > d.{id})"
+        )
+    };
+    let from = format!(
+        "FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > {after} \
+         AND NOT {} AND EXISTS {}",
+        dead_before(t, n, &format!("d.{key}"), &format!("d.{id}")),
+        behind("1"),
+    );
+    (from, behind(count))
 }

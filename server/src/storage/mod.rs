@@ -388,8 +388,9 @@ pub trait Storage: Send + Sync + 'static {
     /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds>;
 
-    /// Keys whose head is leased or waiting for a retry, oldest head first, heads with an
-    /// id above `after_id`, at most `limit` (see [`blocked`] for the cost).
+    /// Keys whose head is leased or waiting for a retry (or, under
+    /// `dead_letter_holds_key`, dead), oldest head first, heads with an id above
+    /// `after_id`, at most `limit` (see [`blocked`] for the cost).
     async fn blocked_keys(&self, after_id: MessageId, limit: u32)
         -> StorageResult<Vec<BlockedKey>>;
 

@@ -13,6 +13,9 @@ pub struct TableOptions {
     /// Hold a row back while an earlier pending row with the same key is leased or
     /// waiting for its retry.
     pub strict_ordering: bool,
+    /// With `strict_ordering`: a dead row also holds back its key's later rows, until an
+    /// operator re-drives or discards it (README, Operations). Ignored without it.
+    pub dead_letter_holds_key: bool,
     /// Delete delivered rows instead of marking them `done`.
     pub delete_on_ack: bool,
     /// Claim only rows at least this old: ids are assigned at insert, not at commit, so a
@@ -23,11 +26,20 @@ pub struct TableOptions {
     pub columns: Columns,
 }
 
+impl TableOptions {
+    /// Whether a dead row holds its key's later rows back: the policy, under strict
+    /// ordering only.
+    pub fn dead_holds_key(&self) -> bool {
+        self.strict_ordering && self.dead_letter_holds_key
+    }
+}
+
 impl Default for TableOptions {
     fn default() -> Self {
         Self {
             table: "outbox".to_owned(),
             strict_ordering: true,
+            dead_letter_holds_key: false,
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             columns: Columns::default(),

@@ -1,7 +1,9 @@
 //! The operator's calls of the contract: dead letters (list, count, re-drive, discard)
 //! the outbox's pause, blocked keys.
 
-use txoutbox_server::storage::{DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses};
+use txoutbox_server::storage::{
+    BlockedKey, DeadCount, DeadFilter, HeadState, LeaseHolder, NackResult, Pauses,
+};
 
 use super::*;
 
@@ -287,6 +289,22 @@ pub async fn rows_of_paused_topics_are_not_claimed_without_strict_ordering(backe
 
 /// `k`'s head waits for a retry with two rows behind it; `j`'s head is leased with one
 /// behind; keyless rows and keys whose head is due are not blocked.
+/// Key, head, state, owner and rows behind of each blocked key.
+fn heads(blocked: &[BlockedKey]) -> Vec<(&str, MessageId, HeadState, Option<&str>, u64)> {
+    blocked
+        .iter()
+        .map(|b| {
+            (
+                b.key.as_str(),
+                b.head_id,
+                b.state,
+                b.owner.as_deref(),
+                b.waiting_behind,
+            )
+        })
+        .collect()
+}
+
 pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let a = insert(&*storage, "t", "a", Some("k")).await;
@@ -304,18 +322,7 @@ pub async fn blocked_keys_are_listed_oldest_head_first(backend: &impl Backend) {
     insert(&*storage, "t", "g", Some("free")).await;
 
     let blocked = storage.blocked_keys(0, 10).await.unwrap();
-    let seen: Vec<(&str, MessageId, HeadState, Option<&str>, u64)> = blocked
-        .iter()
-        .map(|b| {
-            (
-                b.key.as_str(),
-                b.head_id,
-                b.state,
-                b.owner.as_deref(),
-                b.waiting_behind,
-            )
-        })
-        .collect();
+    let seen = heads(&blocked);
     assert_eq!(
         seen,
         [
@@ -369,4 +376,194 @@ pub async fn lease_holders_are_the_owners_of_live_leases(backend: &impl Backend)
     };
     assert_eq!(seen(&holders), expected, "w3's lease ran out");
     assert_about_from_now(holders[0].earliest_expiry, LEASE);
+}
+
+async fn assert_no_dead_heads(storage: &dyn Storage) {
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    assert!(
+        blocked.iter().all(|b| b.state != HeadState::Dead),
+        "{blocked:?}"
+    );
+}
+
+/// Strict ordering with `dead_letter_holds_key`.
+fn holding() -> Setup {
+    Setup {
+        dead_letter_holds_key: true,
+        ..Setup::default()
+    }
+}
+
+/// Dead-letters on the first failure.
+const FATAL: TestPolicy = TestPolicy { max_attempts: 1 };
+
+/// `dead_letter_holds_key`: a key's dead row holds back its later rows (never claimed)
+/// while other keys flow; re-driven it goes first, then the rest of its key in id order;
+/// discarded, the next row of its key is claimable. Listed among the blocked keys.
+pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(backend: &impl Backend) {
+    let storage = backend.open(holding()).await;
+    let k1 = insert(&*storage, "t", "k1", Some("k")).await;
+    let k2 = insert(&*storage, "t", "k2", Some("k")).await;
+    let k3 = insert(&*storage, "t", "k3", Some("k")).await;
+    let j1 = insert(&*storage, "t", "j1", Some("j")).await;
+    let j2 = insert(&*storage, "t", "j2", Some("j")).await;
+    let free = insert(&*storage, "t", "free", Some("free")).await;
+    assert_eq!(
+        ids(&claim(&*storage, "w1", 10, LEASE).await),
+        [k1, k2, k3, j1, j2, free]
+    );
+    for id in [k1, j1] {
+        let nacked = storage
+            .nack(id, "w1", "poison", None, &FATAL)
+            .await
+            .unwrap();
+        assert!(
+            matches!(nacked, NackResult::DeadLettered { .. }),
+            "{id}: {nacked:?}"
+        );
+    }
+    assert_eq!(storage.ack(&[free].into(), "w1").await.unwrap(), [free]);
+
+    // The nacks gave k2, k3 and j2 back; they wait behind their dead heads.
+    assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
+    let free2 = insert(&*storage, "t", "free2", Some("free")).await;
+    let keyless = insert(&*storage, "t", "keyless", None).await;
+    assert_eq!(
+        ids(&claim(&*storage, "w2", 10, LEASE).await),
+        [free2, keyless],
+        "other keys flow"
+    );
+    assert_eq!(
+        storage.ack(&[free2, keyless].into(), "w2").await.unwrap(),
+        [free2, keyless]
+    );
+    let k4 = insert(&*storage, "t", "k4", Some("k")).await;
+    assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
+
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    let seen = heads(&blocked);
+    assert_eq!(
+        seen,
+        [
+            ("k", k1, HeadState::Dead, None, 3),
+            ("j", j1, HeadState::Dead, None, 1),
+        ]
+    );
+    assert_eq!(blocked[0].last_error.as_deref(), Some("poison"));
+    assert_eq!(blocked[0].attempts, 1);
+    assert_about_from_now(blocked[0].until, Duration::ZERO);
+    let next = storage.blocked_keys(k1, 10).await.unwrap();
+    assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [j1]);
+    assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
+
+    let only = |id| DeadFilter {
+        ids: vec![id],
+        ..DeadFilter::default()
+    };
+    assert_eq!(
+        storage
+            .redrive_dead(&only(k1), 10, Duration::ZERO)
+            .await
+            .unwrap(),
+        [k1]
+    );
+    let got = claim(&*storage, "w3", 10, LEASE).await;
+    assert_eq!(
+        ids(&got),
+        [k1, k2, k3, k4],
+        "the re-driven row first, then the rest of its key in id order"
+    );
+    assert!(got.iter().all(|m| m.attempts == 1), "{got:?}");
+
+    assert_eq!(storage.discard_dead(&only(j1), 10).await.unwrap(), [j1]);
+    assert_eq!(ids(&claim(&*storage, "w3", 10, LEASE).await), [j2]);
+    assert_no_dead_heads(&*storage).await;
+}
+
+/// `dead_letter_holds_key`: of a key's rows claimed `max_attempts` times without an
+/// answer, the next claim dead-letters the first; the rows behind it wait behind it.
+pub async fn a_row_used_up_by_claims_holds_the_rows_of_its_key_behind_it(backend: &impl Backend) {
+    let storage = backend.open(holding()).await;
+    let k1 = insert(&*storage, "t", "k1", Some("k")).await;
+    let k2 = insert(&*storage, "t", "k2", Some("k")).await;
+    let request = |owner| ClaimRequest {
+        owner,
+        batch_size: 10,
+        lease: SHORT_LEASE,
+        topics: &[],
+        paused_topics: &[],
+        max_attempts: 1,
+    };
+    let first = storage.claim(request("w1")).await.unwrap();
+    assert_eq!(ids(&first.messages), [k1, k2]);
+    outlive_short_lease().await;
+    let second = storage.claim(request("w2")).await.unwrap();
+    assert!(second.messages.is_empty(), "{second:?}");
+    assert_eq!(second.exhausted, [k1], "only the key's first row dies");
+    let third = storage.claim(request("w2")).await.unwrap();
+    assert!(
+        third.messages.is_empty() && third.exhausted.is_empty(),
+        "{third:?}"
+    );
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    assert_eq!(
+        blocked
+            .iter()
+            .map(|b| (b.head_id, b.state, b.waiting_behind))
+            .collect::<Vec<_>>(),
+        [(k1, HeadState::Dead, 1)]
+    );
+}
+
+/// Without the policy (the default), a dead row's later rows are claimable at once.
+pub async fn without_the_policy_a_dead_row_holds_nothing_back(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let k1 = insert(&*storage, "t", "k1", Some("k")).await;
+    let k2 = insert(&*storage, "t", "k2", Some("k")).await;
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k1, k2]);
+    let nacked = storage
+        .nack(k1, "w1", "poison", None, &FATAL)
+        .await
+        .unwrap();
+    assert!(
+        matches!(nacked, NackResult::DeadLettered { .. }),
+        "{nacked:?}"
+    );
+    assert_eq!(ids(&claim(&*storage, "w2", 10, LEASE).await), [k2]);
+    assert_no_dead_heads(&*storage).await;
+}
+
+/// `dead_letter_holds_key` turned on over dead rows already there: a re-driven row goes
+/// out, but not the key's rows behind a later dead row; discarded, they go too.
+pub async fn a_dead_row_holds_the_rows_after_it_behind_a_redriven_one(backend: &impl Backend) {
+    let plain = backend.open(Setup::default()).await;
+    let k1 = dead_row(&*plain, "t", Some("k"), "poison").await;
+    let k2 = dead_row(&*plain, "t", Some("k"), "poison").await;
+    let k3 = insert(&*plain, "t", "k3", Some("k")).await;
+    let storage = backend.open(holding()).await;
+    storage.ensure_table().await.unwrap();
+    let only = |id| DeadFilter {
+        ids: vec![id],
+        ..DeadFilter::default()
+    };
+    assert_eq!(
+        storage
+            .redrive_dead(&only(k1), 10, Duration::ZERO)
+            .await
+            .unwrap(),
+        [k1]
+    );
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k1]);
+    assert_eq!(storage.ack(&[k1].into(), "w1").await.unwrap(), [k1]);
+    let blocked = storage.blocked_keys(0, 10).await.unwrap();
+    assert_eq!(
+        blocked
+            .iter()
+            .map(|b| (b.head_id, b.state, b.waiting_behind))
+            .collect::<Vec<_>>(),
+        [(k2, HeadState::Dead, 1)]
+    );
+    assert!(claim(&*storage, "w1", 10, LEASE).await.is_empty());
+    assert_eq!(storage.discard_dead(&only(k2), 10).await.unwrap(), [k2]);
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k3]);
 }

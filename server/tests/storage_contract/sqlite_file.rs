@@ -80,6 +80,7 @@ impl SqliteBackend {
         TableOptions {
             table: self.table.clone(),
             strict_ordering: setup.strict_ordering,
+            dead_letter_holds_key: setup.dead_letter_holds_key,
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
             columns: self.columns.clone(),

@@ -5,6 +5,21 @@ use txoutbox_tests::{OutboxDb, Server, Subscriber};
 
 use crate::cli_client::{json, txoutbox};
 
+/// The first page of the blocked keys of `orders`.
+pub async fn first_page(server: &Server) -> v1::ListBlockedKeysResponse {
+    server
+        .admin()
+        .await
+        .list_blocked_keys(v1::ListBlockedKeysRequest {
+            outbox: "orders".into(),
+            after_id: 0,
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 pub async fn a_stuck_key_is_found_with_its_holder(db: impl OutboxDb) {
     let server = Server::start_serving(&db.config("")).await;
     let head = db.insert("t", Some("stuck"), b"1").await;
@@ -15,17 +30,7 @@ pub async fn a_stuck_key_is_found_with_its_holder(db: impl OutboxDb) {
     assert_eq!(sub.take(1).await[0].id, head);
     let owner = sub.subscribed.owner.clone();
 
-    let listed = server
-        .admin()
-        .await
-        .list_blocked_keys(v1::ListBlockedKeysRequest {
-            outbox: "orders".into(),
-            after_id: 0,
-            limit: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let listed = first_page(&server).await;
     assert_eq!(listed.keys.len(), 1);
     let key = &listed.keys[0];
     assert_eq!(

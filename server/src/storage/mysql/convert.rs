@@ -125,7 +125,7 @@ pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> 
     Ok(BlockedKey {
         key: required_text(row, "key")?,
         head_id: row.try_get("head_id")?,
-        state: HeadState::of(owner.as_deref()),
+        state: HeadState::of(row.try_get::<i64, _>("dead")? != 0, owner.as_deref()),
         owner,
         attempts: attempts(stored_attempts),
         last_error: text(row, "last_error")?,

@@ -145,6 +145,7 @@ impl MySqlStorage {
             database: database_name.as_ref(),
             table: &table,
             columns: &options.columns,
+            dead_holds_key: options.dead_holds_key(),
         });
         Ok(Self {
             pool,
@@ -498,8 +499,12 @@ impl Storage for MySqlStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&self.sql.blocked_keys)
-            .bind(after_id)
+        let mut query = sqlx::query(&self.sql.blocked_keys).bind(after_id);
+        if self.sql.dead_holds_key {
+            // The keys behind a dead row start after the same id.
+            query = query.bind(after_id);
+        }
+        let rows = query
             .bind(i64::from(limit))
             .fetch_all(&self.pool)
             .await

@@ -145,7 +145,24 @@ impl MySqlStorage {
             let (dead, mut fresh): (Vec<_>, Vec<_>) = locked
                 .into_iter()
                 .partition(|m| m.attempts > request.max_attempts);
-            let dead: Vec<MessageId> = dead.iter().map(|m| m.id).collect();
+            let dead: Vec<MessageId> = if self.options.dead_holds_key() {
+                // Only a key's first used-up row dies; the ones behind it wait behind it
+                // (`held_back` then sees it dead).
+                let mut keys = Vec::new();
+                dead.iter()
+                    .filter(|m| match &m.key {
+                        Some(key) if keys.contains(&key) => false,
+                        Some(key) => {
+                            keys.push(key);
+                            true
+                        }
+                        None => true,
+                    })
+                    .map(|m| m.id)
+                    .collect()
+            } else {
+                dead.iter().map(|m| m.id).collect()
+            };
             self.exhaust(&mut tx, &dead, now, request.max_attempts)
                 .await?;
             exhausted.extend(dead);

@@ -18,6 +18,7 @@ use std::time::Duration;
 mod dead;
 
 use super::table::{pauses_table, Schema};
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
@@ -37,6 +38,8 @@ pub(super) struct Statements {
     pub names: Names,
     /// `` `table_pending_idx` ``, which the claim's scan is pinned to.
     pub pending_index: String,
+    /// See [`Shape::dead_holds_key`]. The `(key, status, id)` index serves its lookups.
+    pub dead_holds_key: bool,
     pub now: String,
     pub nack_select: String,
     pub nack_retry: String,
@@ -56,7 +59,8 @@ pub(super) struct Statements {
     /// headers (if the table has them).
     pub insert: String,
     pub schema: Schema,
-    /// Keys whose head is not due (see `blocked.rs`): `?` after this head id, `?` at
+    /// Keys whose head is not due (see `blocked.rs`): `?` after this head id (twice with
+    /// [`Statements::dead_holds_key`]: for the keys behind a dead row too), `?` at
     /// most.
     pub blocked_keys: String,
     /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
@@ -74,6 +78,9 @@ pub(super) struct Shape<'a> {
     pub database: Option<&'a Ident>,
     pub table: &'a Ident,
     pub columns: &'a Columns,
+    /// `dead_letter_holds_key`, under strict ordering: a dead row holds back its key's
+    /// later rows (see [`Statements::claim_candidates`]).
+    pub dead_holds_key: bool,
 }
 
 /// How MySQL writes names: the relay's own bare, as its tables always had them (but
@@ -206,12 +213,14 @@ impl Statements {
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
                o.{created_at} AS created_at, o.{available_at} AS until, \
                (SELECT CAST(COUNT(*) AS SIGNED) FROM {t} b WHERE b.{key} = o.{key} \
-                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, \
+               CAST(0 AS SIGNED) AS dead \
              FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                AND o.{available_at} > UTC_TIMESTAMP(6) AND o.{id} > ? \
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
-             ORDER BY o.{id} LIMIT ?"
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+             ORDER BY head_id LIMIT ?",
+                blocked_keys_dead(shape.dead_holds_key, &t, &names),
             ),
             lease_holders: format!(
                 "SELECT CAST({leased_by} AS CHAR), CAST(COUNT(*) AS SIGNED), MIN({available_at}) \
@@ -226,6 +235,7 @@ impl Statements {
             ),
             resume: format!("DELETE FROM {pauses} WHERE target = ?"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
+            dead_holds_key: shape.dead_holds_key,
             names,
             table: t,
             display_table,
@@ -259,6 +269,31 @@ fn locking_by_ids(id: &str, n: usize) -> String {
     format!(
         "FORCE INDEX (PRIMARY) WHERE {id} IN (NULL, {})",
         placeholders(n)
+    )
+}
+
+/// With `dead_holds_key`: the blocked keys behind a dead row, appended to the statement of
+/// leased and retrying heads (whose heads behind a dead row it leaves out), `?` after
+/// this id (see `storage/blocked.rs`).
+fn blocked_keys_dead(dead_holds_key: bool, t: &str, n: &Names) -> String {
+    if !dead_holds_key {
+        return String::new();
+    }
+    let Names {
+        id,
+        key,
+        attempts,
+        last_error,
+        created_at,
+        processed_at,
+        ..
+    } = n;
+    let (from, waiting) = blocked::dead_heads(t, n, "?", "CAST(COUNT(*) AS SIGNED)");
+    format!(
+        " AND NOT {} UNION ALL \
+         SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
+           d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) {from}",
+        blocked::dead_before(t, n, &format!("o.{key}"), &format!("o.{id}")),
     )
 }
 
@@ -360,6 +395,13 @@ impl Statements {
                  WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
                  AND ({blocked})))"
             );
+            if self.dead_holds_key {
+                // A dead row holds the key too: a range of the `(key, status, id)` index.
+                filters += &format!(
+                    " AND (o.{key} IS NULL OR NOT {})",
+                    blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
+                );
+            }
         }
         format!(
             "SELECT CAST(o.{id} AS SIGNED) AS id, o.{key} AS `key` \
@@ -420,11 +462,20 @@ impl Statements {
                 id, key, status, ..
             },
         ) = (&self.table, &self.names);
+        // With `dead_holds_key` an earlier dead row holds a row back too: one the scan's
+        // pre-filter saw, or one this claim dead-lettered for its attempts.
+        let dead = match self.dead_holds_key {
+            true => format!(
+                " OR {}",
+                blocked::dead_before(t, &self.names, &format!("o.{key}"), &format!("o.{id}"))
+            ),
+            false => String::new(),
+        };
         format!(
             "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({}) \
              AND o.{key} IS NOT NULL \
-             AND EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
-               AND p.{status} = 'pending' AND p.{id} NOT IN ({}))",
+             AND (EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
+               AND p.{status} = 'pending' AND p.{id} NOT IN ({})){dead})",
             placeholders(tested),
             placeholders(batch)
         )

@@ -353,6 +353,7 @@ mod tests {
             database: database.as_ref(),
             table: &table,
             columns,
+            dead_holds_key: false,
         };
         Schema::render(
             &t,

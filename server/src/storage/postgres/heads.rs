@@ -32,6 +32,12 @@
 //! A producer whose id was drawn before the relay moved the head past it, but whose
 //! trigger runs after (a commit-order inversion), moves the head back to its row.
 //!
+//! Under `dead_letter_holds_key` heads still point at pending rows only (producers, answers
+//! and `advance` do not change with the policy): the claim also asks, per key it walks,
+//! whether a dead row comes before the key's first pending row, and where the first dead
+//! row after it is (which ends the key's run), through a `(key, id)` index of the dead
+//! rows that the policy's DDL adds.
+//!
 //! A strict claim runs as one function call: it takes the table's advisory lock (claims on
 //! one table run one at a time across servers), then chooses rows in a new snapshot that
 //! sees what the claim before it leased. The lock is a transaction lock and the call is
@@ -44,12 +50,14 @@
 //! committed), so a slow reader never holds the lock either.
 
 use super::sql::{literal, LOCK_CLASS_CLAIM};
+use crate::storage::blocked;
 use crate::storage::names::Names;
 
 /// Suffix of the claim function's name, versioned: a server of another version on the
 /// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
-/// `v2`: paused topics (a seventh argument) are not claimed.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v2";
+/// `v2`: paused topics (a seventh argument) are not claimed. `v3`: with an eighth argument
+/// true (`dead_letter_holds_key`), a dead row holds back its key's later rows.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v3";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
@@ -165,10 +173,16 @@ $$;
     )
 }
 
-/// `claim(owner, lease, batch, topics, delay, max_attempts, paused)`: the strict claim
-/// (see the module docs). `topics` NULL means every topic, `delay` NULL no visibility
-/// delay, `paused` (topics an operator paused) NULL none. A key whose first row is of a
-/// paused topic waits, like a key whose first row is leased. Returns
+/// `claim(owner, lease, batch, topics, delay, max_attempts, paused, dead_holds)`: the
+/// strict claim (see the module docs). `topics` NULL means every topic, `delay` NULL no
+/// visibility delay, `paused` (topics an operator paused) NULL none. A key whose first row
+/// is of a paused topic waits, like a key whose first row is leased. With `dead_holds`, a
+/// dead row of a key holds back every later row of the key, like a leased row: the key's
+/// first pending row waits while a dead row of the key comes before it, and a run stops
+/// at a dead row (both looked up through the `(key, id)` index of dead rows that the
+/// policy's DDL adds; a head never points at a dead row, so producers, answers and
+/// `advance` are the same with the policy or without), and a row this claim dead-letters
+/// for its attempts holds back the later rows it chose of its key. Returns
 /// one row per leased id (`txo_spent` false), one per row dead-lettered for having used
 /// `max_attempts` (true), and always a last row whose id is NULL, for the lease deadline.
 fn claim(o: &Objects<'_>, n: &Names) -> String {
@@ -204,6 +218,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     };
     let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
     let exhausted = exhausted_error(n, "o", "txo_max_attempts");
+    let dead_before_first = blocked::dead_before(t, n, "h.key", "f.id");
     let lock_key = literal(lock_key);
     let repaired = HEADS_REPAIRED_BY_AN_EMPTY_CLAIM;
     // `bound`: with a full set of heads, no row after the last head can be among the
@@ -213,7 +228,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     format!(
         "CREATE OR REPLACE FUNCTION {claim_function}(
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
-    txo_delay interval, txo_max_attempts integer, txo_paused text[])
+    txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean)
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -228,12 +243,18 @@ BEGIN
     -- After the lock: the claim before this one may have waited as long.
     txo_now := clock_timestamp();
     WITH heads AS (
-        SELECT h.key, h.head_id, f.id AS first_id FROM {heads} h
+        SELECT h.key, h.head_id, f.id AS first_id,
+               CASE WHEN txo_dead_holds THEN (
+                   SELECT min(d.{id}) FROM {t} d
+                   WHERE d.{key} = h.key AND d.{status} = 'dead' AND d.{id} > f.id)
+               END AS dead_after
+        FROM {heads} h
         CROSS JOIN LATERAL (
             SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
             WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
             ORDER BY r.{id} LIMIT 1) f
         WHERE h.head_id IS NOT NULL AND f.ok
+          AND NOT (txo_dead_holds AND {dead_before_first})
         ORDER BY h.head_id LIMIT txo_batch),
     bound AS (
         SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
@@ -243,6 +264,7 @@ BEGIN
             SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
             WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id
               AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
+              AND s.{id} < coalesce(h.dead_after, 9223372036854775807)
             ORDER BY s.{id} LIMIT txo_batch) s),
     keyless AS (
         SELECT o.{id} AS id FROM {t} o
@@ -267,15 +289,20 @@ BEGIN
             ORDER BY h.head_id LIMIT {repaired}));
     ELSE
         -- Lock what was chosen and look again: an answer may have committed meanwhile.
-        -- A key's row is kept only while every chosen row before it is kept or settled.
+        -- A key's row is kept only while every chosen row before it is kept or settled
+        -- (with `dead_holds`, settled as delivered: a row dead now holds the rest back).
         WITH locked AS (
             SELECT o.{id} AS id, o.{key} AS key, o.{status} = 'pending' AS pending,
+                   o.{status} = 'dead' AS dead,
                    o.{available_at} <= txo_now AS due, o.{attempts} >= txo_max_attempts AS spent
             FROM {t} o WHERE o.{id} = ANY(txo_chosen) ORDER BY o.{id} FOR UPDATE),
         judged AS (
             SELECT l.id, l.key, l.pending AND l.due AS ok, l.spent,
-                   bool_and((l.pending AND l.due) OR NOT l.pending)
-                       OVER (PARTITION BY l.key ORDER BY l.id) AS run_ok
+                   coalesce(bool_and(CASE WHEN l.pending
+                           THEN l.due AND NOT (txo_dead_holds AND l.spent)
+                           ELSE NOT (txo_dead_holds AND l.dead) END)
+                       OVER (PARTITION BY l.key ORDER BY l.id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS run_ok
             FROM locked l)
         SELECT coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE NOT j.spent), '{{}}'),
                coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.spent), '{{}}')
@@ -326,8 +353,9 @@ pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> Str
 /// pending rows before the page's last blocked key (not one per pending row, as the
 /// statement of a table without heads does), plus the count of the rows behind each
 /// blocked key. Pages follow `head_id`: a head an answer left behind (see the module
-/// docs; the next claim moves it on) is listed where its old `head_id` puts it.
-pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names) -> String {
+/// docs; the next claim moves it on) is listed where its old `head_id` puts it. With
+/// `dead_holds`, a key behind a dead row is left to [`dead_heads`].
+pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) -> String {
     let Names {
         id,
         key,
@@ -339,18 +367,54 @@ pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names) -> String {
         created_at,
         ..
     } = n;
-    format!(
+    let not_behind_dead = match dead_holds {
+        true => format!(
+            " AND NOT {}",
+            blocked::dead_before(t, n, "h.key", &format!("o.{id}"))
+        ),
+        false => String::new(),
+    };
+    let leased_or_waiting = format!(
         "SELECT h.key AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
            o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
            o.{created_at} AS created_at, o.{available_at} AS until, \
            (SELECT count(*) FROM {t} b WHERE b.{key} = h.key \
-             AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+             AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, false AS dead \
          FROM {heads} h CROSS JOIN LATERAL (\
            SELECT r.* FROM {t} r WHERE r.{key} = h.key AND r.{status} = 'pending' \
              AND r.{id} >= h.head_id ORDER BY r.{id} LIMIT 1) o \
          WHERE h.head_id IS NOT NULL AND h.head_id > $1 \
-           AND o.{available_at} > statement_timestamp() \
+           AND o.{available_at} > statement_timestamp(){not_behind_dead} \
          ORDER BY h.head_id LIMIT $2"
+    );
+    match dead_holds {
+        true => format!(
+            "SELECT * FROM (({leased_or_waiting}) UNION ALL ({})) k ORDER BY head_id LIMIT $2",
+            dead_heads(t, n)
+        ),
+        false => leased_or_waiting,
+    }
+}
+
+/// Keys held by a dead row (`dead_letter_holds_key`, see
+/// [`crate::storage::blocked::dead_heads`]) in the columns of [`blocked_keys`], `$1` after
+/// this id, `$2` at most; `until` is when it died.
+fn dead_heads(t: &str, n: &Names) -> String {
+    let Names {
+        id,
+        key,
+        attempts,
+        last_error,
+        created_at,
+        processed_at,
+        ..
+    } = n;
+    let (from, waiting) = blocked::dead_heads(t, n, "$1", "count(*)");
+    format!(
+        "SELECT d.{key}::text AS key, d.{id}::int8 AS head_id, NULL::text AS owner, \
+           d.{attempts}::int4 AS attempts, d.{last_error} AS last_error, \
+           d.{created_at} AS created_at, d.{processed_at} AS until, {waiting} AS waiting, \
+           true AS dead {from} ORDER BY d.{id} LIMIT $2"
     )
 }
 

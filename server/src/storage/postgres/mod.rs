@@ -174,6 +174,7 @@ impl PostgresStorage {
             table: &table,
             columns: &options.columns,
             strict_ordering: options.strict_ordering,
+            dead_holds_key: options.dead_holds_key(),
             visibility_delay: options.visibility_delay,
             notify_channel: channel.as_ref(),
         });

@@ -35,7 +35,8 @@ impl PostgresStorage {
                 .bind(matches!(topics, TopicFilter::Only(_)).then_some(topics.topics()))
                 .bind(delay)
                 .bind(max_attempts)
-                .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics())),
+                .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
+                .bind(self.options.dead_holds_key()),
             None => {
                 let statement = match topics.clause() {
                     TopicClause::Any => &self.sql.claim_all,

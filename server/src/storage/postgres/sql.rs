@@ -94,8 +94,8 @@ pub(super) struct Statements {
 #[derive(Debug)]
 pub(super) struct StrictStatements {
     /// `$1` owner, `$2` lease, `$3` batch size, `$4` topics or NULL, `$5` visibility delay
-    /// or NULL, `$6` max attempts, `$7` paused topics or NULL; rows `(id, spent,
-    /// lease_expires_at)`.
+    /// or NULL, `$6` max attempts, `$7` paused topics or NULL, `$8` whether a dead row
+    /// holds its key; rows `(id, spent, lease_expires_at)`.
     pub claim: String,
     /// Moves on the heads of the keys `$1` after rows of theirs stopped being pending.
     pub advance: String,
@@ -108,6 +108,8 @@ pub(super) struct Shape<'a> {
     pub table: &'a Ident,
     pub columns: &'a Columns,
     pub strict_ordering: bool,
+    /// `dead_letter_holds_key`, under strict ordering (see `heads::claim`).
+    pub dead_holds_key: bool,
     pub visibility_delay: Duration,
     pub notify_channel: Option<&'a Ident>,
 }
@@ -210,7 +212,7 @@ impl Statements {
         let functions = if shape.strict_ordering {
             vec![
                 format!(
-                    "{}(text,interval,integer,text[],interval,integer,text[])",
+                    "{}(text,interval,integer,text[],interval,integer,text[],boolean)",
                     objects.claim_function
                 ),
                 format!("{}(text[])", objects.advance_function),
@@ -312,7 +314,7 @@ impl Statements {
                 claim: format!(
                     "SELECT txo_id AS id, txo_spent AS spent, \
                      txo_lease_expires_at AS lease_expires_at \
-                     FROM {}($1, $2, $3, $4, $5, $6, $7)",
+                     FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
                     objects.claim_function
                 ),
                 advance: format!("SELECT {}($1)", objects.advance_function),
@@ -320,13 +322,13 @@ impl Statements {
             }),
             heads: shape.strict_ordering.then(|| objects.heads.clone()),
             blocked_keys: match shape.strict_ordering {
-                true => heads::blocked_keys(&t, &objects.heads, &n),
+                true => heads::blocked_keys(&t, &objects.heads, &n, shape.dead_holds_key),
                 false => format!(
                     "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
                    o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
                    o.{created_at} AS created_at, o.{available_at} AS until, \
                    (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
-                     AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+                     AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, false AS dead \
                  FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                    AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
                    AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
@@ -575,6 +577,7 @@ mod tests {
             table,
             columns,
             strict_ordering: true,
+            dead_holds_key: false,
             visibility_delay: Duration::ZERO,
             notify_channel: channel,
         }

@@ -248,6 +248,16 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         pauses_table(shape)
     );
     check.relations.push(pauses_table(shape));
+    if shape.dead_holds_key {
+        // What a strict claim under `dead_letter_holds_key` looks up per key: its dead
+        // rows before and after its first pending row. Only with the policy: building it
+        // scans the table while producers' inserts wait.
+        let key_dead = name("_key_dead_idx");
+        sql += &format!(
+            "CREATE INDEX IF NOT EXISTS {key_dead} ON {t} ({key}, {id}) WHERE {status} = 'dead';\n"
+        );
+        check.relations.push(qualified(shape, &key_dead));
+    }
     if shape.strict_ordering {
         sql += &heads::schema(&strict.objects(t), n);
         check.relations.push(strict.heads.clone());
@@ -369,6 +379,7 @@ mod tests {
             table,
             columns,
             strict_ordering: true,
+            dead_holds_key: false,
             visibility_delay: Duration::ZERO,
             notify_channel: channel,
         }

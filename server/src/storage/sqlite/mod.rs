@@ -180,6 +180,7 @@ impl SqliteStorage {
             table: &table,
             columns: &options.columns,
             strict_ordering: options.strict_ordering,
+            dead_holds_key: options.dead_holds_key(),
             visibility_delay: options.visibility_delay,
         });
         let place = Place {

@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use super::table::{pauses_table, Schema};
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
@@ -91,6 +92,9 @@ pub(super) struct Shape<'a> {
     pub table: &'a Ident,
     pub columns: &'a Columns,
     pub strict_ordering: bool,
+    /// `dead_letter_holds_key`, under strict ordering: a dead row holds back its key's
+    /// later rows (see [`candidates`]).
+    pub dead_holds_key: bool,
     pub visibility_delay: Duration,
 }
 
@@ -270,19 +274,25 @@ impl Statements {
                 inserted.join(", "),
                 params.join(", ")
             ),
-            schema: Schema::render(&t, shape.table, shape.columns, &c),
+            schema: dead_holds_schema(
+                Schema::render(&t, shape.table, shape.columns, &c),
+                shape,
+                &t,
+                &c,
+            ),
             display_table: shape.table.to_string(),
             blocked_keys: format!(
                 "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
                o.{attempts} AS attempts, o.{last_error} AS last_error, \
                o.{created_at} AS created_at, o.{available_at} AS until, \
                (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
-                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, 0 AS dead \
              FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                AND o.{available_at} > ?3 AND o.{id} > ?1 \
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}) \
-             ORDER BY o.{id} LIMIT ?2"
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+             ORDER BY head_id LIMIT ?2",
+                blocked_keys_dead(shape, &t, &c),
             ),
             lease_holders: format!(
                 "SELECT {leased_by}, count(*), min({available_at}) FROM {t} \
@@ -418,6 +428,14 @@ fn candidates(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> (St
              WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
              AND ({blocked})))"
         );
+        if shape.dead_holds_key {
+            // `dead_letter_holds_key`: an earlier dead row of the key holds it back too,
+            // found through the `(key, id)` index of dead rows.
+            filters += &format!(
+                " AND (o.{key} IS NULL OR NOT {})",
+                blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
+            );
+        }
     }
     let select = format!(
         "SELECT o.{id} FROM {t} o \
@@ -480,8 +498,60 @@ fn exhaust(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> String
         "UPDATE {t} SET {status} = 'dead', {processed_at} = ?1, {leased_by} = NULL, \
            {last_error} = 'claimed ' || {attempts} || ' times without an answer (max_attempts = ' \
              || ?{max_attempts} || ')' || coalesce('; last error: ' || {last_error}, '') \
-         WHERE {id} IN ({select} LIMIT ?{limit}) AND {attempts} >= ?{max_attempts} \
-         RETURNING {id}"
+         WHERE {id} IN ({select} LIMIT ?{limit}) AND {attempts} >= ?{max_attempts}{holds} \
+         RETURNING {id}",
+        holds = match shape.dead_holds_key {
+            // Only a key's first used-up row dies: the rows behind it wait behind it,
+            // whatever their attempts (the claim that follows sees it dead).
+            true => format!(
+                " AND ({key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+                 WHERE p.{key} = {t}.{key} AND p.{id} < {t}.{id} AND p.{status} = 'pending' \
+                 AND p.{attempts} >= ?{max_attempts}))",
+                key = c.key,
+            ),
+            false => String::new(),
+        },
+    )
+}
+
+/// The schema, with the `(key, id)` index of dead rows that `dead_letter_holds_key` looks
+/// keys up in (only then: most outboxes never look).
+fn dead_holds_schema(mut schema: Schema, shape: &Shape<'_>, t: &str, c: &Names) -> Schema {
+    if shape.dead_holds_key {
+        schema.indexes += &format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {t} ({}, {}) WHERE {} = 'dead';\n",
+            crate::storage::ident::quote(&format!("{}_key_dead_idx", shape.table)),
+            c.key,
+            c.id,
+            c.status
+        );
+    }
+    schema
+}
+
+/// With `dead_letter_holds_key`: blocked keys also behind a dead row, in the columns of
+/// the statement of leased and retrying heads (closed by `?1` after, `?2` at most); its
+/// heads behind a dead row are left to the dead part. See `storage/blocked.rs`.
+fn blocked_keys_dead(shape: &Shape<'_>, t: &str, c: &Names) -> String {
+    if !shape.dead_holds_key {
+        return String::new();
+    }
+    let Names {
+        id,
+        key,
+        attempts,
+        last_error,
+        created_at,
+        processed_at,
+        ..
+    } = c;
+    let (from, waiting) = blocked::dead_heads(t, c, "?1", "count(*)");
+    format!(
+        " AND NOT {} UNION ALL \
+         SELECT d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
+           d.{last_error} AS last_error, d.{created_at} AS created_at, \
+           d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead {from}",
+        blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}")),
     )
 }
 
@@ -495,6 +565,7 @@ mod tests {
             table: &Ident::new(table).unwrap(),
             columns,
             strict_ordering: true,
+            dead_holds_key: false,
             visibility_delay,
         })
     }

@@ -9,6 +9,7 @@ fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements 
         database: database.as_ref(),
         table: &Ident::new(table).unwrap(),
         columns,
+        dead_holds_key: false,
     })
 }
 
