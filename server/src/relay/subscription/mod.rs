@@ -32,6 +32,11 @@
 //!   follows (the client's graceful stop relies on that). See [`Answer::waits_for_claims`].
 //!   Per-key order itself is the database's: a strict claim never returns a row while an
 //!   earlier row of its key is leased or waiting for its retry.
+//! - **Bytes per identity**: with `max_bytes_in_flight`, a claim starts only with an
+//!   allowance taken from the identity's budget, and is capped at it; the rows' bytes
+//!   stay taken while they are held (see [`held`]). A stream that finds too little left
+//!   waits in line for a release, as it would for room in its window: it stays open and
+//!   takes no group turns meanwhile. See [`super::bytes_in_flight`].
 //! - **Drain**: no claim starts once the drain has begun; one already running finishes
 //!   and its batch goes out before `draining`.
 //! - **End**: however the stream ends, the claim and the answer in flight are awaited, so
@@ -69,11 +74,13 @@ use tracing::Instrument;
 
 use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack, Single};
 pub use self::answers::{Answer, Rejection, Settlement};
-use self::claiming::{progress, Asked, ClaimRun, Claiming, NextClaim, Progress};
+use self::claiming::{progress, Asked, ClaimResult, ClaimRun, Claiming, NextClaim, Progress};
 use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
+use super::bytes_in_flight::{Allowance, BytesInFlight, StreamBytes};
 use super::drain::Drain;
 use super::idle::{changed, PollGroup, Turn};
+use super::response_size::message_bytes;
 use super::subscribers::StreamInfo;
 use super::{Outbox, RelayError, RelayResult, MAX_IDS};
 use crate::storage::{Claimed, MessageId, StorageError};
@@ -96,6 +103,8 @@ pub struct SubscriptionSpec {
     pub peer: Option<String>,
     /// The authenticated identity, when auth is on.
     pub identity: Option<String>,
+    /// The identity's `max_bytes_in_flight`, when it has one.
+    pub bytes: Option<Arc<BytesInFlight>>,
 }
 
 /// What the subscription tells its subscriber.
@@ -147,13 +156,15 @@ pub async fn run(
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
-    let held = Held::new(outbox.metrics().in_flight.clone());
+    let held = Held::new(outbox.metrics().in_flight.clone(), spec.bytes.clone());
     let registration = outbox.subscribers.register(&spec, &owner);
     let mut state = Subscription {
         info: Arc::clone(&registration.info),
         found: Some(idle.found()),
         idle,
         topics: spec.topics.clone().into(),
+        bytes: spec.bytes.as_ref().map(BytesInFlight::open),
+        need: None,
         outbox,
         spec,
         owner,
@@ -205,6 +216,11 @@ struct Subscription {
     draining_until: Option<Instant>,
     /// Claims failed in a row, for the pause before the next.
     claim_failures: u32,
+    /// This stream's part in its identity's `max_bytes_in_flight`, if it has one.
+    bytes: Option<StreamBytes>,
+    /// The size of the row the last claim left out for its byte allowance: the next
+    /// claim needs at least that much.
+    need: Option<usize>,
 }
 
 struct AnswerRun {
@@ -244,7 +260,11 @@ impl Subscription {
             if self.draining_until.is_some() && self.held.len() == 0 && quiet {
                 return Ok(());
             }
-            let claim = self.claim_size(drain);
+            let mut claim = self.claim_size(drain);
+            let waiting_for_bytes = self.waits_for_bytes(claim.is_some());
+            if waiting_for_bytes {
+                claim = None;
+            }
             let claim_at = match claim {
                 Some((count, NextClaim::At(at))) => Some((count, at)),
                 _ => None,
@@ -259,8 +279,8 @@ impl Subscription {
             tokio::select! {
                 biased;
                 progress = progress(&mut self.claiming) => {
-                    if let Progress::Claimed { result, asked, freed_rows } = progress {
-                        self.claimed(result, asked, freed_rows).await?;
+                    if let Progress::Claimed { result, allowance, asked, freed_rows } = progress {
+                        self.claimed(result, allowance, asked, freed_rows).await?;
                     }
                 }
                 result = joined(self.answer.as_mut().map(|run| &mut run.task)) => {
@@ -303,6 +323,7 @@ impl Subscription {
                         self.found = None;
                     }
                 }
+                () = freed(&mut self.bytes), if waiting_for_bytes => {}
             }
         }
     }
@@ -333,18 +354,59 @@ impl Subscription {
         enough.then_some((room.min(batch_cap), next))
     }
 
+    /// With a byte budget: whether the stream would claim (`wants`) but its identity has
+    /// too few bytes left, so it waits in line for a release. A stream that would not
+    /// claim leaves the line, holding no one back.
+    fn waits_for_bytes(&mut self, wants: bool) -> bool {
+        let need = self.need();
+        match &mut self.bytes {
+            Some(bytes) if wants => !bytes.ready(need),
+            Some(bytes) => {
+                bytes.leave();
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The bytes the next claim must be able to keep: the row the last one left out, or
+    /// a row of the outbox's average size.
+    fn need(&self) -> usize {
+        self.need.unwrap_or_else(|| self.outbox.average_row_bytes())
+    }
+
     /// Starts a claim of up to `count` rows on its own task.
     fn start_claim(&mut self, count: usize, turn: Option<Turn>) {
+        let need = self.need();
+        let allowance = match &mut self.bytes {
+            Some(bytes) => match bytes.take(need, self.outbox.response_budget()) {
+                Some(allowance) => Some(allowance),
+                None => {
+                    // Another stream of the identity took the bytes since the loop looked:
+                    // wait in line, then claim at once. A group turn taken for this claim
+                    // is lost; the group hands a poll turn out again after its wait.
+                    self.claiming.claim_now();
+                    return;
+                }
+            },
+            None => None,
+        };
+        let max_bytes = allowance.as_ref().map_or(usize::MAX, Allowance::bytes);
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
         let lease = self.spec.lease;
         let task = tokio::spawn(
-            async move { outbox.claim(&owner, count as u32, lease, &topics).await }
-                .in_current_span(),
+            async move {
+                outbox
+                    .claim_within(&owner, count as u32, lease, &topics, max_bytes)
+                    .await
+            }
+            .in_current_span(),
         );
         self.claiming = Claiming::Running(ClaimRun {
             task,
+            allowance,
             asked: Asked { count, turn },
             freed_rows: false,
         });
@@ -357,11 +419,13 @@ impl Subscription {
     /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
     async fn claimed(
         &mut self,
-        result: Result<RelayResult<Claimed>, JoinError>,
+        result: Result<ClaimResult, JoinError>,
+        allowance: Option<Allowance>,
         asked: Asked,
         freed_rows: bool,
     ) -> RelayResult<()> {
-        let claimed = match result.map_err(task_failed)? {
+        // A failed claim drops its allowance, which gives the bytes back.
+        let (claimed, left_out) = match result.map_err(task_failed)? {
             Ok(claimed) => claimed,
             // Retrying cannot heal the caller's own mistake: end with its status.
             Err(error) if error.is_callers_fault() => return Err(error),
@@ -377,9 +441,15 @@ impl Subscription {
             Err(error) => return Err(error),
         };
         self.claim_failures = 0;
+        let sizes = hold_bytes(&claimed, allowance);
+        self.need = left_out;
         let got = claimed.messages.len();
-        let short = got < asked.count;
-        self.idle.record(asked.turn, asked.count, got);
+        // Cut by the byte allowance: there is more, as after a full batch, and the group's
+        // other streams are told so (they may have bytes of other identities, or the
+        // fair share of this one's).
+        let short = got < asked.count && left_out.is_none();
+        let found = if short { got } else { asked.count };
+        self.idle.record(asked.turn, asked.count, found);
         // A full batch means there is probably more: claim again as soon as there is room.
         // A short one after answers freed rows of this stream during the claim: those may
         // have unblocked keys after the claim looked, so look again now too. Otherwise
@@ -398,8 +468,8 @@ impl Subscription {
         // The local deadline is measured after the claim returned, so it never runs out
         // before the database's lease does.
         let deadline = Instant::now() + self.spec.lease;
-        for message in &claimed.messages {
-            self.held.insert(message.id, deadline);
+        for (message, bytes) in claimed.messages.iter().zip(sizes) {
+            self.held.insert(message.id, deadline, bytes);
         }
         let (taken, in_transit) = oneshot::channel();
         self.claiming = Claiming::InTransit {
@@ -556,7 +626,7 @@ impl Subscription {
         if let Some((ids, lease)) = &applied.extended {
             let deadline = Instant::now() + *lease;
             for id in ids {
-                self.held.insert(*id, deadline);
+                self.held.extend(*id, deadline);
             }
         }
     }
@@ -569,10 +639,11 @@ impl Subscription {
             short_while_holding: false,
         });
         if let Claiming::Running(run) = std::mem::replace(&mut self.claiming, idle) {
-            if let Ok(Ok(claimed)) = run.task.await {
+            if let Ok(Ok((claimed, _))) = run.task.await {
+                let sizes = hold_bytes(&claimed, run.allowance);
                 let deadline = Instant::now() + self.spec.lease;
-                for message in &claimed.messages {
-                    self.held.insert(message.id, deadline);
+                for (message, bytes) in claimed.messages.iter().zip(sizes) {
+                    self.held.insert(message.id, deadline, bytes);
                 }
             }
         }
@@ -614,6 +685,25 @@ impl Subscription {
     async fn send(&self, event: Event) {
         // A closed channel means the subscriber is gone; the loop notices via `closed()`.
         let _ = self.events.send(Ok(event)).await;
+    }
+}
+
+/// The size of each claimed row; the allowance keeps their sum (the rows hold it from
+/// now on) and gives back the rest.
+fn hold_bytes(claimed: &Claimed, allowance: Option<Allowance>) -> Vec<usize> {
+    let sizes: Vec<usize> = claimed.messages.iter().map(message_bytes).collect();
+    if let Some(allowance) = allowance {
+        allowance.keep(sizes.iter().sum());
+    }
+    sizes
+}
+
+/// Completes when the identity's bytes were released since the stream found too few;
+/// never without a byte budget.
+async fn freed(bytes: &mut Option<StreamBytes>) {
+    match bytes {
+        Some(bytes) => bytes.freed().await,
+        None => std::future::pending().await,
     }
 }
 
