@@ -601,14 +601,12 @@ async fn streams_of_one_byte_budget_all_deliver_and_a_closed_one_frees_its_bytes
     let mut got_some = [false; 3];
     while delivered.len() < rows.len() {
         for (i, stream) in streams.iter_mut().enumerate() {
-            if let Ok(Ok(event)) = stream.events.try_recv() {
-                if let Event::Batch(batch) = event {
-                    let ids: Vec<_> = batch.claimed.messages.iter().map(|m| m.id).collect();
-                    assert!(budget.used() <= 4 * row_bytes(), "never past the budget");
-                    got_some[i] = true;
-                    delivered.extend(&ids);
-                    stream.answer(Answer::Ack(ids)).await;
-                }
+            if let Ok(Ok(Event::Batch(batch))) = stream.events.try_recv() {
+                let ids: Vec<_> = batch.claimed.messages.iter().map(|m| m.id).collect();
+                assert!(budget.used() <= 4 * row_bytes(), "never past the budget");
+                got_some[i] = true;
+                delivered.extend(&ids);
+                stream.answer(Answer::Ack(ids)).await;
             }
         }
         sleep(Duration::from_millis(10)).await;
