@@ -6,7 +6,9 @@
 //! so there is no locking: answers, claims, wake-ups and the drain are events of one
 //! `select!`. The claiming side is a state machine of its own ([`claiming`]: `Ready`,
 //! `Running`, `InTransit`, and in `Ready` whether the next claim waits for a time or for
-//! the group's turn), so each arm of the `select!` is guarded by the state it belongs to. The storage calls run on tasks of their own, so a claim and an answer of one
+//! the group's turn), and so is the answering side ([`answering`]: `Idle`, `Waiting`,
+//! `Running`), so each arm of the `select!` is guarded by the state it belongs to. The
+//! storage calls run on tasks of their own, so a claim and an answer of one
 //! stream run at the same time: a claim woken by an insert does not wait behind an ack
 //! transaction, and acks arriving during a claim do not wait for it. At most one claim and
 //! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
@@ -56,6 +58,7 @@
 //! `hostile_input::a_stream_whose_claims_fail_for_its_own_reason_ends_with_that_status`
 //! shows end to end.
 
+mod answering;
 mod answers;
 mod claiming;
 mod held;
@@ -72,6 +75,7 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
+use self::answering::{acks_behind, finished, nacks_behind, AnswerRun, Answering};
 use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack, Single};
 pub use self::answers::{Answer, Rejection, Settlement};
 use self::claiming::{progress, Asked, ClaimResult, ClaimRun, Claiming, NextClaim, Progress};
@@ -82,12 +86,9 @@ use super::drain::Drain;
 use super::idle::{changed, PollGroup, Turn};
 use super::response_size::message_bytes;
 use super::subscribers::StreamInfo;
-use super::{Outbox, RelayError, RelayResult, MAX_IDS};
+use super::{Outbox, RelayError, RelayResult};
 use crate::storage::{Claimed, MessageId, StorageError};
 
-/// Acks are merged until they name this many ids (and never more than one storage call
-/// takes); nacks until this many.
-const MAX_COALESCED: usize = 1000;
 /// Pause after a failed claim before trying again; it doubles while claims keep failing.
 const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
 const MAX_STORAGE_ERROR_DELAY: Duration = Duration::from_secs(30);
@@ -174,8 +175,7 @@ pub async fn run(
         claiming: Claiming::Ready(NextClaim::Idle {
             short_while_holding: false,
         }),
-        answer: None,
-        next_answer: None,
+        answering: Answering::Idle,
         draining_until: None,
         claim_failures: 0,
     };
@@ -207,11 +207,8 @@ struct Subscription {
     found: Option<watch::Receiver<u64>>,
     /// What the claiming side waits for.
     claiming: Claiming,
-    /// The answer (or the coalesced acks or nacks) being applied on its own task, if any.
-    answer: Option<AnswerRun>,
-    /// An answer taken from the channel that has not started: it waits for the answer in
-    /// flight, or for the claim in flight (see [`Answer::waits_for_claims`]).
-    next_answer: Option<RelayResult<Answer>>,
+    /// What the answering side waits for.
+    answering: Answering,
     /// Once the drain has begun: when the subscriber's time to answer runs out.
     draining_until: Option<Instant>,
     /// Claims failed in a row, for the pause before the next.
@@ -221,12 +218,6 @@ struct Subscription {
     /// The size of the row the last claim left out for its byte allowance: the next
     /// claim needs at least that much.
     need: Option<usize>,
-}
-
-struct AnswerRun {
-    task: JoinHandle<RelayResult<Applied>>,
-    /// A nack or release: no claim starts until it is settled.
-    gives_back: bool,
 }
 
 impl Subscription {
@@ -255,8 +246,7 @@ impl Subscription {
             let quiet = matches!(
                 self.claiming,
                 Claiming::Ready(_) | Claiming::InTransit { .. }
-            ) && self.answer.is_none()
-                && self.next_answer.is_none();
+            ) && self.answering.is_idle();
             if self.draining_until.is_some() && self.held.len() == 0 && quiet {
                 return Ok(());
             }
@@ -274,7 +264,7 @@ impl Subscription {
                 _ => None,
             };
             let claim_running = matches!(self.claiming, Claiming::Running(_));
-            let take_answer = self.answer.is_none() && self.next_answer.is_none();
+            let take_answer = self.answering.is_idle();
             let expiry = self.held.next_deadline();
             tokio::select! {
                 biased;
@@ -283,14 +273,13 @@ impl Subscription {
                         self.claimed(result, allowance, asked, freed_rows).await?;
                     }
                 }
-                result = joined(self.answer.as_mut().map(|run| &mut run.task)) => {
-                    self.answer = None;
+                result = finished(&mut self.answering) => {
                     self.answered(result.map_err(task_failed)?).await?;
                 }
                 answer = answers.recv(), if take_answer => {
                     let Some(answer) = answer else { return Ok(()) };
                     // Started at the top of the loop, which also merges the acks behind it.
-                    self.next_answer = Some(answer);
+                    self.answering = Answering::Waiting(answer);
                 }
                 _ = self.events.closed() => return Ok(()),
                 _ = drain.started(), if self.draining_until.is_none() && !claim_running => {
@@ -336,9 +325,7 @@ impl Subscription {
         let Claiming::Ready(next) = self.claiming else {
             return None;
         };
-        let gives_back = self.answer.as_ref().is_some_and(|run| run.gives_back)
-            || matches!(&self.next_answer, Some(Ok(answer)) if answer.waits_for_claims());
-        if gives_back || drain.is_started() {
+        if self.answering.gives_back() || drain.is_started() {
             return None;
         }
         let window = self.spec.max_in_flight as usize;
@@ -486,38 +473,46 @@ impl Subscription {
 
     /// Starts the answer taken from the channel, if nothing keeps it waiting.
     async fn start_next_answer(&mut self, answers: &mut AnswerReceiver) -> RelayResult<()> {
-        if self.answer.is_some() {
-            return Ok(());
-        }
-        let Some(next) = self.next_answer.take() else {
-            return Ok(());
+        let next = match std::mem::replace(&mut self.answering, Answering::Idle) {
+            Answering::Waiting(next) => next,
+            other => {
+                self.answering = other;
+                return Ok(());
+            }
         };
         let answer = next?;
         if answer.waits_for_claims() && matches!(self.claiming, Claiming::Running(_)) {
-            self.next_answer = Some(Ok(answer));
+            self.answering = Answering::Waiting(Ok(answer));
             return Ok(());
         }
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let gives_back = answer.waits_for_claims();
-        let task = match answer {
+        let (task, next) = match answer {
             Answer::SetWindow(window) => {
                 self.set_window(window).await;
                 return Ok(());
             }
             Answer::Ack(ids) => {
-                let acks = self.acks_behind(ids, answers);
-                tokio::spawn(apply_acks(outbox, owner, acks).in_current_span())
+                let (acks, next) = acks_behind(ids, answers);
+                let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
+                (task, next)
             }
             Answer::Nack { id, error, delay } => {
-                let nacks = self.nacks_behind(Nack { id, error, delay }, answers);
-                tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span())
+                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers);
+                let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
+                (task, next)
             }
-            Answer::Release { ids, delay } => self.apply(Single::Release { ids, delay }),
-            Answer::DeadLetter { id, error } => self.apply(Single::DeadLetter { id, error }),
-            Answer::ExtendLease { ids, lease } => self.apply(Single::ExtendLease { ids, lease }),
+            Answer::Release { ids, delay } => (self.apply(Single::Release { ids, delay }), None),
+            Answer::DeadLetter { id, error } => {
+                (self.apply(Single::DeadLetter { id, error }), None)
+            }
+            Answer::ExtendLease { ids, lease } => {
+                (self.apply(Single::ExtendLease { ids, lease }), None)
+            }
         };
-        self.answer = Some(AnswerRun { task, gives_back });
+        let run = AnswerRun { task, gives_back };
+        self.answering = Answering::Running { run, next };
         Ok(())
     }
 
@@ -525,52 +520,6 @@ impl Subscription {
     fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
         let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
         tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
-    }
-
-    /// `first` and the acks waiting right behind it, to apply in one storage call (a
-    /// subscriber acking message by message would otherwise cost a transaction each). The
-    /// first other answer is kept for after them.
-    fn acks_behind(
-        &mut self,
-        first: Vec<MessageId>,
-        answers: &mut AnswerReceiver,
-    ) -> Vec<Vec<MessageId>> {
-        let mut total = first.len();
-        let mut acks = vec![first];
-        while total < MAX_COALESCED {
-            match answers.try_recv() {
-                Some(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
-                    total += ids.len();
-                    acks.push(ids);
-                }
-                Some(other) => {
-                    self.next_answer = Some(other);
-                    break;
-                }
-                None => break,
-            }
-        }
-        acks
-    }
-
-    /// `first` and the nacks waiting right behind it, to apply in one storage call (a
-    /// burst of nacks, a broker outage, would otherwise cost a transaction each while the
-    /// rest wait). The first other answer is kept for after them.
-    fn nacks_behind(&mut self, first: Nack, answers: &mut AnswerReceiver) -> Vec<Nack> {
-        let mut nacks = vec![first];
-        while nacks.len() < MAX_COALESCED {
-            match answers.try_recv() {
-                Some(Ok(Answer::Nack { id, error, delay })) => {
-                    nacks.push(Nack { id, error, delay })
-                }
-                Some(other) => {
-                    self.next_answer = Some(other);
-                    break;
-                }
-                None => break,
-            }
-        }
-        nacks
     }
 
     /// Applies a new window (never while a claim runs) and confirms it; a window out of
@@ -647,7 +596,9 @@ impl Subscription {
                 }
             }
         }
-        if let Some(run) = self.answer.take() {
+        if let Answering::Running { run, .. } =
+            std::mem::replace(&mut self.answering, Answering::Idle)
+        {
             if let Ok(Ok(applied)) = run.task.await {
                 self.account(&applied);
                 for settlement in applied.settlements {
@@ -703,14 +654,6 @@ fn hold_bytes(claimed: &Claimed, allowance: Option<Allowance>) -> Vec<usize> {
 async fn freed(bytes: &mut Option<StreamBytes>) {
     match bytes {
         Some(bytes) => bytes.freed().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Waits for the task in `running`, if any; never completes without one.
-async fn joined<T>(running: Option<&mut JoinHandle<T>>) -> Result<T, JoinError> {
-    match running {
-        Some(task) => task.await,
         None => std::future::pending().await,
     }
 }
