@@ -6,7 +6,7 @@
 //! so there is no locking: answers, claims, wake-ups and the drain are events of one
 //! `select!`. The claiming side is a state machine of its own ([`claiming`]: `Ready`,
 //! `Running`, `InTransit`, and in `Ready` whether the next claim waits for a time or for
-//! the group's turn), and so is the answering side ([`answering`]: `Idle`, `Waiting`,
+//! the group's turn), and so is the answering side (`answering.rs`: `Idle`, `Waiting`,
 //! `Running`), so each arm of the `select!` is guarded by the state it belongs to. The
 //! storage calls run on tasks of their own, so a claim and an answer of one
 //! stream run at the same time: a claim woken by an insert does not wait behind an ack
@@ -36,7 +36,7 @@
 //!   earlier row of its key is leased or waiting for its retry.
 //! - **Bytes per identity**: with `max_bytes_in_flight`, a claim starts only with an
 //!   allowance taken from the identity's budget, and is capped at it; the rows' bytes
-//!   stay taken while they are held (see [`held`]). A stream that finds too little left
+//!   stay taken while they are held (see `held.rs`). A stream that finds too little left
 //!   waits in line for a release, as it would for room in its window: it stays open and
 //!   takes no group turns meanwhile. See [`super::bytes_in_flight`].
 //! - **Drain**: no claim starts once the drain has begun; one already running finishes
