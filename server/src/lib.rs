@@ -5,10 +5,14 @@
 //!   database's URL is a secret and names its [`config::Backend`] once; the embedded
 //!   default when there is no file;
 //! - [`storage`]: the [`storage::Storage`] trait and what every backend shares
-//!   ([`storage::TableOptions`], [`storage::names`], [`storage::rows`],
-//!   [`storage::nack`]), then one module per backend with the same files: `mod.rs` the
-//!   trait, `ops.rs` operations of several statements, `sql.rs` the statements,
-//!   `table.rs` DDL and the check of a live table, `convert.rs` errors and rows;
+//!   ([`storage::TableOptions`], [`storage::names`] with each dialect's quoting,
+//!   [`storage::columns`], [`storage::rows`], [`storage::SortedIds`] (the ids a
+//!   write-back takes and returns, sorted once by the relay), [`storage::nack`], the
+//!   operator's [`storage::dead`], [`storage::pauses`] and [`storage::blocked`], the
+//!   purge loop), then one module per backend with the same files: `mod.rs` the trait,
+//!   `ops.rs` operations of several statements, `sql.rs` the statements (MySQL's
+//!   dead-letter ones in `sql/dead.rs`), `table.rs` DDL and the check of a live table,
+//!   `convert.rs` errors and rows;
 //! - [`relay`]: outboxes, idle polling, retry policy, an identity's bytes in flight
 //!   (`relay/bytes_in_flight.rs`), and the subscription loop behind `Subscribe` (its
 //!   claiming and answering sides state machines, `relay/subscription/claiming.rs` and

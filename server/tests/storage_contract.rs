@@ -3,7 +3,7 @@
 //! `storage_contract!(name, factory)` expands to one `#[tokio::test]` per case in
 //! [`cases`] (`storage_contract/cases.rs`), each with a fresh [`Backend`] from `factory`
 //! (an expression that may `.await`). Adding a backend is one line at the bottom of this
-//! file plus its [`Backend`] impl, like [`pg`]'s (`storage_contract/pg.rs`). The cases carry the seed's `StorageContract` over and add what the
+//! file plus its [`Backend`] impl, like [`pg_backend`]'s (`storage_contract/pg_backend.rs`). The cases carry the seed's `StorageContract` over and add what the
 //! server relies on (nack policy, successors, lease extension, purge, wake-ups, errors).
 //!
 //! PostgreSQL: every test gets a uniquely named schema in the database at
@@ -29,6 +29,8 @@ mod mysql;
 mod operations;
 #[path = "storage_contract/pg.rs"]
 mod pg;
+#[path = "storage_contract/pg_backend.rs"]
+mod pg_backend;
 #[path = "storage_contract/pg_mapped.rs"]
 mod pg_mapped;
 #[path = "storage_contract/sqlite_file.rs"]
@@ -206,6 +208,7 @@ macro_rules! storage_contract {
                 answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted,
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
+                a_null_in_a_nullable_headers_column_means_no_headers,
                 dead_rows_are_listed_in_id_order_filtered_and_counted,
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,
@@ -261,7 +264,10 @@ async fn fixed_topic_json_table_holds_two_invoices(storage: &dyn Storage, first:
         .iter()
         .all(|m| m.topic == "invoices" && m.headers.is_empty()));
     assert_eq!(got[1].key.as_deref(), Some("inv-2"));
-    assert_eq!(storage.ack(&ids(&got), "w1").await.unwrap(), ids(&got));
+    assert_eq!(
+        storage.ack(&ids(&got).into(), "w1").await.unwrap(),
+        ids(&got)
+    );
     assert_eq!(storage.stats().await.unwrap(), Default::default());
 
     for (message, complaint) in [
@@ -403,7 +409,7 @@ async fn next_signal(signal: &mut tokio::sync::watch::Receiver<u64>) {
 }
 
 use mysql::MySqlBackend;
-use pg::PgBackend;
+use pg_backend::PgBackend;
 use sqlite_file::SqliteBackend;
 
 storage_contract!(postgres, PgBackend::new().await);

@@ -252,7 +252,7 @@ impl v1::relay_server::Relay for RelayService {
             .extend_lease(&request.worker_id, &request.ids, lease)
             .await?;
         Ok(Response::new(v1::ExtendLeaseResponse {
-            extended: extended.ids,
+            extended: extended.ids.into_vec(),
             fenced,
             lease_expires_at: Some(timestamp(extended.lease_expires_at)),
         }))

@@ -110,7 +110,7 @@ impl Outbox {
         }
         let ids = self.storage.redrive_dead(filter, limit, delay).await?;
         tracing::info!(outbox = %self.name, rows = ids.len(), "re-drove dead letters");
-        self.acted(filter, ids).await
+        self.acted(filter, ids.into_vec()).await
     }
 
     /// Deletes (with `dry_run`, only lists) the first `limit` selected dead rows.
@@ -127,7 +127,7 @@ impl Outbox {
         }
         let ids = self.storage.discard_dead(filter, limit).await?;
         tracing::info!(outbox = %self.name, rows = ids.len(), "discarded dead letters");
-        self.acted(filter, ids).await
+        self.acted(filter, ids.into_vec()).await
     }
 
     /// The rows an action of `limit` would take: the first page, and whether there is more.

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest,
-    NackResult, NewMessage, OutboxMessage, RetryPolicy, Stats, Storage, StorageError,
+    NackResult, NewMessage, OutboxMessage, RetryPolicy, SortedIds, Stats, Storage, StorageError,
     StorageResult,
 };
 
@@ -167,7 +167,7 @@ impl FakeStorage {
     }
 
     /// Applies `change` to each of `ids` that `owner` holds; returns those ids.
-    fn held_by(&self, ids: &[MessageId], owner: &str, change: impl Fn(&mut Row)) -> Vec<MessageId> {
+    fn held_by(&self, ids: &SortedIds, owner: &str, change: impl Fn(&mut Row)) -> SortedIds {
         let mut state = self.lock();
         let mut applied = Vec::new();
         for id in ids {
@@ -178,19 +178,17 @@ impl FakeStorage {
                 }
             }
         }
-        applied.sort_unstable();
-        applied.dedup();
-        applied
+        ids.only(applied)
     }
     fn nack_one(&self, id: MessageId, owner: &str) -> NackResult {
         if self
-            .held_by(&[id], owner, |row| row.leased_by = None)
+            .held_by(&[id].into(), owner, |row| row.leased_by = None)
             .is_empty()
         {
             NackResult::Fenced
         } else {
             let key = self.lock().rows[&id].key.clone();
-            let successors: Vec<MessageId> = self
+            let successors: SortedIds = self
                 .lock()
                 .rows
                 .range(id + 1..)
@@ -203,7 +201,7 @@ impl FakeStorage {
             });
             NackResult::Retried {
                 retry_at: Utc::now(),
-                released,
+                released: released.into_vec(),
             }
         }
     }
@@ -259,7 +257,7 @@ impl Storage for FakeStorage {
         })
     }
 
-    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         self.enter(Op::Ack).await;
         let applied = self.held_by(ids, owner, |row| row.done = true);
         self.leave(Op::Ack);
@@ -284,10 +282,10 @@ impl Storage for FakeStorage {
 
     async fn release(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         _delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         self.enter(Op::Release).await;
         let applied = self.held_by(ids, owner, |row| {
             row.leased_by = None;
@@ -298,12 +296,14 @@ impl Storage for FakeStorage {
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, _error: &str) -> StorageResult<bool> {
-        Ok(!self.held_by(&[id], owner, |row| row.done = true).is_empty())
+        Ok(!self
+            .held_by(&[id].into(), owner, |row| row.done = true)
+            .is_empty())
     }
 
     async fn extend_lease(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         _lease: Duration,
     ) -> StorageResult<Extended> {
@@ -313,7 +313,7 @@ impl Storage for FakeStorage {
         })
     }
 
-    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
         self.enter(Op::ReturnLeases).await;
         let returned = self.held_by(ids, owner, |row| row.leased_by = None);
         self.lock().returned.extend(&returned);
@@ -353,16 +353,12 @@ impl Storage for FakeStorage {
         _filter: &DeadFilter,
         _limit: u32,
         _delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
-        Ok(Vec::new())
+    ) -> StorageResult<SortedIds> {
+        Ok(SortedIds::default())
     }
 
-    async fn discard_dead(
-        &self,
-        _filter: &DeadFilter,
-        _limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        Ok(Vec::new())
+    async fn discard_dead(&self, _filter: &DeadFilter, _limit: u32) -> StorageResult<SortedIds> {
+        Ok(SortedIds::default())
     }
 
     async fn blocked_keys(

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use crate::config::{OutboxConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, Stats,
-    Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, SortedIds,
+    Stats, Storage, StorageError, StorageResult,
 };
 use crate::telemetry::metrics::{AnswerKind, DeadLetterReason, OutboxMetrics};
 use crate::telemetry::traces;
@@ -455,6 +455,7 @@ impl Outbox {
         }
         if !rest.is_empty() {
             tracing::debug!(outbox = %self.name, kept = kept.len(), given_back = rest.len(), "claimed more than one response holds");
+            let rest = SortedIds::from(rest);
             let result = self.counted(self.storage.release(&rest, owner, Duration::ZERO).await);
             if let Err(error) = result {
                 tracing::warn!(outbox = %self.name, count = rest.len(), error = format!("{error:#}"), "could not give back rows that did not fit the response; they come back when their lease runs out");
@@ -476,9 +477,11 @@ impl Outbox {
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
+        let sorted = SortedIds::from(ids);
         let applied = self
-            .answer(AnswerKind::Ack, self.storage.ack(ids, owner))
-            .await?;
+            .answer(AnswerKind::Ack, self.storage.ack(&sorted, owner))
+            .await?
+            .into_vec();
         self.metrics.acked.inc_by(applied.len() as u64);
         let (applied, fenced) = self.split_fenced(AnswerKind::Ack, ids, applied);
         Ok((applied, fenced))
@@ -541,8 +544,9 @@ impl Outbox {
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
         }
-        let call = self.storage.release(ids, owner, delay);
-        let applied = self.answer(AnswerKind::Release, call).await?;
+        let sorted = SortedIds::from(ids);
+        let call = self.storage.release(&sorted, owner, delay);
+        let applied = self.answer(AnswerKind::Release, call).await?.into_vec();
         self.metrics.released.inc_by(applied.len() as u64);
         let (applied, fenced) = self.split_fenced(AnswerKind::Release, ids, applied);
         Ok((applied, fenced))
@@ -575,9 +579,11 @@ impl Outbox {
     ) -> RelayResult<(Extended, Vec<MessageId>)> {
         limits::name("worker_id", owner)?;
         limits::ids(ids)?;
-        let call = self.storage.extend_lease(ids, owner, lease);
+        let sorted = SortedIds::from(ids);
+        let call = self.storage.extend_lease(&sorted, owner, lease);
         let extended = self.answer(AnswerKind::ExtendLease, call).await?;
-        let (_, fenced) = self.split_fenced(AnswerKind::ExtendLease, ids, extended.ids.clone());
+        let applied = extended.ids.to_vec();
+        let (_, fenced) = self.split_fenced(AnswerKind::ExtendLease, ids, applied);
         Ok((extended, fenced))
     }
 
@@ -586,7 +592,8 @@ impl Outbox {
         if ids.is_empty() {
             return Ok(0);
         }
-        Ok(self.counted(self.storage.return_leases(ids, owner).await)?)
+        let sorted = SortedIds::from(ids);
+        Ok(self.counted(self.storage.return_leases(&sorted, owner).await)?)
     }
 
     /// Inserts a row through the relay (`Admin.InsertMessage`: demos and tests), its

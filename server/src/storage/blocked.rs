@@ -28,6 +28,15 @@ pub enum HeadState {
 }
 
 impl HeadState {
+    /// A head with a lease owner is leased; one without waits for its retry.
+    pub fn of(owner: Option<&str>) -> Self {
+        if owner.is_some() {
+            Self::Leased
+        } else {
+            Self::RetryWaiting
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Leased => "leased",

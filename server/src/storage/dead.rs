@@ -11,6 +11,7 @@
 use chrono::{DateTime, Utc};
 
 use super::names::Names;
+use super::rows::count;
 use super::{MessageId, OutboxMessage};
 
 /// Most rows one list, re-drive or discard touches: an operator's command never holds a
@@ -49,6 +50,33 @@ pub struct DeadCount {
     pub topic: String,
     pub error: String,
     pub count: u64,
+}
+
+/// A row of a backend's `dead_count` statement: one group, and the total of every group
+/// (the same on each row). PostgreSQL and SQLite decode it by column name
+/// (`sqlx::FromRow`); MySQL's text columns need decoding by hand (its `convert::text`).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow)]
+pub struct DeadCountRow {
+    pub topic: String,
+    pub error: String,
+    pub count: i64,
+    pub total: i64,
+}
+
+impl super::DeadCounts {
+    /// The counts a backend's `dead_count` statement returned.
+    pub fn from_rows(rows: Vec<DeadCountRow>) -> Self {
+        let total = rows.first().map_or(0, |row| count(row.total));
+        let groups = rows
+            .into_iter()
+            .map(|row| DeadCount {
+                topic: row.topic,
+                error: row.error,
+                count: count(row.count),
+            })
+            .collect();
+        Self { groups, total }
+    }
 }
 
 /// A value a rendered condition binds, in order. Each backend binds it its own way (an

@@ -8,7 +8,8 @@
 //! re-driven and discarded ([`dead`]), blocked keys ([`blocked`]), the outbox's pause,
 //! rows delivered lately. Every write-back is fenced: it only touches rows currently leased
 //! by the given owner, and reports which ids it applied to so callers can count the rest
-//! as fenced.
+//! as fenced. Write-backs take and return [`SortedIds`]: in id order, each once, sorted
+//! once by the relay rather than by every backend.
 //!
 //! All times that matter for leases and retries are taken from the database clock, so
 //! several servers (and a skewed application clock) agree on when a lease runs out.
@@ -17,6 +18,7 @@ pub mod blocked;
 pub mod columns;
 pub mod dead;
 pub mod ident;
+pub mod ids;
 pub mod mysql;
 pub mod nack;
 pub mod names;
@@ -36,6 +38,7 @@ use tokio::sync::watch;
 
 pub use self::blocked::{BlockedKey, HeadState};
 pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
+pub use self::ids::SortedIds;
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
 pub use self::pauses::{Pauses, TopicClause, TopicFilter};
@@ -135,7 +138,7 @@ pub trait RetryPolicy: Send + Sync {
 /// Rows whose lease was extended, and until when.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Extended {
-    pub ids: Vec<MessageId>,
+    pub ids: SortedIds,
     pub lease_expires_at: DateTime<Utc>,
 }
 
@@ -161,6 +164,20 @@ pub struct LeaseHolder {
     pub rows: u64,
     /// When the first of its leases runs out.
     pub earliest_expiry: DateTime<Utc>,
+}
+
+impl LeaseHolder {
+    /// The holders a backend's `lease_holders` statement returned, as
+    /// `(owner, rows, earliest_expiry)`.
+    pub fn from_rows(rows: Vec<(String, i64, DateTime<Utc>)>) -> Vec<Self> {
+        rows.into_iter()
+            .map(|(owner, rows, earliest_expiry)| Self {
+                owner,
+                rows: rows::count(rows),
+                earliest_expiry,
+            })
+            .collect()
+    }
 }
 
 /// Most owners [`Storage::lease_holders`] returns (the most rows first).
@@ -240,14 +257,6 @@ impl StorageError {
     }
 }
 
-/// Ids as every write-back returns them: in id order, each once (a statement returns a
-/// row once, but the order of `RETURNING` and of locked rows is the database's).
-pub fn sorted_unique(mut ids: Vec<MessageId>) -> Vec<MessageId> {
-    ids.sort_unstable();
-    ids.dedup();
-    ids
-}
-
 /// Runs `batch` (which deletes at most [`PURGE_BATCH`] rows and says how many it did)
 /// until one deletes fewer, and returns the total: no purge holds one long transaction.
 pub async fn in_batches<F, Fut>(mut batch: F) -> StorageResult<u64>
@@ -275,7 +284,7 @@ pub trait Storage: Send + Sync + 'static {
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed>;
 
     /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
-    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>>;
+    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds>;
 
     /// Applies `nacks` in order, one outcome each, in the same order: records the error
     /// and schedules a retry or dead-letters, per `policy`, and gives back untried the
@@ -310,10 +319,10 @@ pub trait Storage: Send + Sync + 'static {
     /// Gives rows back untried: attempt refunded, no error, claimable after `delay`.
     async fn release(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>>;
+    ) -> StorageResult<SortedIds>;
 
     /// Parks a row for good; false when `owner` does not hold it.
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool>;
@@ -321,14 +330,14 @@ pub trait Storage: Send + Sync + 'static {
     /// Extends the lease of the rows `owner` holds to `lease` from now.
     async fn extend_lease(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended>;
 
     /// Leases of a subscriber that went away: claimable again now, attempts kept (the
     /// messages may have been published). Returns how many rows were given back.
-    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64>;
+    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64>;
 
     async fn stats(&self) -> StorageResult<Stats>;
 
@@ -374,10 +383,10 @@ pub trait Storage: Send + Sync + 'static {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>>;
+    ) -> StorageResult<SortedIds>;
 
     /// Deletes the first `limit` dead rows that `filter` selects; returns their ids.
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>>;
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds>;
 
     /// Keys whose head is leased or waiting for a retry, oldest head first, heads with an
     /// id above `after_id`, at most `limit` (see [`blocked`] for the cost).

@@ -109,11 +109,11 @@ pub async fn acked_rows_are_never_claimed_again(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let id = insert(&*storage, "t", "p", None).await;
     claim(&*storage, "w1", 10, SHORT_LEASE).await;
-    assert_eq!(storage.ack(&[id], "w1").await.unwrap(), [id]);
+    assert_eq!(storage.ack(&[id].into(), "w1").await.unwrap(), [id]);
     outlive_short_lease().await;
     assert!(claim(&*storage, "w1", 10, LEASE).await.is_empty());
     assert_eq!(
-        storage.ack(&[id], "w1").await.unwrap(),
+        storage.ack(&[id].into(), "w1").await.unwrap(),
         [] as [MessageId; 0],
         "twice"
     );
@@ -121,15 +121,15 @@ pub async fn acked_rows_are_never_claimed_again(backend: &impl Backend) {
 
 pub async fn empty_write_backs_are_noops(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
-    assert!(storage.ack(&[], "w1").await.unwrap().is_empty());
+    assert!(storage.ack(&[].into(), "w1").await.unwrap().is_empty());
     assert!(storage
-        .release(&[], "w1", Duration::ZERO)
+        .release(&[].into(), "w1", Duration::ZERO)
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(storage.return_leases(&[], "w1").await.unwrap(), 0);
+    assert_eq!(storage.return_leases(&[].into(), "w1").await.unwrap(), 0);
     assert!(storage
-        .extend_lease(&[], "w1", LEASE)
+        .extend_lease(&[].into(), "w1", LEASE)
         .await
         .unwrap()
         .ids
@@ -175,7 +175,7 @@ pub async fn release_refunds_the_attempt(backend: &impl Backend) {
     let got = claim(&*storage, "w1", 10, LEASE).await;
     assert!(got.iter().all(|m| m.attempts == 1));
     assert_eq!(
-        storage.release(&[a, b], "w1", FUTURE).await.unwrap(),
+        storage.release(&[a, b].into(), "w1", FUTURE).await.unwrap(),
         [a, b]
     );
     assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
@@ -188,7 +188,10 @@ pub async fn release_without_delay_is_claimable_with_the_same_attempt(backend: &
     let a = insert(&*storage, "t", "a", None).await;
     claim(&*storage, "w1", 10, LEASE).await;
     assert_eq!(
-        storage.release(&[a], "w1", Duration::ZERO).await.unwrap(),
+        storage
+            .release(&[a].into(), "w1", Duration::ZERO)
+            .await
+            .unwrap(),
         [a]
     );
     let got = claim(&*storage, "w2", 10, LEASE).await;
@@ -219,7 +222,7 @@ pub async fn stale_ack_is_fenced(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let id = stolen_lease(&*storage).await;
     assert!(
-        storage.ack(&[id], "w1").await.unwrap().is_empty(),
+        storage.ack(&[id].into(), "w1").await.unwrap().is_empty(),
         "w1 is late"
     );
     assert!(
@@ -245,13 +248,13 @@ pub async fn stale_nack_release_and_extension_are_fenced(backend: &impl Backend)
         .await;
     assert_eq!(nacked.unwrap(), NackResult::Fenced);
     assert!(storage
-        .release(&[id], "w1", Duration::ZERO)
+        .release(&[id].into(), "w1", Duration::ZERO)
         .await
         .unwrap()
         .is_empty());
-    assert_eq!(storage.return_leases(&[id], "w1").await.unwrap(), 0);
+    assert_eq!(storage.return_leases(&[id].into(), "w1").await.unwrap(), 0);
     assert!(storage
-        .extend_lease(&[id], "w1", LEASE)
+        .extend_lease(&[id].into(), "w1", LEASE)
         .await
         .unwrap()
         .ids
@@ -292,7 +295,7 @@ pub async fn strict_ordering_holds_back_successors_of_a_leased_message(backend: 
     insert(&*storage, "t", "2", Some("k")).await;
     let first = claim(&*storage, "w1", 1, LEASE).await;
     assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
-    storage.ack(&ids(&first), "w1").await.unwrap();
+    storage.ack(&ids(&first).into(), "w1").await.unwrap();
     assert_eq!(payloads(&claim(&*storage, "w2", 10, LEASE).await), ["2"]);
 }
 
@@ -330,7 +333,10 @@ pub async fn strict_ordering_under_concurrent_claims_of_two_servers(backend: &im
             [round.to_string()],
             "round {round}: out of order"
         );
-        assert_eq!(servers[0].ack(&ids(got), owner).await.unwrap(), ids(got));
+        assert_eq!(
+            servers[0].ack(&ids(got).into(), owner).await.unwrap(),
+            ids(got)
+        );
     }
 }
 
@@ -348,7 +354,7 @@ pub async fn strict_ordering_is_kept_across_topic_filters(backend: &impl Backend
         ids(&claim_topics(&*storage, "w1", 10, LEASE, &t1).await),
         [first]
     );
-    storage.ack(&[first], "w1").await.unwrap();
+    storage.ack(&[first].into(), "w1").await.unwrap();
     assert_eq!(
         ids(&claim_topics(&*storage, "w2", 10, LEASE, &t2).await),
         [second]
@@ -401,7 +407,7 @@ pub async fn stats_count_per_topic(backend: &impl Backend) {
     let u_row = claimed.iter().find(|m| m.topic == "u").unwrap().id;
     assert_eq!(
         storage
-            .release(&[u_row], "w1", Duration::from_secs(3600))
+            .release(&[u_row].into(), "w1", Duration::from_secs(3600))
             .await
             .unwrap(),
         [u_row]
@@ -440,7 +446,7 @@ pub async fn nack_on_the_last_attempt_dead_letters_and_releases_successors(backe
         "released now; the other key stays with w1"
     );
     assert!(got.iter().all(|m| m.attempts == 1), "released untried");
-    assert_eq!(storage.ack(&[other], "w1").await.unwrap(), [other]);
+    assert_eq!(storage.ack(&[other].into(), "w1").await.unwrap(), [other]);
     assert_eq!(storage.stats().await.unwrap().total.dead, 1);
 }
 
@@ -473,12 +479,15 @@ pub async fn extend_lease_keeps_a_row_leased(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let id = insert(&*storage, "t", "p", None).await;
     claim(&*storage, "w1", 10, SHORT_LEASE).await;
-    let extended = storage.extend_lease(&[id], "w1", LEASE).await.unwrap();
+    let extended = storage
+        .extend_lease(&[id].into(), "w1", LEASE)
+        .await
+        .unwrap();
     assert_eq!(extended.ids, [id]);
     assert_about_from_now(extended.lease_expires_at, LEASE);
     outlive_short_lease().await;
     assert!(claim(&*storage, "w2", 10, LEASE).await.is_empty());
-    assert_eq!(storage.ack(&[id], "w1").await.unwrap(), [id]);
+    assert_eq!(storage.ack(&[id].into(), "w1").await.unwrap(), [id]);
 }
 
 pub async fn return_leases_makes_rows_claimable_with_the_attempt_kept(backend: &impl Backend) {
@@ -486,7 +495,10 @@ pub async fn return_leases_makes_rows_claimable_with_the_attempt_kept(backend: &
     let a = insert(&*storage, "t", "a", Some("k")).await;
     let b = insert(&*storage, "t", "b", Some("k")).await;
     claim(&*storage, "w1", 10, LEASE).await;
-    assert_eq!(storage.return_leases(&[a, b], "w1").await.unwrap(), 2);
+    assert_eq!(
+        storage.return_leases(&[a, b].into(), "w1").await.unwrap(),
+        2
+    );
     let got = claim(&*storage, "w2", 10, LEASE).await;
     assert_eq!(ids(&got), [a, b]);
     assert!(
@@ -505,10 +517,10 @@ pub async fn purge_deletes_only_old_delivered_rows(backend: &impl Backend) {
         unreachable!()
     };
     claim(&*storage, "w1", 4, LEASE).await;
-    storage.ack(&[a, b], "w1").await.unwrap();
+    storage.ack(&[a, b].into(), "w1").await.unwrap();
     assert!(storage.dead_letter(c, "w1", "x").await.unwrap());
     tokio::time::sleep(Duration::from_millis(600)).await;
-    storage.ack(&[d], "w1").await.unwrap();
+    storage.ack(&[d].into(), "w1").await.unwrap();
 
     assert_eq!(storage.purge(FUTURE).await.unwrap(), 0);
     assert_eq!(
@@ -532,8 +544,11 @@ pub async fn delete_on_ack_deletes(backend: &impl Backend) {
     let a = insert(&*storage, "t", "a", None).await;
     let b = insert(&*storage, "t", "b", None).await;
     claim(&*storage, "w1", 10, LEASE).await;
-    assert!(storage.ack(&[a], "w2").await.unwrap().is_empty(), "fenced");
-    assert_eq!(storage.ack(&[a, b], "w1").await.unwrap(), [a, b]);
+    assert!(
+        storage.ack(&[a].into(), "w2").await.unwrap().is_empty(),
+        "fenced"
+    );
+    assert_eq!(storage.ack(&[a, b].into(), "w1").await.unwrap(), [a, b]);
     assert_eq!(backend.row_count().await, 0);
     assert_eq!(storage.purge(Duration::ZERO).await.unwrap(), 0);
 }

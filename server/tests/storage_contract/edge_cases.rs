@@ -27,7 +27,7 @@ pub async fn unreachable_database_is_reported(backend: &impl Backend) {
     for result in [
         storage.verify_table().await.map(drop),
         storage.claim(request("w")).await.map(drop),
-        storage.ack(&[1], "w").await.map(drop),
+        storage.ack(&[1].into(), "w").await.map(drop),
     ] {
         let err = result.unwrap_err();
         assert!(matches!(err, StorageError::Unavailable(_)), "{err:?}");
@@ -155,15 +155,17 @@ pub async fn answers_that_delay_a_row_need_a_live_lease(backend: &impl Backend) 
 
     let nack = storage.nack(nacked, "w1", "late", None, &POLICY).await;
     assert_eq!(nack.unwrap(), NackResult::Fenced, "late nack");
-    let extension = storage.extend_lease(&[extended], "w1", LEASE).await;
+    let extension = storage.extend_lease(&[extended].into(), "w1", LEASE).await;
     assert!(extension.unwrap().ids.is_empty(), "late extension");
-    let release = storage.release(&[delayed], "w1", FUTURE).await;
+    let release = storage.release(&[delayed].into(), "w1", FUTURE).await;
     assert!(release.unwrap().is_empty(), "late delayed release");
 
-    let release = storage.release(&[released], "w1", Duration::ZERO).await;
+    let release = storage
+        .release(&[released].into(), "w1", Duration::ZERO)
+        .await;
     assert_eq!(release.unwrap(), [released], "late immediate release");
     assert_eq!(
-        storage.ack(&[acked], "w1").await.unwrap(),
+        storage.ack(&[acked].into(), "w1").await.unwrap(),
         [acked],
         "late ack"
     );
@@ -211,7 +213,10 @@ pub async fn a_batch_of_nacks_does_what_the_nacks_would_one_by_one(backend: &imp
     let spent = insert(&*storage, "t", "spent", Some("j")).await;
     for _ in 1..POLICY.max_attempts {
         assert_eq!(ids(&claim(&*storage, "w0", 1, LEASE).await), [spent]);
-        assert_eq!(storage.return_leases(&[spent], "w0").await.unwrap(), 1);
+        assert_eq!(
+            storage.return_leases(&[spent].into(), "w0").await.unwrap(),
+            1
+        );
     }
     let mut k = Vec::new();
     for i in 0..3 {
@@ -318,6 +323,22 @@ pub async fn a_text_payload_is_handed_out_as_its_utf8_bytes(backend: &impl Backe
     );
 }
 
+/// A NULL in a nullable headers column (a producer that sets none) means no headers.
+pub async fn a_null_in_a_nullable_headers_column_means_no_headers(backend: &impl Backend) {
+    let mapping = ColumnMapping {
+        payload: "note".into(),
+        payload_format: PayloadFormat::Text,
+        ..ColumnMapping::default()
+    };
+    let storage = backend.own_table(TeamTable::Notes, mapping).await;
+    backend
+        .produce("INSERT INTO {db}.notes (topic, note) VALUES ('t', 'no headers')")
+        .await;
+    let got = claim(&*storage, "w1", 10, LEASE).await;
+    assert_eq!(got.len(), 1);
+    assert!(got[0].headers.is_empty());
+}
+
 /// Answers may name their ids in any order and more than once (a client's retried
 /// batch, answers merged): each row is changed once, and the ids an answer applied come
 /// back sorted, each once, whatever the backend.
@@ -342,18 +363,18 @@ pub async fn answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted(
     assert!(held.iter().all(|m| m.attempts == 2), "{held:?}");
 
     let extended = storage
-        .extend_lease(&[c, a, c, b, a], "w1", LEASE)
+        .extend_lease(&[c, a, c, b, a].into(), "w1", LEASE)
         .await
         .unwrap();
     assert_eq!(extended.ids, [a, b, c], "extend");
     assert_eq!(
-        storage.ack(&[b, a, b, a], "w1").await.unwrap(),
+        storage.ack(&[b, a, b, a].into(), "w1").await.unwrap(),
         [a, b],
         "ack"
     );
     assert_eq!(
         storage
-            .release(&[e, d, e, d], "w1", Duration::ZERO)
+            .release(&[e, d, e, d].into(), "w1", Duration::ZERO)
             .await
             .unwrap(),
         [d, e],

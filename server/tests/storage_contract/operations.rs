@@ -346,7 +346,7 @@ pub async fn lease_holders_are_the_owners_of_live_leases(backend: &impl Backend)
     let short = claim(&*storage, "w3", 1, SHORT_LEASE).await;
     assert_eq!((w1.len(), w2.len(), short.len()), (3, 2, 1));
     storage
-        .release(&[w2[0].id], "w2", Duration::ZERO)
+        .release(&[w2[0].id].into(), "w2", Duration::ZERO)
         .await
         .unwrap();
     let seen = |holders: &[LeaseHolder]| -> Vec<(String, u64)> {

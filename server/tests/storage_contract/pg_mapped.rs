@@ -1,7 +1,7 @@
 //! PostgreSQL with a team's own table, mapped ("bring your own table"): what the contract
 //! run on `postgres_mapped` cannot show.
 
-use super::pg::{mapped_storage, team_mapping, PgBackend};
+use super::pg_backend::{mapped_storage, team_mapping, PgBackend};
 use super::*;
 use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::StorageError;
@@ -123,7 +123,10 @@ async fn a_fixed_topic_json_table_without_headers_relays_what_producers_insert()
     let stats = storage.stats().await.unwrap();
     assert_eq!(stats.topics[0].topic, "audit");
     assert_eq!(stats.total.leased, 2);
-    let acked = storage.ack(&[got[0].id, got[1].id], "w1").await.unwrap();
+    let acked = storage
+        .ack(&[got[0].id, got[1].id].into(), "w1")
+        .await
+        .unwrap();
     assert_eq!(acked.len(), 2);
 }
 
@@ -160,33 +163,4 @@ async fn a_text_payload_is_handed_out_as_its_utf8_bytes() {
     let got = claim(&storage, "w1", 10, LEASE).await;
     assert_eq!(got[0].payload, "héllo".as_bytes());
     assert_eq!(got[0].key.as_deref(), Some("k"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_null_in_a_nullable_headers_column_means_no_headers() {
-    let backend = PgBackend::new().await;
-    let events = format!("\"{}\".events", backend.schema);
-    backend
-        .execute(&format!(
-            "CREATE SCHEMA \"{}\"; CREATE TABLE {events} (\
-               id bigserial PRIMARY KEY, topic text NOT NULL, key text, payload bytea NOT NULL, \
-               meta jsonb, created_at timestamptz NOT NULL DEFAULT now())",
-            backend.schema
-        ))
-        .await;
-    let mapping = ColumnMapping {
-        headers: "meta".to_owned(),
-        ..ColumnMapping::default()
-    };
-    let storage = mapped_storage(&backend, "events", mapping).await;
-    storage.ensure_table().await.unwrap();
-    storage.verify_table().await.unwrap();
-    backend
-        .execute(&format!(
-            "INSERT INTO {events} (topic, payload) VALUES ('t', 'no headers')"
-        ))
-        .await;
-    let got = claim(&storage, "w1", 10, LEASE).await;
-    assert_eq!(got.len(), 1);
-    assert!(got[0].headers.is_empty());
 }

@@ -369,7 +369,7 @@ async fn a_row_from_the_sqlite3_shell_is_claimable_at_once() {
         assert!(got[0].headers.is_empty() && got[0].key.is_none());
         let age = Utc::now() - got[0].created_at;
         assert!(age >= chrono::Duration::zero() && age < chrono::Duration::seconds(5));
-        storage.ack(&ids(&got), "w1").await.unwrap();
+        storage.ack(&ids(&got).into(), "w1").await.unwrap();
     }
 }
 

@@ -98,7 +98,7 @@ async fn worker(
             continue;
         }
         let ids: Vec<i64> = claimed.messages.iter().map(|m| m.id).collect();
-        let done = storage.ack(&ids, owner).await?;
+        let done = storage.ack(&ids.into(), owner).await?;
         acked.fetch_add(done.len() as u64, Ordering::Relaxed);
     }
     Ok(())

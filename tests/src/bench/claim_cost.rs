@@ -173,7 +173,7 @@ async fn measure_table(
         // One untimed claim first: plans cached, pages in memory.
         for sample in 0..=plan.claim_samples {
             let (ids, took) = claim(&storage, OWNER, plan.batch_size).await?;
-            storage.release(&ids, OWNER, Duration::ZERO).await?;
+            storage.release(&ids.into(), OWNER, Duration::ZERO).await?;
             if sample > 0 {
                 m.record(key(shape, state, rows), sample, took.as_secs_f64() * 1000.0);
             }

@@ -301,8 +301,8 @@ async fn apply_one(
             };
             let (done, fenced) = outbox.extend_lease(owner, &ids, lease).await?;
             finished.clone_from(&fenced);
-            extended = Some((done.ids.clone(), lease));
-            settlement.extended = done.ids;
+            extended = Some((done.ids.to_vec(), lease));
+            settlement.extended = done.ids.into_vec();
             settlement.lease_expires_at = Some(done.lease_expires_at);
             settlement.fenced = fenced;
         }

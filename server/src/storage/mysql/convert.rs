@@ -7,10 +7,10 @@ use chrono::{DateTime, Utc};
 use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
 use sqlx::Row;
 
+use crate::storage::dead::DeadCountRow;
 use crate::storage::rows::{self, attempts, count, headers_from_text};
 use crate::storage::{
-    BlockedKey, DeadCount, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError,
-    TopicStats,
+    BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, TopicStats,
 };
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
@@ -125,11 +125,7 @@ pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> 
     Ok(BlockedKey {
         key: required_text(row, "key")?,
         head_id: row.try_get("head_id")?,
-        state: if owner.is_some() {
-            HeadState::Leased
-        } else {
-            HeadState::RetryWaiting
-        },
+        state: HeadState::of(owner.as_deref()),
         owner,
         attempts: attempts(stored_attempts),
         last_error: text(row, "last_error")?,
@@ -159,13 +155,13 @@ pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
 }
 
 /// A row of `sql::dead_count`.
-pub(super) fn decode_dead_count(row: &MySqlRow) -> Result<(DeadCount, u64), sqlx::Error> {
-    let group = DeadCount {
+pub(super) fn decode_dead_count(row: &MySqlRow) -> Result<DeadCountRow, sqlx::Error> {
+    Ok(DeadCountRow {
         topic: required_text(row, "topic")?,
         error: required_text(row, "error")?,
-        count: count(row.try_get("count")?),
-    };
-    Ok((group, count(row.try_get("total")?)))
+        count: row.try_get("count")?,
+        total: row.try_get("total")?,
+    })
 }
 
 /// A row of a claim's candidate scan: its id and key.

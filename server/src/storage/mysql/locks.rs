@@ -130,7 +130,7 @@ async fn pending_rows_of_others_stay_unlocked() {
         matches!(nacked, Ok(NackResult::Retried { .. })),
         "{nacked:?}"
     );
-    let acked = storage.ack(&leased[..9], "w1").await;
+    let acked = storage.ack(&leased[..9].into(), "w1").await;
     assert_eq!(acked.as_deref().ok(), Some(&leased[..9]), "{acked:?}");
     for tx in [claim, answer, nack] {
         tx.rollback().await.unwrap();

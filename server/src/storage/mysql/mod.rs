@@ -75,10 +75,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
-    PURGE_BATCH,
+    in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
+    Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -278,12 +277,11 @@ impl Storage for MySqlStorage {
         Ok(claimed)
     }
 
-    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
-        let applied = self.retrying("ack", || self.ack_once(ids, owner)).await?;
-        Ok(sorted_unique(applied))
+        self.retrying("ack", || self.ack_once(ids, owner)).await
     }
 
     #[tracing::instrument(
@@ -313,17 +311,15 @@ impl Storage for MySqlStorage {
 
     async fn release(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
-        let applied = self
-            .retrying("release", || self.release_once(ids, owner, delay))
-            .await?;
-        Ok(sorted_unique(applied))
+        self.retrying("release", || self.release_once(ids, owner, delay))
+            .await
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -341,18 +337,15 @@ impl Storage for MySqlStorage {
 
     async fn extend_lease(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended> {
-        let mut extended = self
-            .retrying("extend lease", || self.extend_lease_once(ids, owner, lease))
-            .await?;
-        extended.ids = sorted_unique(extended.ids);
-        Ok(extended)
+        self.retrying("extend lease", || self.extend_lease_once(ids, owner, lease))
+            .await
     }
 
-    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
         if ids.is_empty() {
             return Ok(0);
         }
@@ -487,21 +480,17 @@ impl Storage for MySqlStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
-        let ids = self
-            .retrying("re-drive dead letters", || {
-                self.redrive_once(filter, limit, delay)
-            })
-            .await?;
-        Ok(sorted_unique(ids))
+    ) -> StorageResult<SortedIds> {
+        self.retrying("re-drive dead letters", || {
+            self.redrive_once(filter, limit, delay)
+        })
+        .await
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
-        let ids = self
-            .retrying("discard dead letters", || self.discard_once(filter, limit))
-            .await?;
-        Ok(sorted_unique(ids))
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
+        self.retrying("discard dead letters", || self.discard_once(filter, limit))
+            .await
     }
 
     async fn blocked_keys(
@@ -526,14 +515,7 @@ impl Storage for MySqlStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("lease holders"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
-                owner,
-                rows: super::rows::count(rows),
-                earliest_expiry,
-            })
-            .collect())
+        Ok(LeaseHolder::from_rows(rows))
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

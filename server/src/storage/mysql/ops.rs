@@ -14,7 +14,7 @@ use crate::storage::dead::{self, FilterValue};
 use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, FailureDecision,
-    MessageId, NackResult, OutboxMessage, RetryPolicy, TopicFilter,
+    MessageId, NackResult, OutboxMessage, RetryPolicy, SortedIds, TopicFilter,
 };
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -39,16 +39,17 @@ impl MySqlStorage {
     async fn held(
         &self,
         conn: &mut MySqlConnection,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         live: bool,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let statement = self.sql.held(ids.len(), live);
         let mut query = sqlx::query_scalar(&statement);
         for id in ids {
             query = query.bind(id);
         }
-        query.bind(owner).fetch_all(conn).await
+        let held: Vec<MessageId> = query.bind(owner).fetch_all(conn).await?;
+        Ok(ids.only(held))
     }
 
     pub(super) async fn claim_once(
@@ -273,9 +274,9 @@ impl MySqlStorage {
 
     pub(super) async fn ack_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = self.held(&mut tx, ids, owner, false).await?;
         if !held.is_empty() {
@@ -352,7 +353,10 @@ impl MySqlStorage {
         let released = if successors.is_empty() {
             successors
         } else {
-            self.held(&mut tx, &successors, owner, false).await?
+            let successors = SortedIds::from(successors);
+            self.held(&mut tx, &successors, owner, false)
+                .await?
+                .into_vec()
         };
         if !released.is_empty() {
             let statement = self.sql.release_at(released.len());
@@ -368,10 +372,10 @@ impl MySqlStorage {
 
     pub(super) async fn release_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = self.held(&mut tx, ids, owner, !delay.is_zero()).await?;
         if !held.is_empty() {
@@ -388,13 +392,13 @@ impl MySqlStorage {
 
     pub(super) async fn extend_lease_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> Result<Extended, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let held = if ids.is_empty() {
-            Vec::new()
+            SortedIds::default()
         } else {
             self.held(&mut tx, ids, owner, true).await?
         };
@@ -416,7 +420,7 @@ impl MySqlStorage {
 
     pub(super) async fn return_leases_once(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
     ) -> Result<u64, sqlx::Error> {
         let statement = self.sql.return_leases(ids.len());
@@ -429,12 +433,17 @@ impl MySqlStorage {
     }
 }
 
-/// `arguments` with the selector's values added, in the order [`dead::conditions`]
-/// rendered them: one `?` per id.
-fn add_filter(
-    arguments: &mut MySqlArguments,
+/// The arguments of a dead-letter statement: `leading` (an id), the selector's values in
+/// the order [`dead::conditions`] rendered them (one `?` per id), then the `limit`.
+fn dead_arguments(
+    leading: &[i64],
     values: &[FilterValue<'_>],
-) -> Result<(), sqlx::Error> {
+    limit: i64,
+) -> Result<MySqlArguments, sqlx::Error> {
+    let mut arguments = MySqlArguments::default();
+    for value in leading {
+        arguments.add(*value).map_err(sqlx::Error::Encode)?;
+    }
     for value in values {
         match value {
             FilterValue::Ids(ids) => {
@@ -446,7 +455,8 @@ fn add_filter(
             FilterValue::Time(at) => arguments.add(*at).map_err(sqlx::Error::Encode)?,
         }
     }
-    Ok(())
+    arguments.add(limit).map_err(sqlx::Error::Encode)?;
+    Ok(arguments)
 }
 
 /// The dead-letter operations (see `dead.rs`), one attempt each.
@@ -458,12 +468,7 @@ impl MySqlStorage {
         limit: u32,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        arguments.add(after_id).map_err(sqlx::Error::Encode)?;
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[after_id], &values, i64::from(limit))?;
         let statement = self.sql.dead_list(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pool)
@@ -473,22 +478,16 @@ impl MySqlStorage {
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> Result<DeadCounts, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(dead::MAX_COUNT_GROUPS)
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[], &values, dead::MAX_COUNT_GROUPS)?;
         let statement = self.sql.dead_count(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pool)
             .await?;
-        let mut counts = DeadCounts::default();
-        for row in &rows {
-            let (group, total) = convert::decode_dead_count(row)?;
-            counts.groups.push(group);
-            counts.total = total;
-        }
-        Ok(counts)
+        let rows = rows
+            .iter()
+            .map(convert::decode_dead_count)
+            .collect::<Result<_, _>>()?;
+        Ok(DeadCounts::from_rows(rows))
     }
 
     /// Locks the first `limit` selected dead rows in `conn`'s transaction.
@@ -499,11 +498,7 @@ impl MySqlStorage {
         limit: u32,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &sql::FILTER, 1);
-        let mut arguments = MySqlArguments::default();
-        add_filter(&mut arguments, &values)?;
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)?;
+        let arguments = dead_arguments(&[], &values, i64::from(limit))?;
         let statement = self.sql.dead_lock(&conditions);
         sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(conn)
@@ -515,7 +510,7 @@ impl MySqlStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
@@ -527,14 +522,14 @@ impl MySqlStorage {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_once(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> Result<Vec<MessageId>, sqlx::Error> {
+    ) -> Result<SortedIds, sqlx::Error> {
         let mut tx = self.pool.begin().await?;
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
@@ -546,6 +541,6 @@ impl MySqlStorage {
             query.execute(&mut *tx).await?;
         }
         tx.commit().await?;
-        Ok(ids)
+        Ok(SortedIds::from(ids))
     }
 }

@@ -15,13 +15,16 @@
 
 use std::time::Duration;
 
+mod dead;
+
 use super::table::{pauses_table, Schema};
 use crate::storage::columns::Columns;
-use crate::storage::dead::FilterDialect;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
 use crate::storage::MAX_LEASE_HOLDERS;
+
+pub(super) use self::dead::FILTER;
 
 /// Statements for one outbox table.
 #[derive(Debug)]
@@ -229,108 +232,6 @@ impl Statements {
         }
     }
 }
-
-/// The dead-letter statements (see `dead.rs`), rendered per call: the selector's
-/// `conditions` vary. Placeholders are `?` in the order the statement reads.
-impl Statements {
-    /// Dead rows in id order: `?` after this id, the selector, `?` at most.
-    pub fn dead_list(&self, conditions: &str) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            key,
-            status,
-            created_at,
-            attempts,
-            payload,
-            last_error,
-            processed_at,
-            ..
-        } = c;
-        let headers = c
-            .headers
-            .as_ref()
-            .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
-        format!(
-            "SELECT CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
-               o.{payload} AS payload, {headers} AS headers, \
-               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
-               COALESCE(o.{last_error}, '') AS last_error, o.{processed_at} AS died_at \
-             FROM {t} o WHERE o.{status} = 'dead' AND o.{id} > ?{conditions} \
-             ORDER BY o.{id} LIMIT ?",
-            topic = c.topic("o."),
-            t = self.table,
-        )
-    }
-
-    /// Dead rows by topic and error, largest groups first, each with the total of every
-    /// group: the selector, then `?` groups at most.
-    pub fn dead_count(&self, conditions: &str) -> String {
-        let c = &self.names;
-        format!(
-            "SELECT {topic} AS topic, COALESCE(o.{last_error}, '') AS error, \
-               CAST(COUNT(*) AS SIGNED) AS count, \
-               CAST(SUM(COUNT(*)) OVER () AS SIGNED) AS total \
-             FROM {t} o WHERE o.{status} = 'dead'{conditions} \
-             GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
-            topic = c.topic("o."),
-            last_error = c.last_error,
-            status = c.status,
-            t = self.table,
-        )
-    }
-
-    /// Locks the first `?` selected dead rows (the selector first), in id order, for a
-    /// re-drive or a discard in the same transaction.
-    pub fn dead_lock(&self, conditions: &str) -> String {
-        let Names { id, status, .. } = &self.names;
-        format!(
-            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{status} = 'dead'{conditions} \
-             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            t = self.table,
-        )
-    }
-
-    /// Makes `n` locked dead rows pending again: `?` delay in microseconds, then the ids.
-    pub fn dead_redrive(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {t} SET {status} = 'pending', {attempts} = 0, \
-             {available_at} = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, {leased_by} = NULL, \
-             {processed_at} = NULL WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
-        )
-    }
-
-    /// Deletes `n` locked dead rows.
-    pub fn dead_discard(&self, n: usize) -> String {
-        let id = &self.names.id;
-        format!(
-            "DELETE FROM {t} WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
-        )
-    }
-}
-
-/// How the dead-letter selector is written here: `?` in reading order, one per id.
-pub(super) const FILTER: FilterDialect = FilterDialect {
-    placeholder: |_| "?".to_owned(),
-    in_ids: |column, next, count| {
-        let list: Vec<String> = (0..count).map(|_| next()).collect();
-        format!("{column} IN ({})", list.join(", "))
-    },
-    contains: |column, placeholder| format!("LOCATE({placeholder}, {column}) > 0"),
-};
 
 /// Backtick-quotes an identifier, doubling embedded backticks. Validated identifiers have
 /// none, but quoting stays correct for any input. (`"` quotes strings in MySQL unless
@@ -693,131 +594,4 @@ pub(super) fn micros(duration: Duration) -> i64 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::storage::columns::{ColumnMapping, PayloadFormat};
-
-    fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
-        let database = database.map(|d| Ident::new(d).unwrap());
-        Statements::render(&Shape {
-            database: database.as_ref(),
-            table: &Ident::new(table).unwrap(),
-            columns,
-        })
-    }
-
-    #[test]
-    fn identifiers_are_backtick_quoted_and_qualified() {
-        let sql = render(Some("app"), "Outbox", &Columns::default());
-        assert_eq!(sql.table, "`app`.`Outbox`");
-        assert_eq!(sql.display_table, "app.Outbox");
-        assert_eq!(sql.schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
-        assert!(sql.schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
-        assert_eq!(quote("a`b"), "`a``b`");
-    }
-
-    #[test]
-    fn claim_placeholders_follow_the_shape() {
-        let sql = render(None, "t", &Columns::default());
-        let shape = ClaimShape {
-            strict_ordering: true,
-            visibility_delay: true,
-            topics: 2,
-            paused_topics: 0,
-            excluded_keys: 3,
-        };
-        let claim = sql.claim_candidates(&shape);
-        assert_eq!(claim.matches('?').count(), 2 + 1 + 2 + 3 + 1 + 1 + 2 + 1);
-        assert!(claim.contains("o.`key` NOT IN (?, ?, ?)"));
-        assert!(!claim.contains("FOR UPDATE"));
-        assert!(claim.contains("FORCE INDEX (`t_pending_idx`)"));
-        assert!(claim.contains("o.topic IN (?, ?)") && claim.contains("p.topic NOT IN (?, ?)"));
-        let plain = ClaimShape {
-            strict_ordering: false,
-            visibility_delay: false,
-            topics: 0,
-            paused_topics: 0,
-            excluded_keys: 0,
-        };
-        let claim = sql.claim_candidates(&plain);
-        assert_eq!(claim.matches('?').count(), 3);
-        assert!(!claim.contains("EXISTS") && !claim.contains("NOT IN"));
-        assert_eq!(sql.claim_successors(2, 5).matches('?').count(), 7);
-        let lock = sql.claim_lock(3);
-        assert_eq!(lock.matches('?').count(), 5);
-        assert!(lock.ends_with("FOR UPDATE SKIP LOCKED"));
-    }
-
-    #[test]
-    fn mapped_names_are_quoted_and_read_under_the_relays_names() {
-        let columns = Columns::from_mapping(&ColumnMapping {
-            id: "event_id".into(),
-            topic: Some("event_type".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
-            payload_format: PayloadFormat::Text,
-            headers: "meta".into(),
-            status: "state".into(),
-            ..ColumnMapping::default()
-        })
-        .unwrap();
-        let sql = render(None, "events", &columns);
-        let claim = sql.claim_candidates(&ClaimShape {
-            strict_ordering: true,
-            visibility_delay: false,
-            topics: 1,
-            paused_topics: 0,
-            excluded_keys: 0,
-        });
-        assert!(claim.starts_with(
-            "SELECT CAST(o.`event_id` AS SIGNED) AS id, o.`aggregate_id` AS `key` FROM"
-        ));
-        assert!(sql.claim_lock(1).starts_with(
-            "SELECT CAST(o.`event_id` AS SIGNED) AS id, o.`event_type` AS topic, \
-             o.`aggregate_id` AS `key`, o.`body` AS payload, o.`meta` AS headers, \
-             CAST(o.attempts AS SIGNED) AS attempts, o.created_at AS created_at"
-        ));
-        assert!(
-            claim.contains("p.`aggregate_id` = o.`aggregate_id` AND p.`event_id` < o.`event_id`")
-        );
-        assert!(claim.contains("WHERE o.`state` = 'pending'"));
-        assert!(sql
-            .held(1, false)
-            .starts_with("SELECT CAST(`event_id` AS SIGNED) FROM `events`"));
-        assert_eq!(
-            sql.insert,
-            "INSERT INTO `events` (`event_type`, `aggregate_id`, `body`, `meta`) \
-             VALUES (?, ?, ?, ?)"
-        );
-        assert!(sql
-            .stats
-            .ends_with("GROUP BY `event_type` ORDER BY `event_type`"));
-    }
-
-    #[test]
-    fn a_fixed_topic_reads_the_same_under_every_sql_mode() {
-        let columns = Columns::from_mapping(&ColumnMapping {
-            fixed_topic: Some("a\\'b".into()),
-            headers: String::new(),
-            ..ColumnMapping::default()
-        })
-        .unwrap();
-        let sql = render(None, "t", &columns);
-        let literal = "CONVERT(X'615c2762' USING utf8mb4)";
-        let claim = sql.claim_lock(1);
-        assert!(claim.contains(&format!("{literal} AS topic")), "{claim}");
-        assert!(claim.contains("'{}' AS headers"), "{claim}");
-        assert!(sql.stats.contains(&format!("GROUP BY {literal}")));
-        assert_eq!(sql.insert, "INSERT INTO `t` (`key`, payload) VALUES (?, ?)");
-    }
-
-    #[test]
-    fn derived_names_fit_and_stay_distinct() {
-        let long = "t".repeat(63);
-        let a = derived_name(&long, "_pending_idx");
-        let b = derived_name(&long, "_key_idx");
-        assert!(a.len() <= 64 && b.len() <= 64);
-        assert_ne!(a, b);
-        assert_eq!(derived_name("outbox", "_key_idx"), "outbox_key_idx");
-    }
-}
+mod tests;

@@ -115,11 +115,7 @@ pub(super) fn decode_blocked(row: &PgRow) -> Result<BlockedKey, sqlx::Error> {
     Ok(BlockedKey {
         key: row.try_get("key")?,
         head_id: row.try_get("head_id")?,
-        state: if owner.is_some() {
-            HeadState::Leased
-        } else {
-            HeadState::RetryWaiting
-        },
+        state: HeadState::of(owner.as_deref()),
         owner,
         attempts: attempts(row.try_get::<i32, _>("attempts")?),
         last_error: row.try_get("last_error")?,

@@ -45,10 +45,9 @@ use self::table::{accepts, live_column};
 use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
-    PURGE_BATCH,
+    in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
+    Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -280,9 +279,9 @@ impl Storage for PostgresStorage {
         self.claim_rows(request).await
     }
 
-    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
         let statement = if self.options.delete_on_ack {
             &self.sql.ack_delete
@@ -290,16 +289,14 @@ impl Storage for PostgresStorage {
             &self.sql.ack
         };
         let applied: Vec<(MessageId, Option<String>)> = sqlx::query_as(statement)
-            .bind(ids)
+            .bind(ids.as_slice())
             .bind(owner)
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("ack"))?;
         self.advance_heads(applied.iter().filter_map(|(_, key)| key.clone()))
             .await;
-        Ok(sorted_unique(
-            applied.into_iter().map(|(id, _)| id).collect(),
-        ))
+        Ok(ids.only(applied.into_iter().map(|(id, _)| id)))
     }
 
     #[tracing::instrument(
@@ -321,21 +318,21 @@ impl Storage for PostgresStorage {
 
     async fn release(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
-        let applied = sqlx::query_scalar(&self.sql.release)
-            .bind(ids)
+        let applied: Vec<MessageId> = sqlx::query_scalar(&self.sql.release)
+            .bind(ids.as_slice())
             .bind(owner)
             .bind(interval(delay))
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("release"))?;
-        Ok(sorted_unique(applied))
+        Ok(ids.only(applied))
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -355,12 +352,12 @@ impl Storage for PostgresStorage {
 
     async fn extend_lease(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended> {
         let rows: Vec<(Option<MessageId>, DateTime<Utc>)> = sqlx::query_as(&self.sql.extend_lease)
-            .bind(ids)
+            .bind(ids.as_slice())
             .bind(owner)
             .bind(interval(lease))
             .fetch_all(&self.pool)
@@ -373,19 +370,19 @@ impl Storage for PostgresStorage {
                 "extend lease",
             )
         })?;
-        let ids = sorted_unique(rows.into_iter().filter_map(|(id, _)| id).collect());
+        let ids = ids.only(rows.into_iter().filter_map(|(id, _)| id));
         Ok(Extended {
             ids,
             lease_expires_at,
         })
     }
 
-    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
         if ids.is_empty() {
             return Ok(0);
         }
         let done = sqlx::query(&self.sql.return_leases)
-            .bind(ids)
+            .bind(ids.as_slice())
             .bind(owner)
             .execute(&self.pool)
             .await
@@ -521,12 +518,12 @@ impl Storage for PostgresStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         self.redrive_rows(filter, limit, delay).await
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
         self.discard_rows(filter, limit).await
     }
 
@@ -552,14 +549,7 @@ impl Storage for PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("lease holders"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(owner, rows, earliest_expiry)| LeaseHolder {
-                owner,
-                rows: super::rows::count(rows),
-                earliest_expiry,
-            })
-            .collect())
+        Ok(LeaseHolder::from_rows(rows))
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

@@ -7,18 +7,17 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
-use sqlx::Row;
+use sqlx::{FromRow, Row};
 
 use super::convert::{decode_claim, decode_message, interval};
 use super::sql::FILTER;
 use super::PostgresStorage;
-use crate::storage::dead::{self, FilterValue};
+use crate::storage::dead::{self, DeadCountRow, FilterValue};
 use crate::storage::nack::{plan_nacks, HeldRow};
-use crate::storage::rows::{attempts, count};
+use crate::storage::rows::attempts;
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
-    TopicFilter,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
+    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause, TopicFilter,
 };
 
 impl PostgresStorage {
@@ -166,12 +165,12 @@ impl PostgresStorage {
                 let (Some(_), Some((_, _, _, dead, at))) = (decision, applied) else {
                     return NackResult::Fenced;
                 };
-                let released = sorted_unique(
-                    rows.iter()
-                        .filter(|row| row.2 == nack.id && row.0 != nack.id)
-                        .map(|row| row.0)
-                        .collect(),
-                );
+                let released: SortedIds = rows
+                    .iter()
+                    .filter(|row| row.2 == nack.id && row.0 != nack.id)
+                    .map(|row| row.0)
+                    .collect();
+                let released = released.into_vec();
                 if *dead {
                     NackResult::DeadLettered { released }
                 } else {
@@ -275,16 +274,12 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(err())?;
-        let mut counts = DeadCounts::default();
-        for row in &rows {
-            counts.total = count(row.try_get("total").map_err(err())?);
-            counts.groups.push(DeadCount {
-                topic: row.try_get("topic").map_err(err())?,
-                error: row.try_get("error").map_err(err())?,
-                count: count(row.try_get("count").map_err(err())?),
-            });
-        }
-        Ok(counts)
+        let rows = rows
+            .iter()
+            .map(DeadCountRow::from_row)
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        Ok(DeadCounts::from_rows(rows))
     }
 
     pub(super) async fn redrive_rows(
@@ -292,7 +287,7 @@ impl PostgresStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
         let query = sqlx::query_scalar(&statement)
@@ -302,14 +297,14 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("re-drive dead letters"))?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_rows(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
         let query = sqlx::query_scalar(&statement).bind(i64::from(limit));
@@ -317,7 +312,7 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("discard dead letters"))?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 }
 

@@ -53,9 +53,9 @@ use self::sql::{Shape, Statements};
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
 use super::{
-    in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
+    in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
+    LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
+    Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -258,9 +258,9 @@ impl Storage for SqliteStorage {
         self.claim_rows(request).await
     }
 
-    async fn ack(&self, ids: &[MessageId], owner: &str) -> StorageResult<Vec<MessageId>> {
+    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
         let statement = if self.options.delete_on_ack {
             &self.sql.ack_delete
@@ -269,16 +269,16 @@ impl Storage for SqliteStorage {
         };
         let mut conn = self.writer("ack").await?;
         let mut query = sqlx::query_scalar(statement)
-            .bind(json_list(ids))
+            .bind(json_list(ids.as_slice()))
             .bind(owner);
         if !self.options.delete_on_ack {
             query = query.bind(now_ms());
         }
-        let applied = query
+        let applied: Vec<MessageId> = query
             .fetch_all(&mut *conn)
             .await
             .map_err(self.error("ack"))?;
-        Ok(sorted_unique(applied))
+        Ok(ids.only(applied))
     }
 
     #[tracing::instrument(
@@ -307,24 +307,24 @@ impl Storage for SqliteStorage {
 
     async fn release(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         if ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(SortedIds::default());
         }
         let mut conn = self.writer("release").await?;
         let now = now_ms();
-        let applied = sqlx::query_scalar(&self.sql.release)
-            .bind(json_list(ids))
+        let applied: Vec<MessageId> = sqlx::query_scalar(&self.sql.release)
+            .bind(json_list(ids.as_slice()))
             .bind(owner)
             .bind(after(now, delay))
             .bind(now)
             .fetch_all(&mut *conn)
             .await
             .map_err(self.error("release"))?;
-        Ok(sorted_unique(applied))
+        Ok(ids.only(applied))
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
@@ -342,7 +342,7 @@ impl Storage for SqliteStorage {
 
     async fn extend_lease(
         &self,
-        ids: &[MessageId],
+        ids: &SortedIds,
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended> {
@@ -350,15 +350,15 @@ impl Storage for SqliteStorage {
         if ids.is_empty() {
             let lease_expires_at = datetime(after(now_ms(), lease)).map_err(err())?;
             return Ok(Extended {
-                ids: Vec::new(),
+                ids: SortedIds::default(),
                 lease_expires_at,
             });
         }
         let mut conn = self.writer("extend lease").await?;
         let now = now_ms();
         let until = after(now, lease);
-        let extended = sqlx::query_scalar(&self.sql.extend_lease)
-            .bind(json_list(ids))
+        let extended: Vec<MessageId> = sqlx::query_scalar(&self.sql.extend_lease)
+            .bind(json_list(ids.as_slice()))
             .bind(owner)
             .bind(until)
             .bind(now)
@@ -366,18 +366,18 @@ impl Storage for SqliteStorage {
             .await
             .map_err(err())?;
         Ok(Extended {
-            ids: sorted_unique(extended),
+            ids: ids.only(extended),
             lease_expires_at: datetime(until).map_err(err())?,
         })
     }
 
-    async fn return_leases(&self, ids: &[MessageId], owner: &str) -> StorageResult<u64> {
+    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
         if ids.is_empty() {
             return Ok(0);
         }
         let mut conn = self.writer("return leases").await?;
         let done = sqlx::query(&self.sql.return_leases)
-            .bind(json_list(ids))
+            .bind(json_list(ids.as_slice()))
             .bind(owner)
             .bind(now_ms())
             .execute(&mut *conn)
@@ -504,12 +504,12 @@ impl Storage for SqliteStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         self.redrive_rows(filter, limit, delay).await
     }
 
     #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<Vec<MessageId>> {
+    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
         self.discard_rows(filter, limit).await
     }
 
@@ -538,16 +538,12 @@ impl Storage for SqliteStorage {
             .fetch_all(&self.pools.reader)
             .await
             .map_err(err())?;
-        rows.into_iter()
-            .map(|(owner, rows, until)| {
-                Ok(LeaseHolder {
-                    owner,
-                    rows: super::rows::count(rows),
-                    earliest_expiry: datetime(until)?,
-                })
-            })
+        let rows = rows
+            .into_iter()
+            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
             .collect::<Result<_, sqlx::Error>>()
-            .map_err(err())
+            .map_err(err())?;
+        Ok(LeaseHolder::from_rows(rows))
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {

@@ -11,11 +11,10 @@ use super::convert::{after, before, datetime, decode_messages, json_list, now_ms
 use super::sql::FILTER;
 use super::SqliteStorage;
 use crate::storage::dead::{self, FilterValue};
-use crate::storage::rows::{attempts, count};
+use crate::storage::rows::attempts;
 use crate::storage::{
-    sorted_unique, ClaimRequest, Claimed, DeadCount, DeadCounts, DeadFilter, DeadLetter,
-    FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, StorageResult, TopicClause,
-    TopicFilter,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
+    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause, TopicFilter,
 };
 
 impl SqliteStorage {
@@ -104,7 +103,7 @@ impl SqliteStorage {
         }
         tracing::debug!(claimed = messages.len(), "claimed");
         Ok(Claimed {
-            exhausted: sorted_unique(exhausted),
+            exhausted: SortedIds::from(exhausted).into_vec(),
             messages,
             lease_expires_at,
         })
@@ -168,16 +167,23 @@ impl SqliteStorage {
             None => Vec::new(),
         };
         let at = datetime(successors_at).map_err(err())?;
-        Ok(NackResult::applied(decision, at, sorted_unique(released)))
+        let released = SortedIds::from(released).into_vec();
+        Ok(NackResult::applied(decision, at, released))
     }
 }
 
-/// `arguments` with the selector's values added, in the order [`dead::conditions`]
-/// rendered them: ids as a JSON array, times in epoch milliseconds (see `sql`).
-fn add_filter<'q>(
-    arguments: &mut SqliteArguments<'q>,
+/// The arguments of a dead-letter statement: its own first (`leading`: ids, limits, epoch
+/// milliseconds, all integers), then the selector's values in the order
+/// [`dead::conditions`] rendered them: ids as a JSON array, times in epoch milliseconds
+/// (see `sql`).
+fn dead_arguments<'q>(
+    leading: &[i64],
     values: Vec<FilterValue<'q>>,
-) -> Result<(), sqlx::Error> {
+) -> Result<SqliteArguments<'q>, sqlx::Error> {
+    let mut arguments = SqliteArguments::default();
+    for value in leading {
+        arguments.add(*value).map_err(sqlx::Error::Encode)?;
+    }
     for value in values {
         match value {
             FilterValue::Ids(ids) => arguments.add(json_list(ids)),
@@ -186,7 +192,7 @@ fn add_filter<'q>(
         }
         .map_err(sqlx::Error::Encode)?;
     }
-    Ok(())
+    Ok(arguments)
 }
 
 /// The dead-letter operations (see `dead.rs`): reads on the reader pool, writes one
@@ -201,16 +207,7 @@ impl SqliteStorage {
         let err = || self.error("list dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_list(&conditions);
-        let mut arguments = SqliteArguments::default();
-        arguments
-            .add(after_id)
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        add_filter(&mut arguments, values).map_err(err())?;
+        let arguments = dead_arguments(&[after_id, i64::from(limit)], values).map_err(err())?;
         let rows = sqlx::query_with(&statement, arguments)
             .fetch_all(&self.pools.reader)
             .await
@@ -245,26 +242,12 @@ impl SqliteStorage {
         let err = || self.error("count dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
         let statement = self.sql.dead_count(&conditions);
-        let mut arguments = SqliteArguments::default();
-        arguments
-            .add(dead::MAX_COUNT_GROUPS)
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        add_filter(&mut arguments, values).map_err(err())?;
-        let rows = sqlx::query_with(&statement, arguments)
+        let arguments = dead_arguments(&[dead::MAX_COUNT_GROUPS], values).map_err(err())?;
+        let rows = sqlx::query_as_with(&statement, arguments)
             .fetch_all(&self.pools.reader)
             .await
             .map_err(err())?;
-        let mut counts = DeadCounts::default();
-        for row in &rows {
-            counts.total = count(row.try_get("total").map_err(err())?);
-            counts.groups.push(DeadCount {
-                topic: row.try_get("topic").map_err(err())?,
-                error: row.try_get("error").map_err(err())?,
-                count: count(row.try_get("count").map_err(err())?),
-            });
-        }
-        Ok(counts)
+        Ok(DeadCounts::from_rows(rows))
     }
 
     pub(super) async fn redrive_rows(
@@ -272,47 +255,34 @@ impl SqliteStorage {
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let err = || self.error("re-drive dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
         let mut conn = self.writer("re-drive dead letters").await?;
-        let mut arguments = SqliteArguments::default();
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        arguments
-            .add(after(now_ms(), delay))
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        add_filter(&mut arguments, values).map_err(err())?;
-        let ids = sqlx::query_scalar_with(&statement, arguments)
+        let arguments =
+            dead_arguments(&[i64::from(limit), after(now_ms(), delay)], values).map_err(err())?;
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(&mut *conn)
             .await
             .map_err(err())?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 
     pub(super) async fn discard_rows(
         &self,
         filter: &DeadFilter,
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
+    ) -> StorageResult<SortedIds> {
         let err = || self.error("discard dead letters");
         let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
         let mut conn = self.writer("discard dead letters").await?;
-        let mut arguments = SqliteArguments::default();
-        arguments
-            .add(i64::from(limit))
-            .map_err(sqlx::Error::Encode)
-            .map_err(err())?;
-        add_filter(&mut arguments, values).map_err(err())?;
-        let ids = sqlx::query_scalar_with(&statement, arguments)
+        let arguments = dead_arguments(&[i64::from(limit)], values).map_err(err())?;
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
             .fetch_all(&mut *conn)
             .await
             .map_err(err())?;
-        Ok(sorted_unique(ids))
+        Ok(SortedIds::from(ids))
     }
 }
