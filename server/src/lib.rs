@@ -13,8 +13,10 @@
 //!   `ops.rs` operations of several statements, `sql.rs` the statements (MySQL's
 //!   dead-letter ones in `sql/dead.rs`), `table.rs` DDL and the check of a live table,
 //!   `convert.rs` errors and rows;
-//! - [`relay`]: outboxes, idle polling, retry policy, and the subscription loop behind
-//!   `Subscribe` (its claiming side a state machine, `relay/subscription/claiming.rs`);
+//! - [`relay`]: outboxes, idle polling, retry policy, an identity's bytes in flight
+//!   (`relay/bytes_in_flight.rs`), and the subscription loop behind `Subscribe` (its
+//!   claiming and answering sides state machines, `relay/subscription/claiming.rs` and
+//!   `answering.rs`);
 //! - [`grpc`]: the services, which only translate protobuf to relay calls;
 //! - [`security`]: TLS, credentials and scopes (one tower layer), limits per identity, audit;
 //! - [`health`] (verifies each table; ensures it where `create_schema` allows),

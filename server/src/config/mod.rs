@@ -291,6 +291,7 @@ impl Config {
         security::validate(
             server.listen,
             server.allow_insecure,
+            server.max_message_bytes,
             server.tls.as_ref(),
             &server.auth,
             &outboxes,

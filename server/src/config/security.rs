@@ -113,6 +113,14 @@ pub struct IdentityLimits {
     /// (`max_in_flight`), reserved when each stream opens.
     #[serde(default)]
     pub max_messages_in_flight: Option<u32>,
+    /// Bytes (payload, headers, key and topic of each row) leased to its streams and
+    /// not yet settled, across all of them. At the bound its streams stop claiming until
+    /// answers or lease expiries free bytes; a unary `Claim` gets at most what is left
+    /// (RESOURCE_EXHAUSTED when not even one row fits) and is not counted once it
+    /// returns. At least `server.max_message_bytes`, so any row that fits a response
+    /// fits the budget.
+    #[serde(default)]
+    pub max_bytes_in_flight: Option<usize>,
     /// Unary calls per second (a burst of as many is allowed).
     #[serde(default)]
     pub max_calls_per_second: Option<u32>,
@@ -124,6 +132,7 @@ pub const EVERY_OUTBOX: &str = "*";
 pub(super) fn validate(
     listen: SocketAddr,
     allow_insecure: bool,
+    max_message_bytes: usize,
     tls: Option<&TlsConfig>,
     auth: &AuthConfig,
     outboxes: &[&str],
@@ -156,7 +165,7 @@ pub(super) fn validate(
         );
     }
     for (name, identity) in &auth.identities {
-        identity.validate(name, tls, outboxes, problems);
+        identity.validate(name, tls, outboxes, max_message_bytes, problems);
     }
     let reachable_from_elsewhere = !listen.ip().is_loopback();
     if reachable_from_elsewhere && !allow_insecure && (tls.is_none() || auth.identities.is_empty())
@@ -180,6 +189,7 @@ impl IdentityConfig {
         name: &str,
         tls: Option<&TlsConfig>,
         outboxes: &[&str],
+        max_message_bytes: usize,
         problems: &mut Vec<String>,
     ) {
         let key = format!("server.auth.identities.{name}");
@@ -260,6 +270,15 @@ impl IdentityConfig {
         ] {
             if value == Some(0) {
                 problems.push(format!("{key}.limits.{limit}: must be at least 1"));
+            }
+        }
+        if let Some(bytes) = limits.max_bytes_in_flight {
+            if bytes < max_message_bytes {
+                problems.push(format!(
+                    "{key}.limits.max_bytes_in_flight = {bytes}: must be at least \
+                     server.max_message_bytes ({max_message_bytes}), so that a row as large as \
+                     one response fits the budget; raise it, or lower server.max_message_bytes"
+                ));
             }
         }
     }

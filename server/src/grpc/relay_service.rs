@@ -87,6 +87,9 @@ impl v1::relay_server::Relay for RelayService {
             max_in_flight: open.max_in_flight,
             peer,
             identity: caller.identity().map(|identity| identity.name.clone()),
+            bytes: caller
+                .identity()
+                .and_then(|identity| identity.budget.bytes.clone()),
         };
         // Before the window is reserved: a new filter past max_topic_filters is refused.
         let idle = outbox.idle_poll(&spec.topics)?;
@@ -132,14 +135,30 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
-        let claimed = outbox
-            .claim(
+        // An identity's max_bytes_in_flight: the claim gets what its streams leave (see
+        // `IdentityLimits::max_bytes_in_flight`), and is not counted once it returns.
+        let bytes = caller
+            .identity()
+            .and_then(|identity| identity.budget.bytes.as_ref());
+        let room = bytes.map_or(usize::MAX, |bytes| bytes.unary_room());
+        if room == 0 {
+            let budget = bytes.expect("a budget: room is bounded");
+            return Err(Status::resource_exhausted(budget.exhausted(None)));
+        }
+        let (claimed, left_out) = outbox
+            .claim_within(
                 &request.worker_id,
                 request.batch_size,
                 lease,
                 &request.topics,
+                room,
             )
             .await?;
+        if let (true, Some(budget)) = (claimed.messages.is_empty(), bytes) {
+            if left_out.is_some() {
+                return Err(Status::resource_exhausted(budget.exhausted(left_out)));
+            }
+        }
         // The view the claim just used (fresh within a second): says why it came back empty.
         let pauses = outbox.pauses().await;
         let paused = claimed.messages.is_empty()

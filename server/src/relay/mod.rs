@@ -6,6 +6,7 @@
 
 pub mod backoff;
 pub mod blocked;
+pub mod bytes_in_flight;
 pub mod dead_letters;
 pub mod drain;
 #[cfg(test)]
@@ -301,7 +302,6 @@ impl Outbox {
     /// response on its own is dead-lettered with an error saying so. The claim asks the
     /// database for no more rows than the latest claim's average row size says fit, so a
     /// claim of large rows neither loads nor gives back many.
-    #[tracing::instrument(name = "outbox.claim", skip_all, fields(outbox = %self.name))]
     pub async fn claim(
         &self,
         owner: &str,
@@ -309,6 +309,25 @@ impl Outbox {
         lease: Duration,
         topics: &[String],
     ) -> RelayResult<Claimed> {
+        let (claimed, _) = self
+            .claim_within(owner, batch_size, lease, topics, usize::MAX)
+            .await?;
+        Ok(claimed)
+    }
+
+    /// [`Self::claim`] with the rows kept also within `max_bytes` (an identity's
+    /// `max_bytes_in_flight` allowance, see [`bytes_in_flight`]): rows past it are given
+    /// back like those past a response. Also returns the size of the first row given back
+    /// for `max_bytes` (when it is smaller than a response), which the next claim needs.
+    #[tracing::instrument(name = "outbox.claim", skip_all, fields(outbox = %self.name))]
+    pub async fn claim_within(
+        &self,
+        owner: &str,
+        batch_size: u32,
+        lease: Duration,
+        topics: &[String],
+        max_bytes: usize,
+    ) -> RelayResult<(Claimed, Option<usize>)> {
         limits::name("worker_id", owner)?;
         limits::topics(topics)?;
         if batch_size == 0 || batch_size > MAX_WINDOW {
@@ -318,16 +337,17 @@ impl Outbox {
         }
         let batch_size = batch_size
             .min(self.config.max_batch_size)
-            .min(self.rows_per_response());
+            .min(self.rows_within(max_bytes.min(self.response_budget())));
         let (topics, paused_topics) = match pause::ClaimScope::of(topics, &self.pauses().await) {
             pause::ClaimScope::Paused => {
                 // Paused: nothing handed out, nothing asked of the table (see `pause`).
-                return Ok(Claimed {
+                let claimed = Claimed {
                     messages: Vec::new(),
                     lease_expires_at: chrono::Utc::now()
                         + chrono::Duration::from_std(lease).unwrap_or_default(),
                     exhausted: Vec::new(),
-                });
+                };
+                return Ok((claimed, None));
             }
             pause::ClaimScope::Topics {
                 topics,
@@ -346,42 +366,58 @@ impl Outbox {
         let result = self.storage.claim(request).await;
         timer.observe_duration();
         let claimed = self.counted(result)?;
-        let mut claimed = self.fit_response(owner, claimed).await;
+        let (mut claimed, left_out) = self.fit_response(owner, claimed, max_bytes).await;
         self.count_claim(&claimed, lease);
         if traces::enabled() {
             for message in &mut claimed.messages {
                 traces::relay_span(&self.name, message);
             }
         }
-        Ok(claimed)
+        Ok((claimed, left_out))
     }
 
     /// Bytes of claimed rows one response holds.
-    fn response_budget(&self) -> usize {
+    pub fn response_budget(&self) -> usize {
         self.max_message_bytes - ENVELOPE_BYTES
     }
 
     /// How many rows of the latest claim's average size one response holds.
     pub fn rows_per_response(&self) -> u32 {
+        self.rows_within(self.response_budget())
+    }
+
+    /// How many rows of the latest claim's average size `bytes` hold (at least one).
+    fn rows_within(&self, bytes: usize) -> u32 {
         match self.row_bytes.load(Ordering::Relaxed) {
             0 => u32::MAX,
-            average => u32::try_from(self.response_budget() / average)
-                .unwrap_or(u32::MAX)
-                .max(1),
+            average => u32::try_from(bytes / average).unwrap_or(u32::MAX).max(1),
         }
     }
 
-    /// Keeps the id-ordered prefix of `claimed` that fits one response; see [`Self::claim`].
-    /// A failed give-back is logged, not returned: the rows kept are leased and must go
-    /// out, and what was not given back comes back when its lease runs out.
-    async fn fit_response(&self, owner: &str, mut claimed: Claimed) -> Claimed {
-        let budget = self.response_budget();
+    /// The latest claim's average row size, in [`message_bytes`] (at least 1).
+    pub fn average_row_bytes(&self) -> usize {
+        self.row_bytes.load(Ordering::Relaxed).max(1)
+    }
+
+    /// Keeps the id-ordered prefix of `claimed` that fits one response and `max_bytes`;
+    /// see [`Self::claim_within`]. A failed give-back is logged, not returned: the rows
+    /// kept are leased and must go out, and what was not given back comes back when its
+    /// lease runs out.
+    async fn fit_response(
+        &self,
+        owner: &str,
+        mut claimed: Claimed,
+        max_bytes: usize,
+    ) -> (Claimed, Option<usize>) {
+        let budget = self.response_budget().min(max_bytes);
+        let capped = budget < self.response_budget();
+        let mut left_out = None;
         let (mut used, mut full) = (0, false);
         let (mut kept, mut rest, mut oversized) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seen_bytes, mut seen) = (0, 0);
         for message in std::mem::take(&mut claimed.messages) {
             let bytes = message_bytes(&message);
-            if bytes > budget {
+            if bytes > self.response_budget() {
                 oversized.push((message.id, bytes));
                 continue;
             }
@@ -391,6 +427,9 @@ impl Outbox {
                 used += bytes;
                 kept.push(message);
             } else {
+                if !full && capped {
+                    left_out = Some(bytes);
+                }
                 full = true;
                 rest.push(message.id);
             }
@@ -423,7 +462,7 @@ impl Outbox {
             }
         }
         claimed.messages = kept;
-        claimed
+        (claimed, left_out)
     }
 
     /// Returns (acked, fenced).

@@ -184,6 +184,7 @@ mod tests {
             lease: Duration::from_secs(30),
             peer: Some("127.0.0.1:5000".to_owned()),
             identity: None,
+            bytes: None,
         }
     }
 

@@ -1,7 +1,8 @@
 //! Bounds per identity (`server.auth.identities.NAME.limits`): streams open at once,
-//! messages in flight across its streams, unary calls per second. Going past one is
-//! RESOURCE_EXHAUSTED naming the limit. Bytes in flight follow from these: the server
-//! holds at most two responses of `server.max_message_bytes` per stream.
+//! messages and bytes in flight across its streams, unary calls per second. Going past
+//! one is RESOURCE_EXHAUSTED naming the limit, except `max_bytes_in_flight`, which holds
+//! the identity's streams back until bytes are freed (see
+//! [`crate::relay::bytes_in_flight`]).
 
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
@@ -11,11 +12,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
 use crate::config::IdentityLimits;
+use crate::relay::bytes_in_flight::BytesInFlight;
 
 pub struct IdentityBudget {
     streams: Option<(u32, Arc<Semaphore>)>,
     messages: Option<(u32, Arc<Semaphore>)>,
     calls: Option<(u32, DefaultDirectRateLimiter)>,
+    /// `max_bytes_in_flight`, shared by the identity's streams and unary claims.
+    pub bytes: Option<Arc<BytesInFlight>>,
 }
 
 /// An open stream's place in its identity's `max_streams`, given back when dropped.
@@ -31,7 +35,7 @@ pub struct WindowReservation {
 }
 
 impl IdentityBudget {
-    pub fn new(limits: &IdentityLimits) -> Self {
+    pub fn new(identity: &str, limits: &IdentityLimits) -> Self {
         let semaphore = |limit: u32| (limit, Arc::new(Semaphore::new(limit as usize)));
         Self {
             streams: limits.max_streams.map(semaphore),
@@ -40,6 +44,9 @@ impl IdentityBudget {
                 .max_calls_per_second
                 .and_then(NonZeroU32::new)
                 .map(|rate| (rate.get(), RateLimiter::direct(Quota::per_second(rate)))),
+            bytes: limits
+                .max_bytes_in_flight
+                .map(|limit| BytesInFlight::new(identity, limit)),
         }
     }
 

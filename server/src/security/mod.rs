@@ -140,7 +140,7 @@ impl Identity {
                 .iter()
                 .map(|(outbox, scopes)| (outbox.clone(), scopes.iter().copied().collect()))
                 .collect(),
-            budget: IdentityBudget::new(&config.limits),
+            budget: IdentityBudget::new(name, &config.limits),
         })
     }
 

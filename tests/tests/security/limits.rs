@@ -1,4 +1,5 @@
-//! Limits per identity: refused as `RESOURCE_EXHAUSTED`, naming the limit.
+//! Limits per identity: refused as `RESOURCE_EXHAUSTED`, naming the limit; bytes in
+//! flight holding an identity's streams back.
 
 use super::*;
 
@@ -144,4 +145,151 @@ async fn limits_per_identity_are_resource_exhausted_naming_the_limit() {
         exhausted.message()
     );
     db.drop().await;
+}
+
+/// A row of the byte-budget test: a 20,000-byte payload weighs 20,070 bytes in
+/// `max_bytes_in_flight` (payload, topic `t`, and 64 bytes of envelope).
+const BIG_ROW: usize = 20_070;
+
+/// Takes the next batch of any of `streams` (acking it when `ack`), answering `settled`
+/// events on the way; returns (stream index, ids).
+async fn next_batch(
+    streams: &mut [(
+        mpsc::Sender<v1::SubscribeRequest>,
+        tonic::Streaming<v1::SubscribeResponse>,
+    )],
+) -> (usize, Vec<i64>) {
+    loop {
+        let polls = streams
+            .iter_mut()
+            .enumerate()
+            .map(|(i, (_, rx))| Box::pin(async move { (i, rx.message().await) }));
+        let ((i, message), _, _) = futures::future::select_all(polls).await;
+        let response = message.expect("stream ok").expect("stream open");
+        if let Some(v1::subscribe_response::Response::Batch(batch)) = response.response {
+            return (i, batch.messages.iter().map(|m| m.id).collect());
+        }
+    }
+}
+
+#[tokio::test]
+async fn bytes_in_flight_hold_an_identitys_streams_back_until_answers_free_them() {
+    let db = TestDb::new().await;
+    // Two responses of 64 KiB: six rows of 20,070 bytes, about two batches of three.
+    let budget = 2 * 65_536;
+    let extra = [
+        token_identity("bulky", "bulky", r#"{ orders = ["subscribe"] }"#),
+        format!("limits = {{ max_bytes_in_flight = {budget} }}\n"),
+        token_identity("other", "other", r#"{ orders = ["subscribe"] }"#),
+    ]
+    .concat();
+    let text = config(&db, &extra).replace("[server]\n", "[server]\nmax_message_bytes = 65536\n");
+
+    let too_small = text.replace(
+        &format!("max_bytes_in_flight = {budget}"),
+        "max_bytes_in_flight = 1000",
+    );
+    let output = run_to_exit(&too_small, &["check-config"]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("server.auth.identities.bulky.limits.max_bytes_in_flight = 1000: must be at least server.max_message_bytes (65536)"),
+        "{stderr}"
+    );
+
+    let server = Server::start(&text).await;
+    server.wait_serving("orders").await;
+    let channel = server.channel().await;
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(open_stream(channel.clone(), "bulky", 100).await.unwrap());
+    }
+    let rows: Vec<(Option<String>, Vec<u8>)> = (0..30).map(|_| (None, vec![7; 20_000])).collect();
+    let ids = db.insert_many("t", &rows).await;
+
+    // No answers: the streams stop at the budget, open, holding six rows.
+    let fits = budget / BIG_ROW;
+    let mut delivered: Vec<i64> = Vec::new();
+    let mut by_stream = [Vec::new(), Vec::new(), Vec::new()];
+    while delivered.len() < fits {
+        let (i, batch) = tokio::time::timeout(DEADLINE, next_batch(&mut streams))
+            .await
+            .expect("batches up to the budget");
+        delivered.extend(&batch);
+        by_stream[i].extend(batch);
+        assert!(
+            delivered.len() <= fits,
+            "past the budget: {}",
+            delivered.len()
+        );
+    }
+    // The budget is taken: a unary claim of the identity gets RESOURCE_EXHAUSTED.
+    let request = v1::ClaimRequest {
+        outbox: "orders".into(),
+        worker_id: "bulky-unary".into(),
+        batch_size: 10,
+        lease_ms: 0,
+        topics: vec![],
+    };
+    let refused = match RelayClient::new(channel.clone())
+        .claim(with_token(request, Some("bulky")))
+        .await
+    {
+        Ok(served) => panic!(
+            "a unary claim past the budget was served {} rows",
+            served.into_inner().messages.len()
+        ),
+        Err(status) => status,
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_bytes_in_flight = 131072"),
+        "{}",
+        refused.message()
+    );
+
+    // Another identity is not held back by it.
+    let (_other_tx, mut other_rx) = open_stream(channel.clone(), "other", 2).await.unwrap();
+    let other = loop {
+        let response = tokio::time::timeout(DEADLINE, other_rx.message())
+            .await
+            .expect("a batch for the other identity")
+            .unwrap()
+            .unwrap();
+        if let Some(v1::subscribe_response::Response::Batch(batch)) = response.response {
+            break batch.messages.iter().map(|m| m.id).collect::<Vec<_>>();
+        }
+    };
+    assert!(!other.is_empty());
+    // Its stream ends unanswered: those rows go back, to be delivered below.
+    drop((_other_tx, other_rx));
+
+    // Answering frees bytes: every stream goes on until every row is delivered once.
+    for (i, held) in by_stream.iter().enumerate() {
+        if !held.is_empty() {
+            ack(&streams[i].0, held.clone()).await;
+        }
+    }
+    while delivered.len() < ids.len() {
+        let (i, batch) = tokio::time::timeout(DEADLINE, next_batch(&mut streams))
+            .await
+            .expect("the streams go on as they answer");
+        delivered.extend(&batch);
+        by_stream[i].extend(&batch);
+        ack(&streams[i].0, batch).await;
+    }
+    delivered.sort_unstable();
+    assert_eq!(delivered, ids, "every row once");
+    for (i, rows) in by_stream.iter().enumerate() {
+        assert!(!rows.is_empty(), "stream {i} delivered nothing");
+    }
+    db.drop().await;
+}
+
+async fn ack(tx: &mpsc::Sender<v1::SubscribeRequest>, ids: Vec<i64>) {
+    tx.send(v1::SubscribeRequest {
+        request: Some(Req::Ack(v1::AckMessages { ids })),
+    })
+    .await
+    .unwrap();
 }

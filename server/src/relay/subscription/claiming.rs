@@ -5,9 +5,14 @@ use tokio::sync::oneshot;
 use tokio::task::{JoinError, JoinHandle};
 use tokio::time::Instant;
 
+use super::super::bytes_in_flight::Allowance;
 use super::super::idle::Turn;
 use super::super::RelayResult;
 use crate::storage::Claimed;
+
+/// What a claim task returns: the rows, and the size of the first row left out for the
+/// byte allowance (see [`super::super::Outbox::claim_within`]).
+pub(super) type ClaimResult = RelayResult<(Claimed, Option<usize>)>;
 
 /// The claiming side of a stream, one state at a time:
 ///
@@ -57,7 +62,9 @@ impl Claiming {
 }
 
 pub(super) struct ClaimRun {
-    pub task: JoinHandle<RelayResult<Claimed>>,
+    pub task: JoinHandle<ClaimResult>,
+    /// The bytes taken from the identity's `max_bytes_in_flight` for this claim.
+    pub allowance: Option<Allowance>,
     /// What the claim asked for, and whether in a turn of its group.
     pub asked: Asked,
     /// Answers settled while this claim ran made rows free: its keys may have been
@@ -78,7 +85,8 @@ pub(super) struct Asked {
 /// stream ended), and it is `Ready` for the claim after it.
 pub(super) enum Progress {
     Claimed {
-        result: Result<RelayResult<Claimed>, JoinError>,
+        result: Result<ClaimResult, JoinError>,
+        allowance: Option<Allowance>,
         asked: Asked,
         freed_rows: bool,
     },
@@ -93,6 +101,7 @@ pub(super) async fn progress(claiming: &mut Claiming) -> Progress {
             let result = (&mut run.task).await;
             let progress = Progress::Claimed {
                 result,
+                allowance: run.allowance.take(),
                 asked: run.asked,
                 freed_rows: run.freed_rows,
             };

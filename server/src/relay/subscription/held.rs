@@ -1,32 +1,47 @@
 //! The rows a stream holds, with the local estimate of when each lease runs out, counted
-//! in the outbox's `txoutbox_messages_in_flight` while held.
+//! in the outbox's `txoutbox_messages_in_flight` while held, and their bytes in the
+//! identity's `max_bytes_in_flight` (see [`BytesInFlight`]): a row's bytes go back the
+//! moment it stops being held, however that happens.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use prometheus::IntGauge;
 use tokio::time::Instant;
 
+use super::super::bytes_in_flight::BytesInFlight;
 use crate::storage::MessageId;
 
 pub(super) struct Held {
-    deadlines: HashMap<MessageId, Instant>,
+    /// Each row's deadline and bytes.
+    deadlines: HashMap<MessageId, (Instant, usize)>,
     by_deadline: BTreeSet<(Instant, MessageId)>,
     /// The outbox's in-flight gauge, shared by its streams: each adds what it holds.
     in_flight: IntGauge,
+    /// The identity's byte budget, when it has one: the rows' bytes were taken from it
+    /// (by the claim's allowance) and go back to it here.
+    bytes: Option<Arc<BytesInFlight>>,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.in_flight.sub(self.len() as i64);
+        self.clear();
     }
 }
 
 impl Held {
-    pub fn new(in_flight: IntGauge) -> Self {
+    pub fn new(in_flight: IntGauge, bytes: Option<Arc<BytesInFlight>>) -> Self {
         Self {
             deadlines: HashMap::new(),
             by_deadline: BTreeSet::new(),
             in_flight,
+            bytes,
+        }
+    }
+
+    fn release(&self, bytes: usize) {
+        if let Some(budget) = &self.bytes {
+            budget.release(bytes);
         }
     }
 
@@ -34,25 +49,49 @@ impl Held {
         self.deadlines.len()
     }
 
-    pub fn insert(&mut self, id: MessageId, deadline: Instant) {
-        match self.deadlines.insert(id, deadline) {
-            Some(old) => {
+    /// Holds a claimed row of `bytes` (already taken from the budget by the claim).
+    pub fn insert(&mut self, id: MessageId, deadline: Instant, bytes: usize) {
+        match self.deadlines.insert(id, (deadline, bytes)) {
+            Some((old, old_bytes)) => {
                 self.by_deadline.remove(&(old, id));
+                self.release(old_bytes);
             }
             None => self.in_flight.inc(),
         }
         self.by_deadline.insert((deadline, id));
     }
 
-    pub fn remove(&mut self, id: MessageId) {
-        if let Some(deadline) = self.deadlines.remove(&id) {
-            self.by_deadline.remove(&(deadline, id));
-            self.in_flight.dec();
+    /// Moves a held row's deadline (an extended lease), its bytes still held; a row no
+    /// longer held is held again, its bytes unknown here and not counted.
+    pub fn extend(&mut self, id: MessageId, deadline: Instant) {
+        let bytes = match self.deadlines.get(&id) {
+            Some(&(old, bytes)) => {
+                self.by_deadline.remove(&(old, id));
+                bytes
+            }
+            None => {
+                self.in_flight.inc();
+                0
+            }
+        };
+        self.deadlines.insert(id, (deadline, bytes));
+        self.by_deadline.insert((deadline, id));
+    }
+
+    fn remove(&mut self, id: MessageId) -> usize {
+        match self.deadlines.remove(&id) {
+            Some((deadline, bytes)) => {
+                self.by_deadline.remove(&(deadline, id));
+                self.in_flight.dec();
+                bytes
+            }
+            None => 0,
         }
     }
 
     pub fn remove_all(&mut self, ids: &[MessageId]) {
-        ids.iter().for_each(|id| self.remove(*id));
+        let bytes = ids.iter().map(|id| self.remove(*id)).sum();
+        self.release(bytes);
     }
 
     pub fn next_deadline(&self) -> Option<Instant> {
@@ -60,16 +99,17 @@ impl Held {
     }
 
     pub fn take_expired(&mut self, now: Instant) -> Vec<MessageId> {
-        let mut expired = Vec::new();
+        let (mut expired, mut bytes) = (Vec::new(), 0);
         while let Some(&(deadline, id)) = self.by_deadline.first() {
             if deadline > now {
                 break;
             }
             self.by_deadline.pop_first();
-            self.deadlines.remove(&id);
+            bytes += self.deadlines.remove(&id).map_or(0, |(_, bytes)| bytes);
             expired.push(id);
         }
         self.in_flight.sub(expired.len() as i64);
+        self.release(bytes);
         expired
     }
 
@@ -80,6 +120,7 @@ impl Held {
     /// Forgets every row (given back).
     pub fn clear(&mut self) {
         self.in_flight.sub(self.len() as i64);
+        self.release(self.deadlines.values().map(|(_, bytes)| bytes).sum());
         self.deadlines.clear();
         self.by_deadline.clear();
     }
@@ -95,20 +136,41 @@ mod tests {
     fn held_rows_expire_in_deadline_order() {
         let start = Instant::now();
         let in_flight = IntGauge::new("in_flight", "rows held").unwrap();
-        let mut held = Held::new(in_flight.clone());
-        held.insert(1, start + Duration::from_secs(2));
-        held.insert(2, start + Duration::from_secs(1));
-        held.insert(3, start + Duration::from_secs(3));
-        held.insert(2, start + Duration::from_secs(5)); // extended
+        let mut held = Held::new(in_flight.clone(), None);
+        held.insert(1, start + Duration::from_secs(2), 10);
+        held.insert(2, start + Duration::from_secs(1), 10);
+        held.insert(3, start + Duration::from_secs(3), 10);
+        held.extend(2, start + Duration::from_secs(5));
         assert_eq!(held.next_deadline(), Some(start + Duration::from_secs(2)));
         assert_eq!(
             held.take_expired(start + Duration::from_secs(3)),
             vec![1, 3]
         );
         assert_eq!(in_flight.get(), 1);
-        held.remove(2);
+        held.remove_all(&[2]);
         assert_eq!(in_flight.get(), 0);
         assert_eq!(held.len(), 0);
         assert_eq!(held.next_deadline(), None);
+    }
+
+    #[test]
+    fn rows_give_their_bytes_back_however_they_stop_being_held() {
+        let start = Instant::now();
+        let budget = BytesInFlight::new("app", 1000);
+        let in_flight = IntGauge::new("in_flight", "rows held").unwrap();
+        let mut held = Held::new(in_flight, Some(Arc::clone(&budget)));
+        let mut stream = budget.open();
+        stream.take(300, 1000).expect("room").keep(300);
+        held.insert(1, start + Duration::from_secs(1), 100);
+        held.insert(2, start + Duration::from_secs(2), 100);
+        held.insert(3, start + Duration::from_secs(3), 100);
+        held.extend(1, start + Duration::from_secs(4));
+        assert_eq!(budget.used(), 300, "an extended row keeps its bytes");
+        held.remove_all(&[3]);
+        assert_eq!(budget.used(), 200, "answered");
+        assert_eq!(held.take_expired(start + Duration::from_secs(2)), vec![2]);
+        assert_eq!(budget.used(), 100, "lease ran out");
+        drop(held);
+        assert_eq!(budget.used(), 0, "given back at the end");
     }
 }

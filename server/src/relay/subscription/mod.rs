@@ -6,7 +6,9 @@
 //! so there is no locking: answers, claims, wake-ups and the drain are events of one
 //! `select!`. The claiming side is a state machine of its own ([`claiming`]: `Ready`,
 //! `Running`, `InTransit`, and in `Ready` whether the next claim waits for a time or for
-//! the group's turn), so each arm of the `select!` is guarded by the state it belongs to. The storage calls run on tasks of their own, so a claim and an answer of one
+//! the group's turn), and so is the answering side (`answering.rs`: `Idle`, `Waiting`,
+//! `Running`), so each arm of the `select!` is guarded by the state it belongs to. The
+//! storage calls run on tasks of their own, so a claim and an answer of one
 //! stream run at the same time: a claim woken by an insert does not wait behind an ack
 //! transaction, and acks arriving during a claim do not wait for it. At most one claim and
 //! one answer (or one set of coalesced acks) run at a time; their outcomes come back to
@@ -32,6 +34,11 @@
 //!   follows (the client's graceful stop relies on that). See [`Answer::waits_for_claims`].
 //!   Per-key order itself is the database's: a strict claim never returns a row while an
 //!   earlier row of its key is leased or waiting for its retry.
+//! - **Bytes per identity**: with `max_bytes_in_flight`, a claim starts only with an
+//!   allowance taken from the identity's budget, and is capped at it; the rows' bytes
+//!   stay taken while they are held (see `held.rs`). A stream that finds too little left
+//!   waits in line for a release, as it would for room in its window: it stays open and
+//!   takes no group turns meanwhile. See [`super::bytes_in_flight`].
 //! - **Drain**: no claim starts once the drain has begun; one already running finishes
 //!   and its batch goes out before `draining`.
 //! - **End**: however the stream ends, the claim and the answer in flight are awaited, so
@@ -51,6 +58,7 @@
 //! `hostile_input::a_stream_whose_claims_fail_for_its_own_reason_ends_with_that_status`
 //! shows end to end.
 
+mod answering;
 mod answers;
 mod claiming;
 mod held;
@@ -67,20 +75,20 @@ use tokio::task::{JoinError, JoinHandle};
 use tokio::time::{sleep_until, Instant};
 use tracing::Instrument;
 
+use self::answering::{acks_behind, finished, nacks_behind, AnswerRun, Answering};
 use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack, Single};
 pub use self::answers::{Answer, Rejection, Settlement};
-use self::claiming::{progress, Asked, ClaimRun, Claiming, NextClaim, Progress};
+use self::claiming::{progress, Asked, ClaimResult, ClaimRun, Claiming, NextClaim, Progress};
 use self::held::Held;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
+use super::bytes_in_flight::{Allowance, BytesInFlight, StreamBytes};
 use super::drain::Drain;
 use super::idle::{changed, PollGroup, Turn};
+use super::response_size::message_bytes;
 use super::subscribers::StreamInfo;
-use super::{Outbox, RelayError, RelayResult, MAX_IDS};
+use super::{Outbox, RelayError, RelayResult};
 use crate::storage::{Claimed, MessageId, StorageError};
 
-/// Acks are merged until they name this many ids (and never more than one storage call
-/// takes); nacks until this many.
-const MAX_COALESCED: usize = 1000;
 /// Pause after a failed claim before trying again; it doubles while claims keep failing.
 const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
 const MAX_STORAGE_ERROR_DELAY: Duration = Duration::from_secs(30);
@@ -96,6 +104,8 @@ pub struct SubscriptionSpec {
     pub peer: Option<String>,
     /// The authenticated identity, when auth is on.
     pub identity: Option<String>,
+    /// The identity's `max_bytes_in_flight`, when it has one.
+    pub bytes: Option<Arc<BytesInFlight>>,
 }
 
 /// What the subscription tells its subscriber.
@@ -147,13 +157,15 @@ pub async fn run(
 ) {
     let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
-    let held = Held::new(outbox.metrics().in_flight.clone());
+    let held = Held::new(outbox.metrics().in_flight.clone(), spec.bytes.clone());
     let registration = outbox.subscribers.register(&spec, &owner);
     let mut state = Subscription {
         info: Arc::clone(&registration.info),
         found: Some(idle.found()),
         idle,
         topics: spec.topics.clone().into(),
+        bytes: spec.bytes.as_ref().map(BytesInFlight::open),
+        need: None,
         outbox,
         spec,
         owner,
@@ -163,8 +175,7 @@ pub async fn run(
         claiming: Claiming::Ready(NextClaim::Idle {
             short_while_holding: false,
         }),
-        answer: None,
-        next_answer: None,
+        answering: Answering::Idle,
         draining_until: None,
         claim_failures: 0,
     };
@@ -196,21 +207,17 @@ struct Subscription {
     found: Option<watch::Receiver<u64>>,
     /// What the claiming side waits for.
     claiming: Claiming,
-    /// The answer (or the coalesced acks or nacks) being applied on its own task, if any.
-    answer: Option<AnswerRun>,
-    /// An answer taken from the channel that has not started: it waits for the answer in
-    /// flight, or for the claim in flight (see [`Answer::waits_for_claims`]).
-    next_answer: Option<RelayResult<Answer>>,
+    /// What the answering side waits for.
+    answering: Answering,
     /// Once the drain has begun: when the subscriber's time to answer runs out.
     draining_until: Option<Instant>,
     /// Claims failed in a row, for the pause before the next.
     claim_failures: u32,
-}
-
-struct AnswerRun {
-    task: JoinHandle<RelayResult<Applied>>,
-    /// A nack or release: no claim starts until it is settled.
-    gives_back: bool,
+    /// This stream's part in its identity's `max_bytes_in_flight`, if it has one.
+    bytes: Option<StreamBytes>,
+    /// The size of the row the last claim left out for its byte allowance: the next
+    /// claim needs at least that much.
+    need: Option<usize>,
 }
 
 impl Subscription {
@@ -239,12 +246,15 @@ impl Subscription {
             let quiet = matches!(
                 self.claiming,
                 Claiming::Ready(_) | Claiming::InTransit { .. }
-            ) && self.answer.is_none()
-                && self.next_answer.is_none();
+            ) && self.answering.is_idle();
             if self.draining_until.is_some() && self.held.len() == 0 && quiet {
                 return Ok(());
             }
-            let claim = self.claim_size(drain);
+            let mut claim = self.claim_size(drain);
+            let waiting_for_bytes = self.waits_for_bytes(claim.is_some());
+            if waiting_for_bytes {
+                claim = None;
+            }
             let claim_at = match claim {
                 Some((count, NextClaim::At(at))) => Some((count, at)),
                 _ => None,
@@ -254,23 +264,22 @@ impl Subscription {
                 _ => None,
             };
             let claim_running = matches!(self.claiming, Claiming::Running(_));
-            let take_answer = self.answer.is_none() && self.next_answer.is_none();
+            let take_answer = self.answering.is_idle();
             let expiry = self.held.next_deadline();
             tokio::select! {
                 biased;
                 progress = progress(&mut self.claiming) => {
-                    if let Progress::Claimed { result, asked, freed_rows } = progress {
-                        self.claimed(result, asked, freed_rows).await?;
+                    if let Progress::Claimed { result, allowance, asked, freed_rows } = progress {
+                        self.claimed(result, allowance, asked, freed_rows).await?;
                     }
                 }
-                result = joined(self.answer.as_mut().map(|run| &mut run.task)) => {
-                    self.answer = None;
+                result = finished(&mut self.answering) => {
                     self.answered(result.map_err(task_failed)?).await?;
                 }
                 answer = answers.recv(), if take_answer => {
                     let Some(answer) = answer else { return Ok(()) };
                     // Started at the top of the loop, which also merges the acks behind it.
-                    self.next_answer = Some(answer);
+                    self.answering = Answering::Waiting(answer);
                 }
                 _ = self.events.closed() => return Ok(()),
                 _ = drain.started(), if self.draining_until.is_none() && !claim_running => {
@@ -303,6 +312,7 @@ impl Subscription {
                         self.found = None;
                     }
                 }
+                () = freed(&mut self.bytes), if waiting_for_bytes => {}
             }
         }
     }
@@ -315,9 +325,7 @@ impl Subscription {
         let Claiming::Ready(next) = self.claiming else {
             return None;
         };
-        let gives_back = self.answer.as_ref().is_some_and(|run| run.gives_back)
-            || matches!(&self.next_answer, Some(Ok(answer)) if answer.waits_for_claims());
-        if gives_back || drain.is_started() {
+        if self.answering.gives_back() || drain.is_started() {
             return None;
         }
         let window = self.spec.max_in_flight as usize;
@@ -333,18 +341,59 @@ impl Subscription {
         enough.then_some((room.min(batch_cap), next))
     }
 
+    /// With a byte budget: whether the stream would claim (`wants`) but its identity has
+    /// too few bytes left, so it waits in line for a release. A stream that would not
+    /// claim leaves the line, holding no one back.
+    fn waits_for_bytes(&mut self, wants: bool) -> bool {
+        let need = self.need();
+        match &mut self.bytes {
+            Some(bytes) if wants => !bytes.ready(need),
+            Some(bytes) => {
+                bytes.leave();
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The bytes the next claim must be able to keep: the row the last one left out, or
+    /// a row of the outbox's average size.
+    fn need(&self) -> usize {
+        self.need.unwrap_or_else(|| self.outbox.average_row_bytes())
+    }
+
     /// Starts a claim of up to `count` rows on its own task.
     fn start_claim(&mut self, count: usize, turn: Option<Turn>) {
+        let need = self.need();
+        let allowance = match &mut self.bytes {
+            Some(bytes) => match bytes.take(need, self.outbox.response_budget()) {
+                Some(allowance) => Some(allowance),
+                None => {
+                    // Another stream of the identity took the bytes since the loop looked:
+                    // wait in line, then claim at once. A group turn taken for this claim
+                    // is lost; the group hands a poll turn out again after its wait.
+                    self.claiming.claim_now();
+                    return;
+                }
+            },
+            None => None,
+        };
+        let max_bytes = allowance.as_ref().map_or(usize::MAX, Allowance::bytes);
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
         let lease = self.spec.lease;
         let task = tokio::spawn(
-            async move { outbox.claim(&owner, count as u32, lease, &topics).await }
-                .in_current_span(),
+            async move {
+                outbox
+                    .claim_within(&owner, count as u32, lease, &topics, max_bytes)
+                    .await
+            }
+            .in_current_span(),
         );
         self.claiming = Claiming::Running(ClaimRun {
             task,
+            allowance,
             asked: Asked { count, turn },
             freed_rows: false,
         });
@@ -357,11 +406,13 @@ impl Subscription {
     /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
     async fn claimed(
         &mut self,
-        result: Result<RelayResult<Claimed>, JoinError>,
+        result: Result<ClaimResult, JoinError>,
+        allowance: Option<Allowance>,
         asked: Asked,
         freed_rows: bool,
     ) -> RelayResult<()> {
-        let claimed = match result.map_err(task_failed)? {
+        // A failed claim drops its allowance, which gives the bytes back.
+        let (claimed, left_out) = match result.map_err(task_failed)? {
             Ok(claimed) => claimed,
             // Retrying cannot heal the caller's own mistake: end with its status.
             Err(error) if error.is_callers_fault() => return Err(error),
@@ -377,9 +428,15 @@ impl Subscription {
             Err(error) => return Err(error),
         };
         self.claim_failures = 0;
+        let sizes = hold_bytes(&claimed, allowance);
+        self.need = left_out;
         let got = claimed.messages.len();
-        let short = got < asked.count;
-        self.idle.record(asked.turn, asked.count, got);
+        // Cut by the byte allowance: there is more, as after a full batch, and the group's
+        // other streams are told so (they may have bytes of other identities, or the
+        // fair share of this one's).
+        let short = got < asked.count && left_out.is_none();
+        let found = if short { got } else { asked.count };
+        self.idle.record(asked.turn, asked.count, found);
         // A full batch means there is probably more: claim again as soon as there is room.
         // A short one after answers freed rows of this stream during the claim: those may
         // have unblocked keys after the claim looked, so look again now too. Otherwise
@@ -398,8 +455,8 @@ impl Subscription {
         // The local deadline is measured after the claim returned, so it never runs out
         // before the database's lease does.
         let deadline = Instant::now() + self.spec.lease;
-        for message in &claimed.messages {
-            self.held.insert(message.id, deadline);
+        for (message, bytes) in claimed.messages.iter().zip(sizes) {
+            self.held.insert(message.id, deadline, bytes);
         }
         let (taken, in_transit) = oneshot::channel();
         self.claiming = Claiming::InTransit {
@@ -416,38 +473,46 @@ impl Subscription {
 
     /// Starts the answer taken from the channel, if nothing keeps it waiting.
     async fn start_next_answer(&mut self, answers: &mut AnswerReceiver) -> RelayResult<()> {
-        if self.answer.is_some() {
-            return Ok(());
-        }
-        let Some(next) = self.next_answer.take() else {
-            return Ok(());
+        let next = match std::mem::replace(&mut self.answering, Answering::Idle) {
+            Answering::Waiting(next) => next,
+            other => {
+                self.answering = other;
+                return Ok(());
+            }
         };
         let answer = next?;
         if answer.waits_for_claims() && matches!(self.claiming, Claiming::Running(_)) {
-            self.next_answer = Some(Ok(answer));
+            self.answering = Answering::Waiting(Ok(answer));
             return Ok(());
         }
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let gives_back = answer.waits_for_claims();
-        let task = match answer {
+        let (task, next) = match answer {
             Answer::SetWindow(window) => {
                 self.set_window(window).await;
                 return Ok(());
             }
             Answer::Ack(ids) => {
-                let acks = self.acks_behind(ids, answers);
-                tokio::spawn(apply_acks(outbox, owner, acks).in_current_span())
+                let (acks, next) = acks_behind(ids, answers);
+                let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
+                (task, next)
             }
             Answer::Nack { id, error, delay } => {
-                let nacks = self.nacks_behind(Nack { id, error, delay }, answers);
-                tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span())
+                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers);
+                let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
+                (task, next)
             }
-            Answer::Release { ids, delay } => self.apply(Single::Release { ids, delay }),
-            Answer::DeadLetter { id, error } => self.apply(Single::DeadLetter { id, error }),
-            Answer::ExtendLease { ids, lease } => self.apply(Single::ExtendLease { ids, lease }),
+            Answer::Release { ids, delay } => (self.apply(Single::Release { ids, delay }), None),
+            Answer::DeadLetter { id, error } => {
+                (self.apply(Single::DeadLetter { id, error }), None)
+            }
+            Answer::ExtendLease { ids, lease } => {
+                (self.apply(Single::ExtendLease { ids, lease }), None)
+            }
         };
-        self.answer = Some(AnswerRun { task, gives_back });
+        let run = AnswerRun { task, gives_back };
+        self.answering = Answering::Running { run, next };
         Ok(())
     }
 
@@ -455,52 +520,6 @@ impl Subscription {
     fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
         let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
         tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
-    }
-
-    /// `first` and the acks waiting right behind it, to apply in one storage call (a
-    /// subscriber acking message by message would otherwise cost a transaction each). The
-    /// first other answer is kept for after them.
-    fn acks_behind(
-        &mut self,
-        first: Vec<MessageId>,
-        answers: &mut AnswerReceiver,
-    ) -> Vec<Vec<MessageId>> {
-        let mut total = first.len();
-        let mut acks = vec![first];
-        while total < MAX_COALESCED {
-            match answers.try_recv() {
-                Some(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
-                    total += ids.len();
-                    acks.push(ids);
-                }
-                Some(other) => {
-                    self.next_answer = Some(other);
-                    break;
-                }
-                None => break,
-            }
-        }
-        acks
-    }
-
-    /// `first` and the nacks waiting right behind it, to apply in one storage call (a
-    /// burst of nacks, a broker outage, would otherwise cost a transaction each while the
-    /// rest wait). The first other answer is kept for after them.
-    fn nacks_behind(&mut self, first: Nack, answers: &mut AnswerReceiver) -> Vec<Nack> {
-        let mut nacks = vec![first];
-        while nacks.len() < MAX_COALESCED {
-            match answers.try_recv() {
-                Some(Ok(Answer::Nack { id, error, delay })) => {
-                    nacks.push(Nack { id, error, delay })
-                }
-                Some(other) => {
-                    self.next_answer = Some(other);
-                    break;
-                }
-                None => break,
-            }
-        }
-        nacks
     }
 
     /// Applies a new window (never while a claim runs) and confirms it; a window out of
@@ -556,7 +575,7 @@ impl Subscription {
         if let Some((ids, lease)) = &applied.extended {
             let deadline = Instant::now() + *lease;
             for id in ids {
-                self.held.insert(*id, deadline);
+                self.held.extend(*id, deadline);
             }
         }
     }
@@ -569,14 +588,17 @@ impl Subscription {
             short_while_holding: false,
         });
         if let Claiming::Running(run) = std::mem::replace(&mut self.claiming, idle) {
-            if let Ok(Ok(claimed)) = run.task.await {
+            if let Ok(Ok((claimed, _))) = run.task.await {
+                let sizes = hold_bytes(&claimed, run.allowance);
                 let deadline = Instant::now() + self.spec.lease;
-                for message in &claimed.messages {
-                    self.held.insert(message.id, deadline);
+                for (message, bytes) in claimed.messages.iter().zip(sizes) {
+                    self.held.insert(message.id, deadline, bytes);
                 }
             }
         }
-        if let Some(run) = self.answer.take() {
+        if let Answering::Running { run, .. } =
+            std::mem::replace(&mut self.answering, Answering::Idle)
+        {
             if let Ok(Ok(applied)) = run.task.await {
                 self.account(&applied);
                 for settlement in applied.settlements {
@@ -617,10 +639,21 @@ impl Subscription {
     }
 }
 
-/// Waits for the task in `running`, if any; never completes without one.
-async fn joined<T>(running: Option<&mut JoinHandle<T>>) -> Result<T, JoinError> {
-    match running {
-        Some(task) => task.await,
+/// The size of each claimed row; the allowance keeps their sum (the rows hold it from
+/// now on) and gives back the rest.
+fn hold_bytes(claimed: &Claimed, allowance: Option<Allowance>) -> Vec<usize> {
+    let sizes: Vec<usize> = claimed.messages.iter().map(message_bytes).collect();
+    if let Some(allowance) = allowance {
+        allowance.keep(sizes.iter().sum());
+    }
+    sizes
+}
+
+/// Completes when the identity's bytes were released since the stream found too few;
+/// never without a byte budget.
+async fn freed(bytes: &mut Option<StreamBytes>) {
+    match bytes {
+        Some(bytes) => bytes.freed().await,
         None => std::future::pending().await,
     }
 }

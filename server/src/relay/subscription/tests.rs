@@ -52,6 +52,11 @@ impl Harness {
 
     /// Opens a stream and takes its `subscribed`.
     async fn open(&self, window: u32) -> Stream {
+        self.open_within(window, None).await
+    }
+
+    /// Opens a stream of an identity with this `max_bytes_in_flight`.
+    async fn open_within(&self, window: u32, bytes: Option<Arc<BytesInFlight>>) -> Stream {
         let (answers, answers_rx) = answer_queue();
         let (events_tx, events) = mpsc::channel(64);
         let spec = SubscriptionSpec {
@@ -60,6 +65,7 @@ impl Harness {
             max_in_flight: window,
             peer: None,
             identity: None,
+            bytes,
             lease: LEASE,
         };
         let idle = self.outbox.idle_poll(&spec.topics).expect("a poll group");
@@ -536,4 +542,99 @@ async fn claims_failing_for_a_reason_that_heals_are_retried_ever_more_slowly() {
     let waits: Vec<u64> = at.windows(2).map(|w| (w[1] - w[0]).as_secs()).collect();
     assert_eq!(waits[..6], [1, 2, 4, 8, 16, 30]);
     assert!(stream.quiet(), "the stream goes on");
+}
+
+/// What the fake's rows weigh in `max_bytes_in_flight`: no payload, topic `t`.
+fn row_bytes() -> usize {
+    message_bytes(&crate::storage::OutboxMessage {
+        id: 0,
+        topic: "t".into(),
+        key: None,
+        payload: Vec::new(),
+        headers: Default::default(),
+        attempts: 0,
+        created_at: Utc::now(),
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stream_at_its_identitys_byte_budget_claims_again_only_when_answers_free_bytes() {
+    let h = Harness::new(true, NO_POLLING);
+    let rows: Vec<_> = (0..5).map(|_| h.storage.add(None)).collect();
+    let budget = BytesInFlight::new("app", 3 * row_bytes());
+    let mut stream = h.open_within(10, Some(Arc::clone(&budget))).await;
+    assert_eq!(
+        stream.batch().await,
+        rows[..3],
+        "three rows fill the budget"
+    );
+    assert_eq!(budget.used(), 3 * row_bytes());
+
+    sleep(Duration::from_secs(600)).await;
+    assert!(stream.quiet(), "no batch past the budget");
+    assert_eq!(h.storage.started(Op::Claim), 1, "waits, does not spin");
+
+    stream.answer(Answer::Ack(vec![rows[0]])).await;
+    assert_eq!(stream.settled().await.acked, [rows[0]]);
+    assert_eq!(stream.batch().await, [rows[3]], "the freed row's bytes");
+    stream.answer(Answer::Ack(rows[1..4].to_vec())).await;
+    assert_eq!(stream.settled().await.acked, rows[1..4]);
+    assert_eq!(stream.batch().await, [rows[4]]);
+    stream.answer(Answer::Ack(vec![rows[4]])).await;
+    stream.settled().await;
+    h.storage
+        .until("every row's bytes back", |_| budget.used() == 0)
+        .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn streams_of_one_byte_budget_all_deliver_and_a_closed_one_frees_its_bytes() {
+    let h = Harness::new(true, BACKOFF);
+    let budget = BytesInFlight::new("app", 4 * row_bytes());
+    let mut streams = Vec::new();
+    for _ in 0..3 {
+        streams.push(h.open_within(10, Some(Arc::clone(&budget))).await);
+    }
+    let rows: Vec<_> = (0..30).map(|_| h.storage.add(None)).collect();
+    h.storage.wake();
+    let mut delivered: Vec<MessageId> = Vec::new();
+    let mut got_some = [false; 3];
+    while delivered.len() < rows.len() {
+        for (i, stream) in streams.iter_mut().enumerate() {
+            if let Ok(Ok(Event::Batch(batch))) = stream.events.try_recv() {
+                let ids: Vec<_> = batch.claimed.messages.iter().map(|m| m.id).collect();
+                assert!(budget.used() <= 4 * row_bytes(), "never past the budget");
+                got_some[i] = true;
+                delivered.extend(&ids);
+                stream.answer(Answer::Ack(ids)).await;
+            }
+        }
+        sleep(Duration::from_millis(10)).await;
+        assert!(
+            h.storage.started(Op::Claim) < 1000,
+            "claims spin: {} so far",
+            h.storage.started(Op::Claim)
+        );
+    }
+    delivered.sort_unstable();
+    assert_eq!(delivered, rows, "every row once");
+    assert_eq!(got_some, [true; 3], "every stream had a turn");
+
+    // A stream that ends gives its held rows' bytes back, and the others go on.
+    let more: Vec<_> = (0..4).map(|_| h.storage.add(None)).collect();
+    h.storage.wake();
+    h.storage
+        .until("rows held", |_| budget.used() >= row_bytes())
+        .await;
+    drop(streams);
+    h.storage
+        .until("the bytes given back", |_| budget.used() == 0)
+        .await;
+    let mut last = h.open_within(10, Some(Arc::clone(&budget))).await;
+    let mut again: Vec<MessageId> = Vec::new();
+    while again.len() < more.len() {
+        again.extend(last.batch().await);
+    }
+    again.sort_unstable();
+    assert_eq!(again, more);
 }
