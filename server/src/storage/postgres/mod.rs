@@ -46,9 +46,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
     in_batches, sorted_unique, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter,
-    DeadLetter, Extended, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
-    PURGE_BATCH,
+    DeadLetter, Extended, Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage,
+    Pauses, RetryPolicy, Stats, Storage, StorageError, StorageResult, TableOptions,
+    ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -605,7 +605,7 @@ impl Storage for PostgresStorage {
             .map_err(self.error("insert"))
     }
 
-    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+    fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
         self.signal.as_ref().map(InsertSignal::subscribe)
     }
 }
