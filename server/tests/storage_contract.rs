@@ -218,7 +218,6 @@ macro_rules! storage_contract {
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,
-                insert_signal_names_the_topic,
                 insert_signal_waits_for_visibility,
                 insert_signal_ends_with_the_storage,
             );
