@@ -42,8 +42,8 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::{
-    ClaimRequest, FailureDecision, MessageId, NewMessage, OutboxMessage, RetryPolicy, Storage,
-    StorageError, MAX_KEY_CHARS,
+    ClaimRequest, FailureDecision, Inserts, MessageId, NewMessage, OutboxMessage, RetryPolicy,
+    Storage, StorageError, MAX_KEY_CHARS,
 };
 
 /// A lease that does not run out during a test.
@@ -398,7 +398,7 @@ async fn listening_signal(
     backend: &impl Backend,
     storage: &dyn Storage,
     settle: Duration,
-) -> Option<tokio::sync::watch::Receiver<u64>> {
+) -> Option<tokio::sync::watch::Receiver<Inserts>> {
     let mut signal = storage.insert_signal()?;
     backend.until_listening().await;
     // The wake-up that follows (re)connecting is about to come: let it pass.
@@ -407,7 +407,7 @@ async fn listening_signal(
     Some(signal)
 }
 
-async fn next_signal(signal: &mut tokio::sync::watch::Receiver<u64>) {
+async fn next_signal(signal: &mut tokio::sync::watch::Receiver<Inserts>) {
     tokio::time::timeout(DEADLINE, signal.changed())
         .await
         .expect("no insert signal within the deadline")

@@ -124,6 +124,10 @@ pub struct IdentityLimits {
     /// Unary calls per second (a burst of as many is allowed).
     #[serde(default)]
     pub max_calls_per_second: Option<u32>,
+    /// Distinct topic filters among its open streams, per outbox: its share of the
+    /// outbox's `max_topic_filters`, so one identity cannot take every slot.
+    #[serde(default)]
+    pub max_topic_filters: Option<u32>,
 }
 
 /// The outbox name in `grants` that stands for every outbox.
@@ -267,6 +271,7 @@ impl IdentityConfig {
             ("max_streams", limits.max_streams),
             ("max_messages_in_flight", limits.max_messages_in_flight),
             ("max_calls_per_second", limits.max_calls_per_second),
+            ("max_topic_filters", limits.max_topic_filters),
         ] {
             if value == Some(0) {
                 problems.push(format!("{key}.limits.{limit}: must be at least 1"));

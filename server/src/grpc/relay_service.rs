@@ -91,7 +91,17 @@ impl v1::relay_server::Relay for RelayService {
                 .identity()
                 .and_then(|identity| identity.budget.bytes.clone()),
         };
-        // Before the window is reserved: a new filter past max_topic_filters is refused.
+        // The identity's share first, so an identity at its own limit makes no new group;
+        // then before the window is reserved, a new filter past the outbox's
+        // max_topic_filters is refused.
+        let filter_slot = caller
+            .identity()
+            .map(|identity| {
+                identity
+                    .budget
+                    .hold_filter(&identity.name, &outbox.name, &spec.topics)
+            })
+            .transpose()?;
         let idle = outbox.idle_poll(&spec.topics)?;
         let window = match caller.identity() {
             Some(identity) => Some(Arc::new(
@@ -117,8 +127,9 @@ impl v1::relay_server::Relay for RelayService {
         self.drain.spawn(
             async move {
                 subscription.await;
-                // The window's place in the identity's budget lasts as long as the stream.
-                drop(window);
+                // The window's and the filter's places in the identity's budget last as
+                // long as the stream.
+                drop((window, filter_slot));
             }
             .instrument(span),
         );

@@ -15,9 +15,9 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::storage::{
-    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, MessageId, NackRequest,
-    NackResult, NewMessage, OutboxMessage, RetryPolicy, SortedIds, Stats, Storage, StorageError,
-    StorageResult,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, Inserts, MessageId,
+    NackRequest, NackResult, NewMessage, OutboxMessage, RetryPolicy, SortedIds, Stats, Storage,
+    StorageError, StorageResult,
 };
 
 /// The kinds of storage call a test can count and hold.
@@ -36,7 +36,7 @@ pub const WAIT: Duration = Duration::from_secs(60);
 pub struct FakeStorage {
     state: Mutex<State>,
     /// The insert signal, when the fake has one.
-    signal: Option<watch::Sender<u64>>,
+    signal: Option<watch::Sender<Inserts>>,
     /// Moves on every call's start and end, so tests can wait for a condition.
     progress: watch::Sender<u64>,
     /// Per kind of call: true while calls are held.
@@ -72,7 +72,7 @@ impl FakeStorage {
             .collect();
         Arc::new(Self {
             state: Mutex::new(State::default()),
-            signal: with_signal.then(|| watch::Sender::new(0)),
+            signal: with_signal.then(|| watch::Sender::new(Inserts::default())),
             progress: watch::Sender::new(0),
             gates,
             failing_claims: Mutex::new(None),
@@ -99,10 +99,15 @@ impl FakeStorage {
         id
     }
 
-    /// Bumps the insert signal, as the listener does on NOTIFY.
+    /// Signals an insert of unknown topic, as the listener does on an empty NOTIFY.
     pub fn wake(&self) {
+        self.wake_topic(None);
+    }
+
+    /// Signals an insert of `topic` (`None`: unknown), as the listener does on NOTIFY.
+    pub fn wake_topic(&self, topic: Option<&str>) {
         let signal = self.signal.as_ref().expect("a fake with an insert signal");
-        signal.send_modify(|n| *n += 1);
+        signal.send_modify(|inserts| inserts.record(topic));
     }
 
     /// Holds calls of this kind (started and counted, not run) until [`Self::let_through`].
@@ -402,7 +407,7 @@ impl Storage for FakeStorage {
         Ok(self.add(message.key.as_deref()))
     }
 
-    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+    fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
         self.signal.as_ref().map(watch::Sender::subscribe)
     }
 }

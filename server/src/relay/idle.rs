@@ -16,8 +16,7 @@
 //! - rows found (by any claim of any stream of the group): the schedule returns to
 //!   `poll.min`;
 //! - the turn's claim came back full: there is more than one batch waiting, so every
-//!   waiting stream is woken through [`PollGroup::found`] (a counter, like the storage's
-//!   insert signal) and claims at once.
+//!   waiting stream is woken through [`PollGroup::found`] (a counter) and claims at once.
 //!
 //! So the idle cost is one claim per poll interval per group, whatever the number of
 //! streams, and a lone stream polls exactly as before: same waits, same resets. A stream
@@ -33,24 +32,37 @@
 //! replica may have taken the row). A stream that opens makes the same kind of turn
 //! ([`PollGroup::wake`]) rather than a claim of its own.
 //!
-//! So the cost of an insert, and of the idle polls, is one claim per *distinct topic
-//! filter* among the outbox's open streams: O(groups), never O(streams). A client that
-//! opens 10,000 idle streams each with a filter of its own would make 10,000 groups, so
-//! the groups are bounded: [`IdlePolls::join`] refuses a filter that would make more than
+//! A signal carries the topic inserted (PostgreSQL's trigger puts it in the
+//! notification's payload, see [`Inserts`]), and only the groups whose filter names it,
+//! and the group without a filter, take a turn. So an insert costs a claim per *matching*
+//! group: with honest streams that is one or two, however many distinct filters are open
+//! (an outbox whose subscribers each take their own topics, 64 of them, paid 64 claims
+//! per insert before). A signal that cannot say its topic (the trigger of an earlier
+//! version, whose payload is empty; the listener reconnecting; a statement inserting more
+//! than 16 topics) turns every group, as all signals did before. Inserts of a topic
+//! between two turns of a group open one turn, not one each: a turn stays open until a
+//! stream takes it, and a claim then takes every row that is waiting.
+//!
+//! Idle polls still cost one claim per *distinct topic filter* among the outbox's open
+//! streams per interval, and so do inserts wherever no signal names the topic (MariaDB and
+//! SQLite have no insert signal and pay the polls; a hostile client's filters can all name
+//! the topics being inserted: `[orders, x1]`, `[orders, x2]`, ...). A client that opens
+//! 10,000 idle streams each with a filter of its own would make 10,000 groups, so the
+//! groups are bounded: [`IdlePolls::join`] refuses a filter that would make more than
 //! `outboxes.NAME.max_topic_filters` groups (the stream gets RESOURCE_EXHAUSTED naming the
 //! key); a stream whose filter already has a group always joins it. The bound is the
-//! whole fix, chosen over two others:
-//! - waking only the groups whose filter matches the inserted topic helps only where an
-//!   insert signal exists (PostgreSQL NOTIFY; MariaDB and SQLite have none and pay the
-//!   polls, also one per group), and bounds nothing against a hostile client, whose
-//!   filters can all name the topics being inserted (`[orders, x1]`, `[orders, x2]`, ...);
-//! - one claim for the whole outbox, its rows routed to the streams whose filters match,
-//!   would claim on behalf of streams with their own windows, leases, owners and byte
-//!   budgets: a different lease model, not a change to the idle schedule.
+//! defence against hostile filters; routing by topic is what makes honest deployments
+//! with many filters cost O(1) claims per insert. The other way out, one claim for the
+//! whole outbox with its rows routed to the streams whose filters match, would claim on
+//! behalf of streams with their own windows, leases, owners and byte budgets: a
+//! different lease model, not a change to the idle schedule.
 //!
-//! The bound is per outbox, not per identity: a client that holds every slot keeps new
-//! filters out (never streams on filters in use) until its streams end; an identity's
-//! `max_streams` bounds how many slots it can hold.
+//! The bound is per outbox; an identity's share of it is its
+//! `server.auth.identities.NAME.limits.max_topic_filters` (distinct filters among its
+//! open streams of one outbox, see `security::limits`), so with that set one client
+//! cannot hold every slot and keep the others' new filters out. Without it (or without
+//! authentication) a client that holds every slot keeps new filters out (never streams
+//! on filters in use) until its streams end.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -61,14 +73,16 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::poller::Poller;
 use crate::config::PollConfig;
+use crate::storage::Inserts;
 
 /// The poll groups of one outbox, by topic filter.
 pub struct IdlePolls {
     config: PollConfig,
     /// `outboxes.NAME.max_topic_filters`: the most groups alive at once.
     max_groups: usize,
-    /// The storage's insert signal, if it has one; each group's timer task watches it.
-    insert_signal: Option<watch::Receiver<u64>>,
+    /// The storage's insert signal, if it has one; each group's timer task watches it
+    /// for the topics of its filter.
+    insert_signal: Option<watch::Receiver<Inserts>>,
     /// Weak: a group ends (and its timer task stops) when its last stream does.
     groups: Mutex<HashMap<Vec<String>, Weak<PollGroup>>>,
 }
@@ -86,7 +100,7 @@ impl IdlePolls {
     pub fn new(
         config: PollConfig,
         max_groups: usize,
-        insert_signal: Option<watch::Receiver<u64>>,
+        insert_signal: Option<watch::Receiver<Inserts>>,
     ) -> Self {
         Self {
             config,
@@ -100,9 +114,7 @@ impl IdlePolls {
     /// topic), started on first use; `None` when starting it would make more than
     /// `max_groups` groups. Needs a Tokio runtime.
     pub fn join(&self, topics: &[String]) -> Option<Arc<PollGroup>> {
-        let mut filter = topics.to_vec();
-        filter.sort();
-        filter.dedup();
+        let filter = filter_key(topics);
         let mut groups = self.groups.lock().expect("poll groups lock");
         groups.retain(|_, group| group.strong_count() > 0);
         if let Some(group) = groups.get(&filter).and_then(Weak::upgrade) {
@@ -111,7 +123,11 @@ impl IdlePolls {
         if groups.len() >= self.max_groups {
             return None;
         }
-        let group = Arc::new(PollGroup::start(self.config, self.insert_signal.clone()));
+        let group = Arc::new(PollGroup::start(
+            self.config,
+            filter.clone(),
+            self.insert_signal.clone(),
+        ));
         groups.insert(filter, Arc::downgrade(&group));
         Some(group)
     }
@@ -120,6 +136,14 @@ impl IdlePolls {
     pub fn max_groups(&self) -> usize {
         self.max_groups
     }
+}
+
+/// A topic filter as one group's key: its topics sorted, each once.
+pub fn filter_key(topics: &[String]) -> Vec<String> {
+    let mut filter = topics.to_vec();
+    filter.sort();
+    filter.dedup();
+    filter
 }
 
 /// The shared idle schedule of the streams with one topic filter. Each stream holds an
@@ -151,7 +175,11 @@ struct Schedule {
 }
 
 impl PollGroup {
-    fn start(config: PollConfig, insert_signal: Option<watch::Receiver<u64>>) -> Self {
+    fn start(
+        config: PollConfig,
+        filter: Vec<String>,
+        insert_signal: Option<watch::Receiver<Inserts>>,
+    ) -> Self {
         let mut poller = Poller::new(config);
         let due = Instant::now() + poller.wait_and_back_off();
         let shared = Arc::new(Shared {
@@ -166,7 +194,8 @@ impl PollGroup {
             found: watch::Sender::new(0),
         });
         let stop = CancellationToken::new();
-        tokio::spawn(keep_time(Arc::clone(&shared), insert_signal, stop.clone()));
+        let inserts = insert_signal.map(|signal| InsertsOf::new(signal, filter));
+        tokio::spawn(keep_time(Arc::clone(&shared), inserts, stop.clone()));
         Self {
             shared,
             _stop: stop.drop_guard(),
@@ -250,23 +279,55 @@ impl Shared {
     }
 }
 
-/// Hands out a turn whenever a poll is due or an insert is signalled. Until a poll turn's
-/// claim reports, the next one is due after the same wait: a turn nobody takes, or whose
-/// claim fails, is handed out again rather than stalling the group.
-async fn keep_time(
-    shared: Arc<Shared>,
-    mut insert_signal: Option<watch::Receiver<u64>>,
-    stop: CancellationToken,
-) {
+/// The storage's insert signal as one group sees it: only inserts its filter matches.
+struct InsertsOf {
+    signal: watch::Receiver<Inserts>,
+    filter: Vec<String>,
+    /// [`Inserts::seq`] when the group last looked.
+    seen: u64,
+}
+
+impl InsertsOf {
+    fn new(mut signal: watch::Receiver<Inserts>, filter: Vec<String>) -> Self {
+        let seen = signal.borrow_and_update().seq();
+        Self {
+            signal,
+            filter,
+            seen,
+        }
+    }
+
+    /// Completes when an insert the filter matches was signalled since the last time;
+    /// false when the signal's sender is gone. Inserts of other topics pass unnoticed.
+    async fn matched(&mut self) -> bool {
+        loop {
+            if self.signal.changed().await.is_err() {
+                return false;
+            }
+            let inserts = self.signal.borrow_and_update();
+            let matched = inserts.since(self.seen, &self.filter);
+            self.seen = inserts.seq();
+            if matched {
+                return true;
+            }
+        }
+    }
+}
+
+/// Hands out a turn whenever a poll is due or an insert the group's filter matches is
+/// signalled. Until a poll turn's claim reports, the next one is due after the same wait:
+/// a turn nobody takes, or whose claim fails, is handed out again rather than stalling
+/// the group.
+async fn keep_time(shared: Arc<Shared>, mut inserts: Option<InsertsOf>, stop: CancellationToken) {
     loop {
         let due = shared.lock().due;
         let turn = tokio::select! {
             _ = stop.cancelled() => return,
             _ = shared.rescheduled.notified() => continue,
             _ = sleep_until(due) => Turn::Poll,
-            changed = changed(&mut insert_signal) => {
-                if !changed {
-                    insert_signal = None;
+            matched = matched(&mut inserts) => {
+                if !matched {
+                    inserts = None;
                     continue;
                 }
                 Turn::Insert
@@ -294,6 +355,14 @@ async fn keep_time(
 pub(super) async fn changed(signal: &mut Option<watch::Receiver<u64>>) -> bool {
     match signal {
         Some(receiver) => receiver.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// [`InsertsOf::matched`]; never completes without a signal.
+async fn matched(inserts: &mut Option<InsertsOf>) -> bool {
+    match inserts {
+        Some(inserts) => inserts.matched().await,
         None => std::future::pending().await,
     }
 }
@@ -387,7 +456,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_insert_signal_opens_one_turn_at_once_and_an_empty_one_keeps_the_schedule() {
-        let signal = watch::Sender::new(0u64);
+        let signal = watch::Sender::new(Inserts::default());
         let group = IdlePolls::new(config(), 8, Some(signal.subscribe()))
             .join(&[])
             .unwrap();
@@ -397,11 +466,77 @@ mod tests {
         }
         // The next poll is 400ms away; an insert brings a turn now.
         let before = Instant::now();
-        signal.send_modify(|n| *n += 1);
+        signal.send_modify(|inserts| inserts.record(Some("t")));
         assert_eq!(group.turn().await, Turn::Insert);
         assert_eq!(Instant::now(), before);
         group.record(Some(Turn::Insert), 10, 0);
         assert_eq!(group.turn().await, Turn::Poll);
         assert_eq!(Instant::now() - before, Duration::from_millis(400));
+    }
+
+    fn insert(signal: &watch::Sender<Inserts>, topic: Option<&str>) {
+        signal.send_modify(|inserts| inserts.record(topic));
+    }
+
+    /// Takes every turn open within `within`, recording each as empty; returns them.
+    async fn turns_within(group: &PollGroup, within: Duration) -> Vec<Turn> {
+        let mut turns = Vec::new();
+        while let Ok(turn) = tokio::time::timeout(within, group.turn()).await {
+            group.record(Some(turn), 10, 0);
+            turns.push(turn);
+        }
+        turns
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_insert_opens_a_turn_only_in_the_groups_whose_filter_matches_its_topic() {
+        let signal = watch::Sender::new(Inserts::default());
+        let polls = IdlePolls::new(config(), 8, Some(signal.subscribe()));
+        let orders = polls.join(&["orders".into()]).unwrap();
+        let both = polls.join(&["users".into(), "orders".into()]).unwrap();
+        let users = polls.join(&["users".into()]).unwrap();
+        let every = polls.join(&[]).unwrap();
+        // Each group's first poll turn, at 50 ms; the next ones are 100 ms later, after
+        // everything below.
+        for group in [&orders, &both, &users, &every] {
+            tokio::time::timeout(Duration::from_secs(2), group.turn())
+                .await
+                .unwrap();
+            group.record(Some(Turn::Poll), 10, 0);
+        }
+        insert(&signal, Some("orders"));
+        let soon = Duration::from_millis(10);
+        assert_eq!(turns_within(&orders, soon).await, [Turn::Insert]);
+        assert_eq!(turns_within(&both, soon).await, [Turn::Insert]);
+        assert_eq!(turns_within(&every, soon).await, [Turn::Insert]);
+        assert_eq!(turns_within(&users, soon).await, [], "another topic");
+
+        // An insert of unknown topic (an old trigger's empty payload) wakes every group.
+        insert(&signal, None);
+        for group in [&orders, &both, &users, &every] {
+            assert_eq!(turns_within(group, soon).await, [Turn::Insert]);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_inserts_of_a_topic_between_two_turns_open_one_turn() {
+        let signal = watch::Sender::new(Inserts::default());
+        let polls = IdlePolls::new(config(), 8, Some(signal.subscribe()));
+        let orders = polls.join(&["orders".into()]).unwrap();
+        let users = polls.join(&["users".into()]).unwrap();
+        for group in [&orders, &users] {
+            tokio::time::timeout(Duration::from_secs(2), group.turn())
+                .await
+                .unwrap();
+            group.record(Some(Turn::Poll), 10, 0);
+        }
+        for _ in 0..100 {
+            insert(&signal, Some("orders"));
+            insert(&signal, Some("other"));
+            tokio::task::yield_now().await;
+        }
+        let soon = Duration::from_millis(10);
+        assert_eq!(turns_within(&orders, soon).await, [Turn::Insert]);
+        assert_eq!(turns_within(&users, soon).await, []);
     }
 }

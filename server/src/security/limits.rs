@@ -1,9 +1,10 @@
 //! Bounds per identity (`server.auth.identities.NAME.limits`): streams open at once,
-//! messages and bytes in flight across its streams, unary calls per second. Going past
-//! one is RESOURCE_EXHAUSTED naming the limit, except `max_bytes_in_flight`, which holds
-//! the identity's streams back until bytes are freed (see
-//! [`crate::relay::bytes_in_flight`]).
+//! messages and bytes in flight across its streams, unary calls per second, distinct
+//! topic filters among its streams of one outbox. Going past one is RESOURCE_EXHAUSTED
+//! naming the limit, except `max_bytes_in_flight`, which holds the identity's streams
+//! back until bytes are freed (see [`crate::relay::bytes_in_flight`]).
 
+use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 
@@ -20,6 +21,31 @@ pub struct IdentityBudget {
     calls: Option<(u32, DefaultDirectRateLimiter)>,
     /// `max_bytes_in_flight`, shared by the identity's streams and unary claims.
     pub bytes: Option<Arc<BytesInFlight>>,
+    filters: Option<(u32, Arc<Mutex<FilterCounts>>)>,
+}
+
+/// An outbox and a topic filter as its poll groups key it.
+type FilterKey = (String, Vec<String>);
+/// The identity's open streams per outbox and filter.
+type FilterCounts = HashMap<FilterKey, usize>;
+
+/// An open stream's filter counted in its identity's `max_topic_filters`, given back when
+/// dropped.
+pub struct FilterSlot(Option<(Arc<Mutex<FilterCounts>>, FilterKey)>);
+
+impl Drop for FilterSlot {
+    fn drop(&mut self) {
+        let Some((counts, key)) = self.0.take() else {
+            return;
+        };
+        let mut counts = counts.lock().expect("filter counts lock");
+        if let Some(streams) = counts.get_mut(&key) {
+            *streams -= 1;
+            if *streams == 0 {
+                counts.remove(&key);
+            }
+        }
+    }
 }
 
 /// An open stream's place in its identity's `max_streams`, given back when dropped.
@@ -47,7 +73,38 @@ impl IdentityBudget {
             bytes: limits
                 .max_bytes_in_flight
                 .map(|limit| BytesInFlight::new(identity, limit)),
+            filters: limits
+                .max_topic_filters
+                .map(|limit| (limit, Arc::default())),
         }
+    }
+
+    /// Counts a stream on `outbox` filtering on `topics` (in any order; empty: every
+    /// topic); refused when its filter is not among the identity's open streams of that
+    /// outbox and they already have `max_topic_filters` distinct ones.
+    pub fn hold_filter(
+        &self,
+        identity: &str,
+        outbox: &str,
+        topics: &[String],
+    ) -> Result<FilterSlot, Status> {
+        let Some((limit, counts)) = &self.filters else {
+            return Ok(FilterSlot(None));
+        };
+        let key = (outbox.to_owned(), crate::relay::idle::filter_key(topics));
+        let mut held = counts.lock().expect("filter counts lock");
+        if !held.contains_key(&key) {
+            let in_use = held.keys().filter(|(o, _)| o == outbox).count();
+            if in_use >= *limit as usize {
+                return Err(exhausted(format!(
+                    "identity `{identity}` already has streams on {limit} distinct topic filters \
+                     of outbox {outbox} (limit max_topic_filters = {limit}): subscribe with a \
+                     filter its streams use, or close one"
+                )));
+            }
+        }
+        *held.entry(key.clone()).or_insert(0) += 1;
+        Ok(FilterSlot(Some((Arc::clone(counts), key))))
     }
 
     pub fn open_stream(&self, identity: &str) -> Result<StreamSlot, Status> {

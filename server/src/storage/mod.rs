@@ -19,6 +19,7 @@ pub mod columns;
 pub mod dead;
 pub mod ident;
 pub mod ids;
+pub mod inserts;
 pub mod mysql;
 pub mod nack;
 pub mod names;
@@ -39,6 +40,7 @@ use tokio::sync::watch;
 pub use self::blocked::{BlockedKey, HeadState};
 pub use self::dead::{DeadCount, DeadFilter, DeadLetter};
 pub use self::ids::SortedIds;
+pub use self::inserts::Inserts;
 pub use self::nack::{NackRequest, NackResult};
 pub use self::options::TableOptions;
 pub use self::pauses::{Pauses, TopicClause, TopicFilter};
@@ -411,13 +413,15 @@ pub trait Storage: Send + Sync + 'static {
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId>;
 
     /// A signal that changes whenever a row was inserted, if the backend can tell
-    /// (PostgreSQL LISTEN/NOTIFY). `None`: callers poll.
+    /// (PostgreSQL LISTEN/NOTIFY), with the topics inserted when it knows them (see
+    /// [`Inserts`]). `None`: callers poll.
     ///
-    /// Treat every change as "claim now", and keep polling slowly as well: the value also
-    /// moves when inserts may have been missed (after the backend's listener connected or
-    /// reconnected), and wake-ups are lost while it is disconnected. With a visibility
-    /// delay, a wake-up comes once the inserted rows are claimable, not at insert time.
-    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+    /// Treat a change that [`Inserts::since`] says concerns a filter as "claim now", and
+    /// keep polling slowly as well: the signal also moves, for every topic, when inserts
+    /// may have been missed (after the backend's listener connected or reconnected), and
+    /// wake-ups are lost while it is disconnected. With a visibility delay, a wake-up comes
+    /// once the inserted rows are claimable, not at insert time.
+    fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
         None
     }
 }

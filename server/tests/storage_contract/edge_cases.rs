@@ -50,8 +50,14 @@ pub async fn insert_signal_bumps_on_insert(backend: &impl Backend) {
     let Some(mut signal) = listening_signal(backend, &*storage, settle).await else {
         return; // The backend cannot tell: callers poll.
     };
+    let seen = signal.borrow().seq();
     insert(&*storage, "t", "p", None).await;
     next_signal(&mut signal).await;
+    // It says which topic, so only the streams filtering on it claim.
+    let inserts = signal.borrow_and_update().clone();
+    assert!(inserts.since(seen, &["t".to_owned()]));
+    assert!(inserts.since(seen, &[]), "no filter matches every topic");
+    assert!(!inserts.since(seen, &["users".to_owned()]), "{inserts:?}");
     // A storage on the same table, without notify, still wakes the listener.
     let quiet = backend.open(Setup::default()).await;
     insert(&*quiet, "t", "p", None).await;

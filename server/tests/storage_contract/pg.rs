@@ -35,6 +35,51 @@ async fn listener_reconnects_after_its_connection_is_killed() {
     next_signal(&mut signal).await;
 }
 
+/// The trigger's notifications name the topics a statement inserted, one each; a
+/// statement of more than 16 topics, or of a topic longer than a filter can name, sends
+/// one empty payload (every stream claims), as the trigger of earlier versions did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_insert_trigger_names_each_topic_of_a_statement_within_bounds() {
+    let backend = PgBackend::new().await;
+    let _storage = backend
+        .open(Setup {
+            notify: true,
+            ..Setup::default()
+        })
+        .await;
+    let mut listener = sqlx::postgres::PgListener::connect(&url()).await.unwrap();
+    listener.listen(&backend.channel()).await.unwrap();
+    let table = backend.qualified();
+    let insert = |topics: &str| {
+        format!(
+            "INSERT INTO {table} (topic, payload) SELECT t, 'p' FROM unnest(ARRAY[{topics}]) AS t"
+        )
+    };
+    let mut payloads = Vec::new();
+    let mut next = async || {
+        let notification = tokio::time::timeout(DEADLINE, listener.recv())
+            .await
+            .expect("a notification within the deadline")
+            .unwrap();
+        notification.payload().to_owned()
+    };
+    backend.execute(&insert("'a', 'b', 'a'")).await;
+    payloads.push(next().await);
+    payloads.push(next().await);
+    payloads.sort();
+    assert_eq!(payloads, ["topic:a", "topic:b"]);
+
+    let many: Vec<String> = (0..17).map(|i| format!("'t{i}'")).collect();
+    backend.execute(&insert(&many.join(", "))).await;
+    assert_eq!(next().await, "", "17 topics");
+    let long = format!("'{}'", "x".repeat(256));
+    backend.execute(&insert(&long)).await;
+    assert_eq!(next().await, "", "a topic no filter can name");
+    // Nothing was left over: the next notification is the next statement's.
+    backend.execute(&insert("'c'")).await;
+    assert_eq!(next().await, "topic:c");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn servers_starting_together_create_the_schema_once() {
     let backend = PgBackend::new().await;

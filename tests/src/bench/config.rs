@@ -103,8 +103,9 @@ pub struct Options {
     /// (comma-separated; default 0,1000,10000).
     #[arg(long, value_delimiter = ',')]
     pub idle_cost_streams: Vec<usize>,
-    /// Idle streams each with a topic filter of its own, for the idle-cost figures
-    /// (comma-separated; default 10000; quick 100).
+    /// Idle streams spread over 63 topic filters of their own (every slot of
+    /// `max_topic_filters` the subscriber with work leaves), for the idle-cost figures
+    /// (comma-separated; default 1000,10000; quick 100).
     #[arg(long, value_delimiter = ',')]
     pub idle_cost_distinct: Vec<usize>,
     /// `RUST_LOG` of the txoutboxd processes (keep `info`: the harness waits for the
@@ -249,7 +250,7 @@ impl Plan {
                 options.idle_cost_streams
             },
             idle_cost_distinct: if options.idle_cost_distinct.is_empty() {
-                pick(quick, vec![10_000], vec![100])
+                pick(quick, vec![1000, 10_000], vec![100])
             } else {
                 options.idle_cost_distinct
             },

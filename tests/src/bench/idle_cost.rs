@@ -6,6 +6,10 @@
 //! - **Insert-to-batch latency**: from the producer's `COMMIT` returning to the batch
 //!   holding the row arriving at the subscriber (a plain stub stream that acks each batch
 //!   at once), over LISTEN/NOTIFY wake-ups.
+//! - **Claims per insert**: the server's own counts over the producing phase, from its
+//!   `/metrics`: claims that found nothing (`txoutbox_empty_claims_total`) plus the
+//!   batches the subscriber received (each one claim that found rows; the idle streams'
+//!   topics are never inserted), divided by the rows inserted. Idle polls are in it too.
 //! - **Database transactions per insert**: the database's own count
 //!   (`pg_stat_database.xact_commit + xact_rollback`) over the producing phase, divided by
 //!   the rows inserted. Each measurement gets a database of its own, so nothing else is
@@ -18,9 +22,11 @@
 //! is 1,000), as publisher processes holding many streams would.
 //!
 //! [`Filters`] says whose filter each idle stream has: all the same one (one poll group,
-//! however many streams), or each a filter of its own (`--idle-cost-distinct`, a client
-//! flooding the outbox with groups): then all but `max_topic_filters` (64) of them are
-//! refused, and the figures say how many stayed open.
+//! however many streams), or spread over [`DISTINCT_FILTERS`] filters of their own
+//! (`--idle-cost-distinct`): every slot of `max_topic_filters` (64) that the subscriber
+//! with work leaves, each a topic that is never inserted, as an outbox whose subscribers
+//! each take their own topics would have. The figures say how many streams stayed open
+//! (all of them: no filter past the bound is tried).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +48,7 @@ use super::drain::{start_server, stop_server, OUTBOX};
 use super::latency::Latencies;
 use super::workload::wait_until;
 use super::Plan;
+use crate::Server;
 
 /// Idle streams per connection.
 const STREAMS_PER_CONNECTION: usize = 500;
@@ -49,6 +56,9 @@ const STREAMS_PER_CONNECTION: usize = 500;
 const OPENING_CONCURRENCY: usize = 32;
 /// Rows per second the producer inserts.
 const RATE: f64 = 50.0;
+/// Distinct filters of the idle streams with [`Filters::Distinct`]: the default
+/// `max_topic_filters` (64) less the subscriber with work's.
+pub const DISTINCT_FILTERS: usize = 63;
 /// How long PostgreSQL may take to publish a session's transaction counts (quick mode
 /// waits a second: its figures mean nothing anyway).
 fn stats_delay(plan: &Plan) -> Duration {
@@ -59,7 +69,9 @@ fn stats_delay(plan: &Plan) -> Duration {
 pub struct IdleCost {
     pub latencies: Latencies,
     pub transactions_per_insert: f64,
-    /// Idle streams the server accepted (with distinct filters, the rest were refused).
+    /// Claims (empty ones and batches) per row inserted.
+    pub claims_per_insert: f64,
+    /// Idle streams the server accepted.
     pub open: usize,
 }
 
@@ -68,9 +80,9 @@ pub struct IdleCost {
 pub enum Filters {
     /// Every idle stream filters on `bench.idle`: one poll group.
     Shared,
-    /// Idle stream `i` filters on `bench.idle.i`: a group each, up to the server's
-    /// `max_topic_filters`; streams past it are refused (RESOURCE_EXHAUSTED) and counted
-    /// out.
+    /// Idle stream `i` filters on `bench.idle.(i % DISTINCT_FILTERS)`: every group the
+    /// server's `max_topic_filters` allows. A stream refused (RESOURCE_EXHAUSTED) would be
+    /// counted out.
     Distinct,
 }
 
@@ -123,6 +135,7 @@ async fn measure_in(
 listen = "127.0.0.1:0"
 log_format = "json"
 drain_timeout = "5s"
+metrics_listen = "127.0.0.1:0"
 
 [databases.main]
 url = "{relay_url}"
@@ -136,18 +149,19 @@ create_schema = true
         batch = plan.batch_size,
     );
     let server = start_server(plan, &config).await;
-    let result = run(plan, &server.url(), database, idle, filters).await;
+    let result = run(plan, &server, database, idle, filters).await;
     stop_server(plan, server, &format!("idle-cost-{idle}-{filters:?}")).await;
     result
 }
 
 async fn run(
     plan: &Plan,
-    url: &str,
+    server: &Server,
     database: &str,
     idle: usize,
     filters: Filters,
 ) -> anyhow::Result<IdleCost> {
+    let url = &server.url();
     let work = open_subscriber(url).await?;
     let connections = idle.div_ceil(STREAMS_PER_CONNECTION);
     let mut channels = Vec::with_capacity(connections);
@@ -167,7 +181,7 @@ async fn run(
         .collect();
     let open = idle_streams.len();
 
-    let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
+    let arrivals: Arc<Mutex<Arrivals>> = Arc::default();
     let subscriber = tokio::spawn(subscribe(work, Arc::clone(&arrivals)));
     let db_url = with_database(&plan.database_url, database);
     let pool = PgPoolOptions::new()
@@ -179,6 +193,7 @@ async fn run(
     // The streams' first claims and the idle polls settle, and their counts are published.
     tokio::time::sleep(stats_delay(plan)).await;
     let before = transactions(&pool, database).await?;
+    let claims_before = claims(server, &arrivals).await?;
 
     let commits = produce(plan, &pool).await?;
     let total = commits.len();
@@ -187,11 +202,12 @@ async fn run(
         Duration::from_secs(120),
         Duration::from_millis(10),
         || {
-            let have = arrivals.lock().unwrap().len();
+            let have = arrivals.lock().unwrap().at.len();
             async move { have >= total }
         },
     )
     .await?;
+    let claims_after = claims(server, &arrivals).await?;
     tokio::time::sleep(stats_delay(plan)).await;
     let after = transactions(&pool, database).await?;
     subscriber.abort();
@@ -202,7 +218,7 @@ async fn run(
     let mut sorted_ms: Vec<f64> = commits
         .iter()
         .filter_map(|(id, committed)| {
-            let arrived = arrivals.get(id)?;
+            let arrived = arrivals.at.get(id)?;
             Some(arrived.saturating_duration_since(*committed).as_secs_f64() * 1000.0)
         })
         .collect();
@@ -210,6 +226,7 @@ async fn run(
     Ok(IdleCost {
         latencies: Latencies { sorted_ms },
         transactions_per_insert: (after - before) as f64 / total as f64,
+        claims_per_insert: (claims_after - claims_before) as f64 / total as f64,
         open,
     })
 }
@@ -222,6 +239,28 @@ async fn transactions(pool: &PgPool, database: &str) -> anyhow::Result<i64> {
     .bind(database)
     .fetch_one(pool)
     .await?)
+}
+
+/// What the subscriber with work received.
+#[derive(Default)]
+struct Arrivals {
+    /// When each row's batch arrived.
+    at: HashMap<i64, Instant>,
+    /// Batches received.
+    batches: u64,
+}
+
+/// Claims so far: the server's empty ones and the batches received.
+async fn claims(server: &Server, arrivals: &Mutex<Arrivals>) -> anyhow::Result<u64> {
+    let batches = arrivals.lock().unwrap().batches;
+    let metrics = reqwest::get(server.metrics_url()).await?.text().await?;
+    let empty = metrics
+        .lines()
+        .find(|line| line.starts_with("txoutbox_empty_claims_total{") && line.contains(OUTBOX))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    Ok(empty as u64 + batches)
 }
 
 /// An open stream: dropping it ends the call.
@@ -251,7 +290,7 @@ async fn open_idle(
     let (requests, rx) = mpsc::channel(4);
     let topic = match filters {
         Filters::Shared => "bench.idle".to_owned(),
-        Filters::Distinct => format!("bench.idle.{i}"),
+        Filters::Distinct => format!("bench.idle.{}", i % DISTINCT_FILTERS),
     };
     requests
         .send(open_request(format!("idle-{i}"), vec![topic], 10))
@@ -302,16 +341,17 @@ async fn open_subscriber(url: &str) -> anyhow::Result<WorkStream> {
 /// The subscriber with work: records when each row's batch arrives and acks it at once.
 async fn subscribe(
     (requests, mut responses): WorkStream,
-    arrivals: Arc<Mutex<HashMap<i64, Instant>>>,
+    arrivals: Arc<Mutex<Arrivals>>,
 ) -> anyhow::Result<()> {
     while let Some(response) = responses.message().await? {
         if let Some(Response::Batch(batch)) = response.response {
             let now = Instant::now();
             let ids: Vec<i64> = batch.messages.iter().map(|m| m.id).collect();
-            arrivals
-                .lock()
-                .unwrap()
-                .extend(ids.iter().map(|id| (*id, now)));
+            {
+                let mut arrivals = arrivals.lock().unwrap();
+                arrivals.batches += 1;
+                arrivals.at.extend(ids.iter().map(|id| (*id, now)));
+            }
             let ack = Request::Ack(AckMessages { ids });
             requests
                 .send(SubscribeRequest { request: Some(ack) })

@@ -160,10 +160,12 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                     }
                     let key = report::idle_cost_key(idle, "tx-per-insert");
                     m.record(key, run, cost.transactions_per_insert);
+                    let key = report::idle_cost_key(idle, "claims-per-insert");
+                    m.record(key, run, cost.claims_per_insert);
                 }
             }
             for &idle in &plan.idle_cost_distinct {
-                let what = format!("idle cost, {idle} idle streams with a filter each");
+                let what = format!("idle cost, {idle} idle streams on distinct filters");
                 let measured = idle_cost::measure(plan, idle, Distinct);
                 if let Some(cost) = attempt(&mut m, plan, run, &what, measured).await {
                     for (name, value) in cost.latencies.percentiles() {
@@ -171,6 +173,8 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
                     }
                     let key = report::idle_distinct_key(idle, "tx-per-insert");
                     m.record(key, run, cost.transactions_per_insert);
+                    let key = report::idle_distinct_key(idle, "claims-per-insert");
+                    m.record(key, run, cost.claims_per_insert);
                     let key = report::idle_distinct_key(idle, "open");
                     m.record(key, run, cost.open as f64);
                 }

@@ -14,12 +14,27 @@ async fn open_stream(
     ),
     Status,
 > {
+    open_filtered(channel, token, window, &[]).await
+}
+
+async fn open_filtered(
+    channel: Channel,
+    token: &str,
+    window: u32,
+    topics: &[&str],
+) -> Result<
+    (
+        mpsc::Sender<v1::SubscribeRequest>,
+        tonic::Streaming<v1::SubscribeResponse>,
+    ),
+    Status,
+> {
     let (tx, rx) = mpsc::channel(4);
     tx.send(v1::SubscribeRequest {
         request: Some(Req::Open(v1::OpenSubscription {
             outbox: "orders".into(),
             subscriber: "limited".into(),
-            topics: vec![],
+            topics: topics.iter().map(|t| (*t).to_owned()).collect(),
             max_in_flight: window,
             lease_ms: 0,
         })),
@@ -34,6 +49,61 @@ async fn open_stream(
     let first = responses.message().await?;
     assert!(first.is_some());
     Ok((tx, responses))
+}
+
+/// Issue 10, case 5: the outbox's `max_topic_filters` slots were first come, first
+/// served, so one client could hold them all and keep every other client's new filters
+/// out. An identity's `max_topic_filters` is its share.
+#[tokio::test]
+async fn one_identity_cannot_take_every_topic_filter_of_an_outbox() {
+    let db = TestDb::new().await;
+    let extra = [
+        token_identity("greedy", "greedy", r#"{ "*" = ["subscribe"] }"#),
+        "limits = { max_topic_filters = 2 }\n".to_owned(),
+        token_identity("other", "other", r#"{ orders = ["subscribe"] }"#),
+    ]
+    .concat();
+    let config = format!(
+        "{}\n[outboxes.payments]\ndatabase = \"main\"\nschema = \"{}\"\ntable = \"payments\"\n\
+         create_schema = true\n{extra}",
+        db.config("max_topic_filters = 4"),
+        db.schema
+    );
+    let server = Server::start(&config).await;
+    server.wait_serving("orders").await;
+    let channel = server.channel().await;
+    let open = |token: &'static str, topic: &'static str| {
+        let channel = channel.clone();
+        async move { open_filtered(channel, token, 10, &[topic]).await }
+    };
+
+    let _a = open("greedy", "a").await.unwrap();
+    let b = open("greedy", "b").await.unwrap();
+    let refused = open("greedy", "c").await.unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_topic_filters = 2"),
+        "{}",
+        refused.message()
+    );
+    let _a_again = open("greedy", "a").await.expect("a filter its streams use");
+    // The outbox's other slots stay for others.
+    let _c = open("other", "c").await.unwrap();
+    let _d = open("other", "d").await.unwrap();
+    let full = open("other", "e").await.unwrap_err();
+    assert!(
+        full.message()
+            .contains("outboxes.orders.max_topic_filters = 4"),
+        "{}",
+        full.message()
+    );
+    // A filter's place is given back when the identity's last stream on it ends.
+    drop(b);
+    eventually("greedy's second filter given back", DEADLINE, || async {
+        open("greedy", "e").await.ok()
+    })
+    .await;
+    db.drop().await;
 }
 
 #[tokio::test]

@@ -1,19 +1,33 @@
-//! Insert wake-ups: LISTEN on the outbox's notify channel and bump a counter.
+//! Insert wake-ups: LISTEN on the outbox's notify channel and record what was inserted.
 //!
 //! The listener has a connection of its own (a private pool of one), so a busy main pool
 //! never starves it and it never holds one of the claimers' connections. It reconnects
-//! by itself; notifications sent while it was away are lost, so it bumps the counter
-//! after every (re)connect and callers claim and catch up. Polling remains the fallback
-//! the whole time.
+//! by itself; notifications sent while it was away are lost, so it signals an insert of
+//! unknown topic after every (re)connect and callers claim and catch up. Polling remains
+//! the fallback the whole time.
+//!
+//! A notification's payload is `topic:` and the topic of the rows inserted (see the
+//! trigger in `table.rs`); any other payload (empty, from the trigger of an earlier
+//! version or a statement that inserted too many topics to list) is an insert of unknown
+//! topic, which wakes every stream (see [`Inserts`]).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::storage::Inserts;
+
+/// What the trigger puts before the topic in a notification's payload.
+pub(super) const TOPIC_PREFIX: &str = "topic:";
+/// Notifications held back for visibility at most; past this they fold into one of
+/// unknown topic, so a flood of distinct topics cannot grow the listener's memory.
+const MAX_DEFERRED: usize = 1024;
 
 /// Reconnect backoff: starts here and doubles up to `MAX_BACKOFF`.
 const INITIAL_BACKOFF: Duration = Duration::from_millis(500);
@@ -30,7 +44,7 @@ const VISIBILITY_MARGIN: Duration = Duration::from_millis(20);
 /// A running listener. Dropping it stops the task.
 #[derive(Debug)]
 pub(super) struct InsertSignal {
-    counter: Arc<watch::Sender<u64>>,
+    counter: Arc<watch::Sender<Inserts>>,
     _stop: DropGuard,
 }
 
@@ -50,7 +64,7 @@ impl InsertSignal {
             .idle_timeout(None)
             .max_lifetime(None)
             .connect_lazy_with(connect_options.application_name("txoutboxd-listener"));
-        let counter = Arc::new(watch::Sender::new(0));
+        let counter = Arc::new(watch::Sender::new(Inserts::default()));
         let stop = CancellationToken::new();
         runtime.spawn(run(
             pool,
@@ -65,7 +79,7 @@ impl InsertSignal {
         })
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
+    pub fn subscribe(&self) -> watch::Receiver<Inserts> {
         self.counter.subscribe()
     }
 }
@@ -74,33 +88,64 @@ async fn run(
     pool: PgPool,
     channel: String,
     visibility_delay: Duration,
-    counter: Arc<watch::Sender<u64>>,
+    counter: Arc<watch::Sender<Inserts>>,
     stop: CancellationToken,
 ) {
-    // When the last notification arrived; the deferring half wakes callers once the
-    // rows it announced are visible.
-    let (noticed_tx, noticed_rx) = watch::channel(Instant::now());
+    // With a visibility delay, what was noticed waits here until its rows are visible.
+    let deferred = (!visibility_delay.is_zero()).then(Deferred::default);
     tokio::select! {
         _ = stop.cancelled() => {}
-        _ = listen(&pool, &channel, &noticed_tx, &counter, !visibility_delay.is_zero()) => {}
-        _ = wake_when_visible(noticed_rx, visibility_delay, &counter) => {}
+        _ = listen(&pool, &channel, deferred.as_ref(), &counter) => {}
+        _ = wake_when_visible(deferred.as_ref(), visibility_delay, &counter) => {}
     }
     // The listening connection went back to the pool when `listen` was dropped.
     pool.close().await;
     tracing::debug!(channel, "insert listener stopped");
 }
 
-fn bump(counter: &watch::Sender<u64>) {
-    counter.send_modify(|n| *n = n.wrapping_add(1));
+/// The topic a notification announces; `None` for unknown (every topic).
+fn topic(payload: &str) -> Option<&str> {
+    payload.strip_prefix(TOPIC_PREFIX)
+}
+
+/// Notifications noticed and not yet signalled, oldest first, each with when it came.
+#[derive(Default)]
+struct Deferred {
+    noticed: Mutex<VecDeque<(Instant, Option<String>)>>,
+    added: Notify,
+}
+
+impl Deferred {
+    fn push(&self, topic: Option<&str>) {
+        let now = Instant::now();
+        {
+            let mut noticed = self.noticed.lock().expect("deferred lock");
+            if noticed.len() >= MAX_DEFERRED {
+                // The newest stands for itself and what it replaces: later, and any topic.
+                noticed.pop_back();
+                noticed.push_back((now, None));
+            } else {
+                noticed.push_back((now, topic.map(str::to_owned)));
+            }
+        }
+        self.added.notify_one();
+    }
+}
+
+/// Signals `topic` now, or once its rows are visible when wake-ups are deferred.
+fn notice(deferred: Option<&Deferred>, counter: &watch::Sender<Inserts>, topic: Option<&str>) {
+    match deferred {
+        Some(deferred) => deferred.push(topic),
+        None => counter.send_modify(|inserts| inserts.record(topic)),
+    }
 }
 
 /// Connects, listens, and reconnects with backoff; never returns.
 async fn listen(
     pool: &PgPool,
     channel: &str,
-    noticed: &watch::Sender<Instant>,
-    counter: &watch::Sender<u64>,
-    deferred: bool,
+    deferred: Option<&Deferred>,
+    counter: &watch::Sender<Inserts>,
 ) {
     let mut backoff = INITIAL_BACKOFF;
     // Whether a warning went out for the current outage: one per outage, not per attempt.
@@ -126,14 +171,14 @@ async fn listen(
             tracing::info!(channel, "insert listener reconnected");
         }
         backoff = INITIAL_BACKOFF;
-        // Rows inserted while nobody listened: wake now and, when wake-ups are deferred,
-        // again once the latest of them is visible.
-        bump(counter);
-        if deferred {
-            noticed.send_replace(Instant::now());
+        // Rows of any topic inserted while nobody listened: wake now and, when wake-ups
+        // are deferred, again once the latest of them is visible.
+        counter.send_modify(|inserts| inserts.record(None));
+        if let Some(deferred) = deferred {
+            deferred.push(None);
         }
 
-        let error = receive(&mut listener, noticed).await;
+        let error = receive(&mut listener, deferred, counter).await;
         tracing::warn!(
             channel,
             error = format!("{error:#}"),
@@ -155,12 +200,16 @@ async fn connect(pool: &PgPool, channel: &str) -> anyhow::Result<PgListener> {
 }
 
 /// Records notifications until the connection fails; returns why.
-async fn receive(listener: &mut PgListener, noticed: &watch::Sender<Instant>) -> anyhow::Error {
+async fn receive(
+    listener: &mut PgListener,
+    deferred: Option<&Deferred>,
+    counter: &watch::Sender<Inserts>,
+) -> anyhow::Error {
     loop {
         // `try_recv` is cancel-safe, so timing it out loses nothing.
         match timeout(KEEPALIVE_IDLE, listener.try_recv()).await {
-            Ok(Ok(Some(_notification))) => {
-                noticed.send_replace(Instant::now());
+            Ok(Ok(Some(notification))) => {
+                notice(deferred, counter, topic(notification.payload()));
             }
             Ok(Ok(None)) => return anyhow!("connection closed"),
             Ok(Err(error)) => return error.into(),
@@ -176,21 +225,52 @@ async fn receive(listener: &mut PgListener, noticed: &watch::Sender<Instant>) ->
     }
 }
 
-/// Bumps the counter once the rows announced by the latest notification are visible.
-/// Notifications arriving while it waits fold into one later wake-up.
+/// Signals each deferred notification once the rows it announced are visible; the ones
+/// due together go out in one change. Never completes without deferral.
 async fn wake_when_visible(
-    mut noticed: watch::Receiver<Instant>,
+    deferred: Option<&Deferred>,
     visibility_delay: Duration,
-    counter: &watch::Sender<u64>,
+    counter: &watch::Sender<Inserts>,
 ) {
-    let delay = if visibility_delay.is_zero() {
-        Duration::ZERO
-    } else {
-        visibility_delay + VISIBILITY_MARGIN
+    let Some(deferred) = deferred else {
+        return std::future::pending().await;
     };
-    while noticed.changed().await.is_ok() {
-        let at = *noticed.borrow_and_update() + delay;
-        sleep_until(at).await;
-        bump(counter);
+    let delay = visibility_delay + VISIBILITY_MARGIN;
+    loop {
+        let oldest = deferred
+            .noticed
+            .lock()
+            .expect("deferred lock")
+            .front()
+            .map(|(at, _)| *at);
+        let Some(oldest) = oldest else {
+            deferred.added.notified().await;
+            continue;
+        };
+        sleep_until(oldest + delay).await;
+        let now = Instant::now();
+        let mut noticed = deferred.noticed.lock().expect("deferred lock");
+        let due = noticed
+            .iter()
+            .take_while(|(at, _)| *at + delay <= now)
+            .count();
+        counter.send_modify(|inserts| {
+            for (_, topic) in noticed.drain(..due) {
+                inserts.record(topic.as_deref());
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_names_a_topic_only_behind_the_prefix() {
+        assert_eq!(topic("topic:orders"), Some("orders"));
+        assert_eq!(topic("topic:"), Some(""));
+        assert_eq!(topic(""), None, "the trigger of an earlier version");
+        assert_eq!(topic("orders"), None);
     }
 }

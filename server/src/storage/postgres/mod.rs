@@ -46,8 +46,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
     in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
-    Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
+    SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
+    PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -596,7 +597,7 @@ impl Storage for PostgresStorage {
             .map_err(self.error("insert"))
     }
 
-    fn insert_signal(&self) -> Option<watch::Receiver<u64>> {
+    fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
         self.signal.as_ref().map(InsertSignal::subscribe)
     }
 }

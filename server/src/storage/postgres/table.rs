@@ -271,22 +271,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
             Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
             None => name("_notify"),
         };
-        // One notification per INSERT statement, not per row: a bulk insert wakes the
-        // relay once. The channel passed validation, so it is safe in a string literal.
-        sql += &format!(
-            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_notify('{channel}', '');
-    RETURN NULL;
-END;
-$$;
-DROP TRIGGER IF EXISTS {trigger} ON {t};
-CREATE TRIGGER {trigger} AFTER INSERT ON {t}
-    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
-",
-            channel = channel.as_str(),
-            trigger = name("_notify"),
-        );
+        sql += &notify_trigger(t, &function, &name("_notify"), channel.as_str(), n);
         check
             .triggers
             .push(derived_name(shape.table.as_str(), "_notify"));
@@ -299,6 +284,69 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t}
         check.marker_on, check.marker
     );
     (sql, check)
+}
+
+/// Distinct topics one INSERT statement notifies at most; more make one notification of
+/// unknown topic.
+const MAX_NOTIFIED_TOPICS: usize = 16;
+
+/// The insert trigger: one notification per INSERT statement, not per row, so a bulk
+/// insert wakes the relay once per topic it inserted. The payload is `topic:` and the
+/// topic (see `listen.rs`), so only the streams whose filter matches claim; the topic is
+/// the whole rest of the payload, so nothing in it needs escaping. A statement of more
+/// than [`MAX_NOTIFIED_TOPICS`] topics, or of a topic longer than any filter can name
+/// (which a payload, at most 8,000 bytes, might not hold), sends one empty payload, as
+/// the trigger of earlier versions always did: every stream claims. So does a table
+/// whose topic is fixed (it has no topic column, and its streams filter on that topic or
+/// on none). PostgreSQL drops a notification equal to one already sent by the same
+/// transaction, so many rows of one topic in one transaction also notify once.
+///
+/// `CREATE OR REPLACE` and the trigger dropped and made again upgrade a table made by an
+/// earlier version when `create_schema` runs this DDL (its marker changed with it).
+fn notify_trigger(t: &str, function: &str, trigger: &str, channel: &str, n: &Names) -> String {
+    // The channel passed validation, so it is safe in a string literal.
+    let Some(topic) = &n.topic else {
+        return format!(
+            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('{channel}', '');
+    RETURN NULL;
+END;
+$$;
+DROP TRIGGER IF EXISTS {trigger} ON {t};
+CREATE TRIGGER {trigger} AFTER INSERT ON {t}
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+"
+        );
+    };
+    let max_topic = crate::relay::limits::MAX_TOPIC_CHARS;
+    format!(
+        "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    txoutbox_topics text[];
+BEGIN
+    SELECT array_agg(topic) INTO txoutbox_topics
+        FROM (SELECT DISTINCT {topic} AS topic FROM txoutbox_inserted
+              LIMIT {limit}) AS inserted;
+    IF txoutbox_topics IS NULL THEN
+        RETURN NULL;
+    ELSIF cardinality(txoutbox_topics) > {MAX_NOTIFIED_TOPICS}
+        OR EXISTS (SELECT FROM unnest(txoutbox_topics) AS topic
+                   WHERE topic IS NULL OR char_length(topic) > {max_topic}) THEN
+        PERFORM pg_notify('{channel}', '');
+    ELSE
+        PERFORM pg_notify('{channel}', '{prefix}' || topic) FROM unnest(txoutbox_topics) AS topic;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+DROP TRIGGER IF EXISTS {trigger} ON {t};
+CREATE TRIGGER {trigger} AFTER INSERT ON {t} REFERENCING NEW TABLE AS txoutbox_inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION {function}();
+",
+        limit = MAX_NOTIFIED_TOPICS + 1,
+        prefix = super::listen::TOPIC_PREFIX,
+    )
 }
 
 /// One row of the live-columns query (`sql::LIVE_COLUMNS`).
@@ -413,7 +461,7 @@ mod tests {
         let s = shape(&table, &columns, Some(&channel));
         let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
-        assert!(sql.contains("pg_notify('outbox_inserted', '')"));
+        assert!(sql.contains("pg_notify('outbox_inserted', 'topic:' || topic)"));
         assert!(sql.contains("FOR EACH STATEMENT"));
     }
 
