@@ -123,10 +123,6 @@ pub async fn a_redriven_row_goes_before_later_rows_of_its_key(backend: &impl Bac
     let head_j = dead_row(&*storage, "t", Some("j"), "poison").await;
     insert(&*storage, "t", "later", Some("k")).await;
     let later_j = insert(&*storage, "t", "later", Some("j")).await;
-    let only = |id| DeadFilter {
-        ids: vec![id],
-        ..DeadFilter::default()
-    };
 
     let redriven = storage
         .redrive_dead(&only(head_k), 10, FUTURE)
@@ -456,10 +452,6 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(backend: &impl
     assert_eq!(next.iter().map(|b| b.head_id).collect::<Vec<_>>(), [j1]);
     assert_eq!(storage.blocked_keys(0, 1).await.unwrap().len(), 1);
 
-    let only = |id| DeadFilter {
-        ids: vec![id],
-        ..DeadFilter::default()
-    };
     assert_eq!(
         storage
             .redrive_dead(&only(k1), 10, Duration::ZERO)
@@ -542,10 +534,6 @@ pub async fn a_dead_row_holds_the_rows_after_it_behind_a_redriven_one(backend: &
     let k3 = insert(&*plain, "t", "k3", Some("k")).await;
     let storage = backend.open(holding()).await;
     storage.ensure_table().await.unwrap();
-    let only = |id| DeadFilter {
-        ids: vec![id],
-        ..DeadFilter::default()
-    };
     assert_eq!(
         storage
             .redrive_dead(&only(k1), 10, Duration::ZERO)
@@ -566,4 +554,12 @@ pub async fn a_dead_row_holds_the_rows_after_it_behind_a_redriven_one(backend: &
     assert!(claim(&*storage, "w1", 10, LEASE).await.is_empty());
     assert_eq!(storage.discard_dead(&only(k2), 10).await.unwrap(), [k2]);
     assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [k3]);
+}
+
+/// The dead-letter filter naming one row.
+fn only(id: MessageId) -> DeadFilter {
+    DeadFilter {
+        ids: vec![id],
+        ..DeadFilter::default()
+    }
 }
