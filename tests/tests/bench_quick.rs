@@ -46,6 +46,7 @@ async fn quick_mode_runs_every_section_and_prints_the_table() {
         "| limit ",
         "| pg cost ",
         "synchronous_commit = on",
+        "1 subscriber, delete_on_ack",
     ] {
         assert!(stdout.contains(section), "no `{section}` row in:\n{stdout}");
     }

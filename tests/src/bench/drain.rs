@@ -28,8 +28,56 @@ pub struct DrainResult {
     pub ops: RowOps,
 }
 
-/// A `txoutboxd` configuration with one outbox `bench` on `schema.outbox`, its sessions
-/// with `synchronous_commit = off` (the default).
+/// How the benchmark's servers run the outbox: the durability of their sessions, and what
+/// an ack does to the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelaySettings {
+    pub durability: Durability,
+    /// `delete_on_ack`: an ack deletes the row, as pgmq's `delete` does, instead of
+    /// keeping it `done`.
+    pub delete_on_ack: bool,
+}
+
+impl RelaySettings {
+    /// txoutboxd's defaults: `synchronous_commit = off`, delivered rows kept `done`.
+    pub const DEFAULT: Self = Self {
+        durability: Durability::Off,
+        delete_on_ack: false,
+    };
+
+    /// Every combination the benchmark measures, the defaults first; the others only for
+    /// the keyless comparison with pgmq (`peers`).
+    pub const ALL: [Self; 4] = [
+        Self::DEFAULT,
+        Self {
+            durability: Durability::Default,
+            delete_on_ack: false,
+        },
+        Self {
+            durability: Durability::Off,
+            delete_on_ack: true,
+        },
+        Self {
+            durability: Durability::Default,
+            delete_on_ack: true,
+        },
+    ];
+
+    /// How a row of the table names these settings, empty for the defaults.
+    pub fn describe(self) -> String {
+        let mut out = String::new();
+        if self.durability == Durability::Default {
+            out += ", synchronous_commit = on";
+        }
+        if self.delete_on_ack {
+            out += ", delete_on_ack";
+        }
+        out
+    }
+}
+
+/// A `txoutboxd` configuration with one outbox `bench` on `schema.outbox`, with
+/// txoutboxd's defaults ([`RelaySettings::DEFAULT`]).
 pub fn server_config(
     plan: &Plan,
     schema: &str,
@@ -41,22 +89,23 @@ pub fn server_config(
         schema,
         strict_ordering,
         notify_channel,
-        Durability::Off,
+        RelaySettings::DEFAULT,
     )
 }
 
-/// [`server_config`] with the relay's sessions at `durability`.
+/// [`server_config`] with the relay run as `settings` say.
 pub fn server_config_with(
     plan: &Plan,
     schema: &str,
     strict_ordering: bool,
     notify_channel: Option<&str>,
-    durability: Durability,
+    settings: RelaySettings,
 ) -> String {
-    let synchronous_commit = match durability {
+    let synchronous_commit = match settings.durability {
         Durability::Off => "off",
         Durability::Default => "on",
     };
+    let delete_on_ack = settings.delete_on_ack;
     let notify = notify_channel
         .map(|channel| format!("notify_channel = \"{channel}\"\n"))
         .unwrap_or_default();
@@ -81,6 +130,7 @@ database = "main"
 schema = "{schema}"
 table = "{TABLE}"
 strict_ordering = {strict_ordering}
+delete_on_ack = {delete_on_ack}
 max_batch_size = {batch}
 {notify}"#,
         url = plan.relay_url,
@@ -140,16 +190,16 @@ fn scrape_every_second(servers: &[Server]) -> tokio::task::JoinHandle<()> {
 }
 
 /// Drains the backlog of `workload` through `servers` servers by `subscribers`
-/// subscribers (spread evenly over the servers), the servers' sessions at `durability`.
+/// subscribers (spread evenly over the servers), the servers run as `settings` say.
 pub async fn drain(
     plan: &Plan,
     workload: Workload,
     (servers, subscribers): (usize, usize),
-    durability: Durability,
+    settings: RelaySettings,
 ) -> anyhow::Result<DrainResult> {
     let schema = BenchSchema::create(&plan.database_url, "drain").await?;
     let topology = (servers, subscribers);
-    let result = drain_in(plan, &schema, workload, topology, durability).await;
+    let result = drain_in(plan, &schema, workload, topology, settings).await;
     schema.drop().await;
     result
 }
@@ -159,7 +209,7 @@ async fn drain_in(
     schema: &BenchSchema,
     workload: Workload,
     (servers, subscribers): (usize, usize),
-    durability: Durability,
+    settings: RelaySettings,
 ) -> anyhow::Result<DrainResult> {
     let storage = schema
         .create_outbox(&plan.database_url, workload.strict_ordering(), 1)
@@ -170,7 +220,7 @@ async fn drain_in(
         .await?;
 
     let strict = workload.strict_ordering();
-    let config = server_config_with(plan, &schema.name, strict, None, durability);
+    let config = server_config_with(plan, &schema.name, strict, None, settings);
     let mut running = Vec::new();
     for _ in 0..servers {
         running.push(start_server(plan, &config).await);
@@ -223,11 +273,19 @@ async fn drain_in(
         stop_server(plan, server, &label).await;
     }
     finished?;
-    let done = schema.count(&schema.table(), "done").await?;
-    anyhow::ensure!(
-        done as u64 == rows,
-        "after the drain {done} rows are done, expected {rows}"
-    );
+    if settings.delete_on_ack {
+        let left = schema.count_all(&schema.table()).await?;
+        anyhow::ensure!(
+            left == 0,
+            "after the drain {left} rows are left, expected none"
+        );
+    } else {
+        let done = schema.count(&schema.table(), "done").await?;
+        anyhow::ensure!(
+            done as u64 == rows,
+            "after the drain {done} rows are done, expected {rows}"
+        );
+    }
     // The servers stopped: their sessions published the table's statistics.
     let ops = row_ops(&schema.pool, &schema.table(), 2 * rows, rows).await?;
     Ok(DrainResult {

@@ -39,6 +39,7 @@ use std::future::Future;
 use std::time::Instant;
 
 pub use config::{Options, Plan, Section};
+use drain::RelaySettings;
 use idle_cost::Filters::{Distinct, Shared};
 use peers::{Durability, PeerResult, PgmqAck};
 use report::Report;
@@ -100,7 +101,8 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             }
             if plan.wants(Section::Drain) {
                 for &topology in topologies(workload) {
-                    drain_once(&mut m, plan, run, workload, topology, Durability::Off).await;
+                    let settings = RelaySettings::DEFAULT;
+                    drain_once(&mut m, plan, run, workload, topology, settings).await;
                 }
             }
             if let Some(python) = &python {
@@ -198,18 +200,18 @@ async fn drain_once(
     run: usize,
     workload: Workload,
     (servers, subscribers): (usize, usize),
-    durability: Durability,
+    settings: RelaySettings,
 ) {
     let what = format!(
-        "txoutboxd, {}, {servers} server(s) + {subscribers} subscriber(s), {}",
+        "txoutboxd, {}, {servers} server(s) + {subscribers} subscriber(s){}",
         workload.label(),
-        durability.label()
+        settings.describe()
     );
-    let drained = drain::drain(plan, workload, (servers, subscribers), durability);
+    let drained = drain::drain(plan, workload, (servers, subscribers), settings);
     let Some(result) = attempt(m, plan, run, &what, drained).await else {
         return;
     };
-    let key = report::drain_key_at(workload, servers, subscribers, durability);
+    let key = report::drain_key_at(workload, servers, subscribers, settings);
     m.record(
         format!("{key}/peak-rss-mib"),
         run,
@@ -227,8 +229,9 @@ async fn drain_once(
 }
 
 /// pgmq (delete and archive, at txoutboxd's durability and at its default), the physical
-/// limit, and txoutboxd's keyless drain with `synchronous_commit = on`, for 1 and 4
-/// consumers: the keyless comparison of issue 16.
+/// limit, and txoutboxd's keyless drain with `synchronous_commit = on` and with
+/// `delete_on_ack` (pgmq's `delete` counterpart), for 1 and 4 consumers: the keyless
+/// comparison of issue 16.
 async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
     for n in worker_counts(Workload::Keyless) {
         for durability in [Durability::Off, Durability::Default] {
@@ -245,16 +248,9 @@ async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
             record_peer(m, &report::limit_key(n), run, &result);
         }
         if plan.wants(Section::Drain) {
-            let topology = (1, n);
-            drain_once(
-                m,
-                plan,
-                run,
-                Workload::Keyless,
-                topology,
-                Durability::Default,
-            )
-            .await;
+            for settings in RelaySettings::ALL.into_iter().skip(1) {
+                drain_once(m, plan, run, Workload::Keyless, (1, n), settings).await;
+            }
         }
     }
 }

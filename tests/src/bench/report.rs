@@ -12,6 +12,7 @@ use serde_json::json;
 use self::sections::{
     claim_rows, drain_rows, idle_cost_rows, idle_distinct_rows, latency_rows, memory_rows,
 };
+use super::drain::RelaySettings;
 use super::peers::{Durability, PgmqAck};
 use super::stats::{Figure, Measurements};
 use super::workload::Workload;
@@ -21,18 +22,21 @@ pub fn drain_key(workload: Workload, servers: usize, subscribers: usize) -> Stri
     format!("drain/{}/{servers}x{subscribers}", workload.label())
 }
 
-/// [`drain_key`] of a drain whose relay sessions ran at `durability`.
+/// [`drain_key`] of a drain whose relay ran as `settings` say.
 pub fn drain_key_at(
     workload: Workload,
     servers: usize,
     subscribers: usize,
-    durability: Durability,
+    settings: RelaySettings,
 ) -> String {
-    let key = drain_key(workload, servers, subscribers);
-    match durability {
-        Durability::Off => key,
-        Durability::Default => format!("{key}/{}", durability.label()),
+    let mut key = drain_key(workload, servers, subscribers);
+    if settings.durability == Durability::Default {
+        key = format!("{key}/{}", settings.durability.label());
     }
+    if settings.delete_on_ack {
+        key += "/delete-on-ack";
+    }
+    key
 }
 
 pub fn pgmq_key(ack: PgmqAck, durability: Durability, consumers: usize) -> String {

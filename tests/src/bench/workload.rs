@@ -180,6 +180,12 @@ impl BenchSchema {
         )
     }
 
+    /// Rows left in `table`, whatever their status.
+    pub async fn count_all(&self, table: &str) -> anyhow::Result<i64> {
+        let sql = format!("SELECT count(*) FROM {table}");
+        Ok(sqlx::query_scalar(&sql).fetch_one(&self.pool).await?)
+    }
+
     /// Drops the schema and everything in it.
     pub async fn drop(self) {
         let dropped = sqlx::query(&format!("DROP SCHEMA {} CASCADE", self.name))
