@@ -1,5 +1,6 @@
 //! The cases only PostgreSQL has (its backend of the contract is in `pg_backend.rs`).
 
+use super::keyless::claims_until_claimed;
 use super::pg_backend::*;
 use super::*;
 use sqlx::postgres::PgConnection;
@@ -410,4 +411,35 @@ async fn blocked_keys_cost_on_a_million_pending_rows() {
             );
         }
     }
+}
+
+/// A producer whose id was drawn before a higher one that committed first, and was
+/// claimed (the floor passed it), commits later: its row is still claimed although newer
+/// rows would fill every batch (within the floor's interval, `storage/postgres/floor.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_row_committed_after_a_higher_id_was_claimed_is_claimed_while_newer_rows_keep_coming(
+) {
+    let backend = PgBackend::new().await;
+    let storage = backend
+        .open(Setup {
+            strict_ordering: false,
+            ..Setup::default()
+        })
+        .await;
+    let mut producer = PgConnection::connect(&url()).await.expect("connect");
+    producer.execute("BEGIN").await.unwrap();
+    let late: MessageId = sqlx::query_scalar(&format!(
+        "INSERT INTO {} (topic, payload) VALUES ('t', 'late') RETURNING id",
+        backend.qualified()
+    ))
+    .fetch_one(&mut producer)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        insert(&*storage, "t", "newer", None).await;
+    }
+    let got = claim(&*storage, "w1", 3, LEASE).await;
+    assert!(ids(&got).iter().all(|id| *id > late), "{got:?}");
+    producer.execute("COMMIT").await.unwrap();
+    claims_until_claimed(&*storage, late).await;
 }

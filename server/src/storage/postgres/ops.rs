@@ -9,7 +9,10 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{FromRow, Row};
 
+use tokio::time::Instant;
+
 use super::convert::{decode_claim, decode_message, interval};
+use super::floor::Start;
 use super::sql::FILTER;
 use super::PostgresStorage;
 use crate::storage::dead::{self, DeadCountRow, FilterValue};
@@ -27,6 +30,11 @@ impl PostgresStorage {
         let delay = (!self.options.visibility_delay.is_zero())
             .then(|| interval(self.options.visibility_delay));
         let topics = TopicFilter::requested(&request);
+        // Only a claim of every topic starts at the floor (see `floor.rs`).
+        let start = match (&self.sql.strict, &topics) {
+            (None, TopicFilter::Any) => self.floor.start(Instant::now()),
+            _ => Start::Bottom,
+        };
         let query = match &self.sql.strict {
             Some(strict) => sqlx::query(&strict.claim)
                 .bind(request.owner)
@@ -47,7 +55,8 @@ impl PostgresStorage {
                     .bind(request.owner)
                     .bind(interval(request.lease))
                     .bind(i64::from(request.batch_size))
-                    .bind(max_attempts);
+                    .bind(max_attempts)
+                    .bind(start.bound());
                 if topics != TopicFilter::Any {
                     query = query.bind(topics.topics());
                 }
@@ -84,6 +93,11 @@ impl PostgresStorage {
                 .collect::<Result<_, _>>()
                 .map_err(err())?
         };
+        if self.sql.strict.is_none() && topics == TopicFilter::Any {
+            let highest = messages.last().map(|message| message.id);
+            self.floor
+                .claimed(start, highest.max(outcome.exhausted.iter().copied().max()));
+        }
         if !outcome.exhausted.is_empty() {
             tracing::warn!(
                 ids = ?outcome.exhausted,
@@ -151,6 +165,16 @@ impl PostgresStorage {
                 .await
                 .map_err(err())?
         };
+        // Rows back in the pending set: a retry, or a key's later rows given back.
+        let due_again = rows
+            .iter()
+            .filter(|(id, _, cause, dead, _)| id != cause || !*dead)
+            .map(|(.., at)| *at)
+            .min();
+        if let Some(at) = due_again {
+            let wait = (at - Utc::now()).to_std().unwrap_or_default();
+            self.floor.rescan_at(Instant::now() + wait);
+        }
         self.advance_heads(
             rows.iter()
                 .filter(|(id, _, cause, dead, _)| id == cause && *dead)

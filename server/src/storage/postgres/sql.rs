@@ -453,9 +453,9 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
     contains: |column, placeholder| format!("strpos({column}, {placeholder}::text) > 0"),
 };
 
-/// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, then
-/// `$5` topics (taken or, paused, left: see `topics`) and the visibility delay (when
-/// configured) as the next parameter. Rows `(id, spent, lease_expires_at)` and a
+/// The non-strict claim: `$1` owner, `$2` lease, `$3` batch size, `$4` max attempts, `$5`
+/// the floor (rows above it first, see `floor.rs`), then `$6` topics (taken or, paused,
+/// left: see `topics`) and the visibility delay (when configured) as the next parameter. Rows `(id, spent, lease_expires_at)` and a
 /// message's columns ([`message`]): each leased row with its message (`spent` false), each
 /// row dead-lettered for having used its attempts (true), and always a last row whose id
 /// is NULL, for the deadline from the database clock.
@@ -465,8 +465,15 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 /// (`SKIP LOCKED`) and only this owner may answer, and it takes no table-wide lock, so
 /// however slowly this server reads, nobody waits (issue 9). One statement per batch
 /// fewer: a round trip, a snapshot and an index probe per row (BENCHMARKS.md, issue 16).
+///
+/// The rows are chosen in two parts, `above` the floor and `below` it (at or under), which
+/// between them hold every id: `below` is asked only for what `above` left of the batch,
+/// and with nothing left its scan never runs (a `LIMIT 0`), so a claim that finds a full
+/// batch above the floor never walks the leased rows and dead index entries under it. The
+/// batch size bounds `chosen` again so the planner expects at most a batch there (and
+/// probes the leased rows by primary key, not by a scan of the table).
 fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: TopicClause) -> String {
-    let mut params = Placeholders::starting_at('$', 5);
+    let mut params = Placeholders::starting_at('$', 6);
     let topics_param = (topics != TopicClause::Any).then(|| params.take());
     let delay_param = (!shape.visibility_delay.is_zero()).then(|| params.take());
     let Names {
@@ -492,10 +499,17 @@ fn claim(t: &str, shape: &Shape<'_>, n: &Names, topics: TopicClause) -> String {
     }
     let exhausted = heads::exhausted_error(n, "u", "$4");
     format!(
-        "WITH chosen AS (\
+        "WITH above AS (\
            SELECT o.{id} AS id, o.{attempts} >= $4 AS spent FROM {t} o \
-           WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp(){filters} \
+           WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp() \
+             AND o.{id} > $5{filters} \
            ORDER BY o.{id} LIMIT $3 FOR UPDATE SKIP LOCKED), \
+         below AS (\
+           SELECT o.{id} AS id, o.{attempts} >= $4 AS spent FROM {t} o \
+           WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp() \
+             AND o.{id} <= $5{filters} \
+           ORDER BY o.{id} LIMIT $3 - (SELECT count(*) FROM above) FOR UPDATE SKIP LOCKED), \
+         chosen AS (SELECT * FROM above UNION ALL SELECT * FROM below LIMIT $3), \
          leased AS (\
            UPDATE {t} u SET {leased_by} = $1, {attempts} = u.{attempts} + 1, \
              {available_at} = statement_timestamp() + $2::interval \
@@ -591,11 +605,12 @@ mod tests {
         s.visibility_delay = Duration::from_secs(1);
         let n = Names::new(&columns, &DIALECT);
         let sql = claim("\"outbox\"", &s, &n, TopicClause::Only);
-        assert!(sql.contains("o.\"topic\" = ANY($5)"), "{sql}");
-        assert!(sql.contains("- $6::interval"));
+        assert!(sql.contains("o.\"id\" > $5") && sql.contains("o.\"id\" <= $5"));
+        assert!(sql.contains("o.\"topic\" = ANY($6)"), "{sql}");
+        assert!(sql.contains("- $7::interval"));
         let sql = claim("\"outbox\"", &s, &n, TopicClause::Except);
-        assert!(sql.contains("(o.\"topic\" = ANY($5)) IS NOT TRUE"), "{sql}");
+        assert!(sql.contains("(o.\"topic\" = ANY($6)) IS NOT TRUE"), "{sql}");
         let sql = claim("\"outbox\"", &s, &n, TopicClause::Any);
-        assert!(sql.contains("- $5::interval") && !sql.contains("$6"));
+        assert!(sql.contains("- $6::interval") && !sql.contains("$7"));
     }
 }
