@@ -20,7 +20,7 @@ use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
-    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause, TopicFilter,
+    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicFilter,
 };
 
 impl PostgresStorage {
@@ -46,11 +46,7 @@ impl PostgresStorage {
                 .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
                 .bind(self.options.dead_holds_key()),
             None => {
-                let statement = match topics.clause() {
-                    TopicClause::Any => &self.sql.claim_all,
-                    TopicClause::Only => &self.sql.claim_topics,
-                    TopicClause::Except => &self.sql.claim_except,
-                };
+                let statement = self.sql.claim(topics.clause(), request.batch_size);
                 let mut query = sqlx::query(statement)
                     .bind(request.owner)
                     .bind(interval(request.lease))
