@@ -20,8 +20,9 @@
 //! (a release or a nack's retry, a lease that ran out, another server's rows, a producer
 //! whose lower id commits after a higher one was claimed): it is taken by the first claim
 //! that starts at the bottom, which is
-//! - the next claim after this server gave rows back (release, nack, a stream's end), or
-//!   once their retry or release delay is over ([`ClaimFloor::rescan_at`]);
+//! - the next claim after this server gave rows back (release, nack, a stream's end, an
+//!   operator's re-drive of dead rows), or once their retry or release delay is over
+//!   ([`ClaimFloor::rescan_at`]);
 //! - any claim that finds fewer free rows above the floor than its batch;
 //! - at the latest, the first claim [`FULL_SCAN_INTERVAL`] after the last one that started
 //!   at the bottom.

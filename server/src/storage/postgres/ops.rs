@@ -8,7 +8,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{FromRow, Row};
-
 use tokio::time::Instant;
 
 use super::convert::{decode_claim, decode_message, interval};
@@ -30,10 +29,11 @@ impl PostgresStorage {
         let delay = (!self.options.visibility_delay.is_zero())
             .then(|| interval(self.options.visibility_delay));
         let topics = TopicFilter::requested(&request);
-        // Only a claim of every topic starts at the floor (see `floor.rs`).
-        let start = match (&self.sql.strict, &topics) {
-            (None, TopicFilter::Any) => self.floor.start(Instant::now()),
-            _ => Start::Bottom,
+        // Only a non-strict claim of every topic starts at the floor (see `floor.rs`).
+        let floored = self.sql.strict.is_none() && topics == TopicFilter::Any;
+        let start = match floored {
+            true => self.floor.start(Instant::now()),
+            false => Start::Bottom,
         };
         let query = match &self.sql.strict {
             Some(strict) => sqlx::query(&strict.claim)
@@ -89,7 +89,7 @@ impl PostgresStorage {
                 .collect::<Result<_, _>>()
                 .map_err(err())?
         };
-        if self.sql.strict.is_none() && topics == TopicFilter::Any {
+        if floored {
             let highest = messages.last().map(|message| message.id);
             self.floor
                 .claimed(start, highest.max(outcome.exhausted.iter().copied().max()));
@@ -318,6 +318,10 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("re-drive dead letters"))?;
+        if !ids.is_empty() {
+            // Pending again, below where claims reached: claimable after the delay.
+            self.floor.rescan_at(Instant::now() + delay);
+        }
         Ok(SortedIds::from(ids))
     }
 
