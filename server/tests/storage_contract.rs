@@ -23,6 +23,8 @@
 mod cases;
 #[path = "storage_contract/edge_cases.rs"]
 mod edge_cases;
+#[path = "storage_contract/keyless.rs"]
+mod keyless;
 #[path = "storage_contract/mysql.rs"]
 mod mysql;
 #[path = "storage_contract/operations.rs"]
@@ -224,6 +226,9 @@ macro_rules! storage_contract {
                 without_the_policy_a_dead_row_holds_nothing_back,
                 a_dead_row_holds_the_rows_after_it_behind_a_redriven_one,
                 lease_holders_are_the_owners_of_live_leases,
+                keyless_rows_given_back_are_claimed_before_newer_ones,
+                a_keyless_row_whose_lease_ran_out_is_claimed_while_newer_rows_keep_coming,
+                a_keyless_row_whose_lease_ran_out_is_claimed_at_once_when_nothing_newer_is_free,
             );
             storage_contract!(@cases $factory, $signal;
                 insert_signal_bumps_on_insert,

@@ -6,6 +6,7 @@ use txoutbox_server::storage::{NackResult, Stats, TopicStats};
 
 use super::*;
 pub use crate::edge_cases::*;
+pub use crate::keyless::*;
 pub use crate::operations::*;
 
 pub async fn empty_claim(backend: &impl Backend) {

@@ -1,5 +1,6 @@
 //! The cases only PostgreSQL has (its backend of the contract is in `pg_backend.rs`).
 
+use super::keyless::claims_until_claimed;
 use super::pg_backend::*;
 use super::*;
 use sqlx::postgres::PgConnection;
@@ -410,4 +411,82 @@ async fn blocked_keys_cost_on_a_million_pending_rows() {
             );
         }
     }
+}
+
+/// A producer whose id was drawn before a higher one that committed first, and was
+/// claimed (the floor passed it), commits later: its row is still claimed although newer
+/// rows would fill every batch (within the floor's interval, `storage/postgres/floor.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyless_row_committed_after_a_higher_id_was_claimed_is_claimed_while_newer_rows_keep_coming(
+) {
+    let backend = PgBackend::new().await;
+    let storage = backend
+        .open(Setup {
+            strict_ordering: false,
+            ..Setup::default()
+        })
+        .await;
+    let mut producer = PgConnection::connect(&url()).await.expect("connect");
+    producer.execute("BEGIN").await.unwrap();
+    let late: MessageId = sqlx::query_scalar(&format!(
+        "INSERT INTO {} (topic, payload) VALUES ('t', 'late') RETURNING id",
+        backend.qualified()
+    ))
+    .fetch_one(&mut producer)
+    .await
+    .unwrap();
+    for _ in 0..3 {
+        insert(&*storage, "t", "newer", None).await;
+    }
+    let got = claim(&*storage, "w1", 3, LEASE).await;
+    assert!(ids(&got).iter().all(|id| *id > late), "{got:?}");
+    producer.execute("COMMIT").await.unwrap();
+    claims_until_claimed(&*storage, late).await;
+}
+
+/// The keyless claim is planned once per connection, not at every call: from the sixth
+/// call on, PostgreSQL runs its cached generic plan (`sql::claim`: planning it cost
+/// 0.25 ms a claim, 2-3 µs a message, when its only limit was the batch parameter).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keyless_claim_runs_a_cached_generic_plan() {
+    let backend = PgBackend::new().await;
+    let setup = Setup {
+        strict_ordering: false,
+        ..Setup::default()
+    };
+    // One connection: the test reads the plan counts of the claim's own session.
+    let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
+    let storage = PostgresStorage::from_pool(
+        pool.clone(),
+        None,
+        backend.options(&setup),
+        backend.extras(&setup),
+    )
+    .unwrap();
+    storage.ensure_table().await.unwrap();
+    backend
+        .execute(&format!(
+            "INSERT INTO {} (topic, payload) SELECT 't', 'p' FROM generate_series(1, 50000)",
+            backend.qualified()
+        ))
+        .await;
+    // A backlog as the planner sees it: a tenth of it is far more than a batch.
+    backend
+        .execute(&format!("ANALYZE {}", backend.qualified()))
+        .await;
+    for _ in 0..20 {
+        assert_eq!(claim(&storage, "w1", 100, LEASE).await.len(), 100);
+    }
+    let (generic, custom): (i64, i64) = sqlx::query_as(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements \
+         WHERE statement LIKE 'WITH above AS%'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (generic, custom),
+        (15, 5),
+        "(generic, custom) plans of 20 claims"
+    );
 }

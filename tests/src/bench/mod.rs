@@ -263,6 +263,8 @@ fn record_peer(m: &mut Measurements, key: &str, run: usize, result: &PeerResult)
     m.record(format!("{key}/upd"), run, result.ops.updates);
     m.record(format!("{key}/hot"), run, result.ops.hot_updates);
     m.record(format!("{key}/del"), run, result.ops.deletes);
+    m.record(format!("{key}/idx"), run, result.ops.index_entries);
+    m.record(format!("{key}/fetch"), run, result.ops.index_fetches);
 }
 
 /// Runs one measurement; a failure becomes a note and leaves the figure out.

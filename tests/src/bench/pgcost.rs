@@ -1,6 +1,8 @@
 //! What a drain costs PostgreSQL per message: CPU time of every `postgres` process (from
 //! `/proc`), WAL written (`pg_current_wal_lsn`), and the table's own row operations
-//! (`pg_stat_user_tables`: updates, HOT updates, deletes).
+//! (`pg_stat_user_tables`: updates, HOT updates, deletes) and index reads (entries read
+//! from its indexes, rows fetched through them: what a claim that walks past leased rows
+//! or dead index entries pays, issue 16).
 //!
 //! The CPU and the WAL are the whole cluster's: whatever else runs against this
 //! PostgreSQL during the drain is counted too, so they are exact only on a quiet
@@ -71,6 +73,10 @@ pub struct RowOps {
     pub hot_updates: f64,
     pub deletes: f64,
     pub inserts: f64,
+    /// Entries index scans read from the table's indexes (`idx_tup_read`, all indexes).
+    pub index_entries: f64,
+    /// Table rows fetched through them (`idx_tup_fetch`).
+    pub index_fetches: f64,
 }
 
 /// The row operations of `table` (schema-qualified) since it was created, divided by
@@ -83,9 +89,11 @@ pub async fn row_ops(
     messages: u64,
 ) -> anyhow::Result<RowOps> {
     let read = || async {
-        sqlx::query_as::<_, (i64, i64, i64, i64)>(
-            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_tup_ins FROM pg_stat_user_tables \
-             WHERE relid = $1::regclass",
+        sqlx::query_as::<_, (i64, i64, i64, i64, i64, i64)>(
+            "SELECT n_tup_upd, n_tup_hot_upd, n_tup_del, n_tup_ins, \
+               (SELECT coalesce(sum(i.idx_tup_read), 0)::int8 FROM pg_stat_user_indexes i \
+                WHERE i.relid = t.relid), coalesce(idx_tup_fetch, 0) \
+             FROM pg_stat_user_tables t WHERE relid = $1::regclass",
         )
         .bind(table)
         .fetch_one(pool)
@@ -98,16 +106,18 @@ pub async fn row_ops(
         || async {
             read()
                 .await
-                .is_ok_and(|(u, _, d, _)| (u + d) as u64 >= writes)
+                .is_ok_and(|(u, _, d, ..)| (u + d) as u64 >= writes)
         },
     )
     .await?;
-    let (updates, hot, deletes, inserts) = read().await?;
+    let (updates, hot, deletes, inserts, entries, fetches) = read().await?;
     let per = |n: i64| n as f64 / messages.max(1) as f64;
     Ok(RowOps {
         updates: per(updates),
         hot_updates: per(hot),
         deletes: per(deletes),
         inserts: per(inserts),
+        index_entries: per(entries),
+        index_fetches: per(fetches),
     })
 }

@@ -19,6 +19,7 @@
 //! slow part, still runs in parallel.
 
 mod convert;
+mod floor;
 mod heads;
 mod listen;
 mod ops;
@@ -37,8 +38,10 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use sqlx::types::Json;
 use sqlx::Executor;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use self::convert::{classify, decode_topic_stats, interval};
+use self::floor::ClaimFloor;
 use self::listen::InsertSignal;
 use self::sql::{Shape, Statements};
 use self::table::{accepts, live_column};
@@ -106,6 +109,8 @@ pub struct PostgresStorage {
     sql: Statements,
     /// Present with `notify_channel`.
     signal: Option<InsertSignal>,
+    /// Where this server's non-strict claims start (see `floor.rs`).
+    floor: ClaimFloor,
 }
 
 impl fmt::Debug for PostgresStorage {
@@ -194,6 +199,7 @@ impl PostgresStorage {
             extras,
             sql,
             signal,
+            floor: ClaimFloor::new(Instant::now()),
         })
     }
 
@@ -334,6 +340,9 @@ impl Storage for PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("release"))?;
+        if !applied.is_empty() {
+            self.floor.rescan_at(Instant::now() + delay);
+        }
         Ok(ids.only(applied))
     }
 
@@ -389,6 +398,9 @@ impl Storage for PostgresStorage {
             .execute(&self.pool)
             .await
             .map_err(self.error("return leases"))?;
+        if done.rows_affected() > 0 {
+            self.floor.rescan_at(Instant::now());
+        }
         Ok(done.rows_affected())
     }
 

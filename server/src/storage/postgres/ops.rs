@@ -8,8 +8,10 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use sqlx::{FromRow, Row};
+use tokio::time::Instant;
 
 use super::convert::{decode_claim, decode_message, interval};
+use super::floor::Start;
 use super::sql::FILTER;
 use super::PostgresStorage;
 use crate::storage::dead::{self, DeadCountRow, FilterValue};
@@ -17,7 +19,7 @@ use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::rows::attempts;
 use crate::storage::{
     ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
-    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicClause, TopicFilter,
+    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicFilter,
 };
 
 impl PostgresStorage {
@@ -27,6 +29,12 @@ impl PostgresStorage {
         let delay = (!self.options.visibility_delay.is_zero())
             .then(|| interval(self.options.visibility_delay));
         let topics = TopicFilter::requested(&request);
+        // Only a non-strict claim of every topic starts at the floor (see `floor.rs`).
+        let floored = self.sql.strict.is_none() && topics == TopicFilter::Any;
+        let start = match floored {
+            true => self.floor.start(Instant::now()),
+            false => Start::Bottom,
+        };
         let query = match &self.sql.strict {
             Some(strict) => sqlx::query(&strict.claim)
                 .bind(request.owner)
@@ -38,16 +46,13 @@ impl PostgresStorage {
                 .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
                 .bind(self.options.dead_holds_key()),
             None => {
-                let statement = match topics.clause() {
-                    TopicClause::Any => &self.sql.claim_all,
-                    TopicClause::Only => &self.sql.claim_topics,
-                    TopicClause::Except => &self.sql.claim_except,
-                };
+                let statement = self.sql.claim(topics.clause(), request.batch_size);
                 let mut query = sqlx::query(statement)
                     .bind(request.owner)
                     .bind(interval(request.lease))
                     .bind(i64::from(request.batch_size))
-                    .bind(max_attempts);
+                    .bind(max_attempts)
+                    .bind(start.bound());
                 if topics != TopicFilter::Any {
                     query = query.bind(topics.topics());
                 }
@@ -84,6 +89,11 @@ impl PostgresStorage {
                 .collect::<Result<_, _>>()
                 .map_err(err())?
         };
+        if floored {
+            let highest = messages.last().map(|message| message.id);
+            self.floor
+                .claimed(start, highest.max(outcome.exhausted.iter().copied().max()));
+        }
         if !outcome.exhausted.is_empty() {
             tracing::warn!(
                 ids = ?outcome.exhausted,
@@ -151,6 +161,16 @@ impl PostgresStorage {
                 .await
                 .map_err(err())?
         };
+        // Rows back in the pending set: a retry, or a key's later rows given back.
+        let due_again = rows
+            .iter()
+            .filter(|(id, _, cause, dead, _)| id != cause || !*dead)
+            .map(|(.., at)| *at)
+            .min();
+        if let Some(at) = due_again {
+            let wait = (at - Utc::now()).to_std().unwrap_or_default();
+            self.floor.rescan_at(Instant::now() + wait);
+        }
         self.advance_heads(
             rows.iter()
                 .filter(|(id, _, cause, dead, _)| id == cause && *dead)
@@ -298,6 +318,10 @@ impl PostgresStorage {
             .fetch_all(&self.pool)
             .await
             .map_err(self.error("re-drive dead letters"))?;
+        if !ids.is_empty() {
+            // Pending again, below where claims reached: claimable after the delay.
+            self.floor.rescan_at(Instant::now() + delay);
+        }
         Ok(SortedIds::from(ids))
     }
 

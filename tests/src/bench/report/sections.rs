@@ -276,6 +276,9 @@ fn costs(m: &Measurements, key: &str) -> String {
     if let (Some(upd), Some(hot), Some(del)) = (median("upd"), median("hot"), median("del")) {
         out += &format!("; per msg {upd:.2} updates ({hot:.2} HOT), {del:.2} deletes");
     }
+    if let (Some(entries), Some(fetches)) = (median("idx"), median("fetch")) {
+        out += &format!(", {entries:.1} index entries read, {fetches:.1} rows fetched by index");
+    }
     out
 }
 
