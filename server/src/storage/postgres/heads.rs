@@ -48,6 +48,15 @@
 //! changed them, and a key's later rows are handed out only behind rows that are still
 //! claimable or settled. The function returns ids only (the messages are read after it
 //! committed), so a slow reader never holds the lock either.
+//!
+//! The claim function runs its statements with generic plans (`SET plan_cache_mode =
+//! force_generic_plan`). Left to choose, PostgreSQL kept planning them afresh on every
+//! call (as slow as forcing custom plans), and that planning was about 40 % of a claim of
+//! a few new rows: 1.0 -> 0.6 ms per claim in pgbench on a busy machine, the biggest
+//! stage of the commit-to-receive latency (issue 16, BENCHMARKS.md). What the statements take as values sits in filters and `LIMIT`s, not
+//! in the index conditions, so the generic plan walks the same indexes; a claim of 100 at
+//! 1,000,000 pending rows costs the same either way (`txoutbox-bench --only claim-cost`
+//! measures it).
 
 use super::sql::{literal, LOCK_CLASS_CLAIM};
 use crate::storage::blocked;
@@ -230,7 +239,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
     txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean)
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     txo_now timestamptz;
     txo_chosen bigint[];
