@@ -285,6 +285,18 @@ pub trait Storage: Send + Sync + 'static {
     /// Due, unleased, pending rows in id order, leased to `owner`, attempts counted.
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed>;
 
+    /// [`Self::claim`], and with strict ordering a key whose first pending rows `owner`
+    /// itself holds (leases not run out) may go on with the rows after them: what a
+    /// stream that sends a key's later rows only once its earlier ones are acked may
+    /// claim ahead (see `relay/subscription/parked.rs`), so a hot key has two batches in
+    /// flight. Rows are still handed out in id order, and never past a row of the key
+    /// another owner holds or that waits for its retry. A backend that does not follow its
+    /// owner's leases claims as [`Self::claim`] does (MariaDB, SQLite: the default here);
+    /// PostgreSQL follows them, except under `dead_letter_holds_key`.
+    async fn claim_ahead(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        self.claim(request).await
+    }
+
     /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds>;
 

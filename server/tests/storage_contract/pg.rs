@@ -411,3 +411,16 @@ async fn blocked_keys_cost_on_a_million_pending_rows() {
         }
     }
 }
+
+/// PostgreSQL's claim ahead does follow its owner's own rows: what lets a stream hold two
+/// batches of a hot key (the contract allows a backend not to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_follows_the_owners_own_rows() {
+    let backend = PgBackend::new().await;
+    let got = cases::claim_ahead_goes_on_only_past_the_owners_own_rows(&backend).await;
+    assert_eq!(
+        got.len(),
+        3,
+        "the key's two rows after the owner's, and the keyless row: {got:?}"
+    );
+}

@@ -278,7 +278,16 @@ impl Storage for PostgresStorage {
         fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        self.claim_rows(request).await
+        self.claim_rows(request, false).await
+    }
+
+    #[tracing::instrument(
+        name = "storage.claim_ahead",
+        skip_all,
+        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
+    )]
+    async fn claim_ahead(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        self.claim_rows(request, true).await
     }
 
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {

@@ -21,7 +21,15 @@ use crate::storage::{
 };
 
 impl PostgresStorage {
-    pub(super) async fn claim_rows(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+    /// The claim; with `ahead`, a strict claim follows the owner's own leases (see
+    /// [`crate::storage::Storage::claim_ahead`]), except under `dead_letter_holds_key`,
+    /// whose check for a dead row before a key's first row would have to look behind the
+    /// owner's rows too.
+    pub(super) async fn claim_rows(
+        &self,
+        request: ClaimRequest<'_>,
+        ahead: bool,
+    ) -> StorageResult<Claimed> {
         let err = || self.error("claim");
         let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
         let delay = (!self.options.visibility_delay.is_zero())
@@ -36,7 +44,8 @@ impl PostgresStorage {
                 .bind(delay)
                 .bind(max_attempts)
                 .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
-                .bind(self.options.dead_holds_key()),
+                .bind(self.options.dead_holds_key())
+                .bind(ahead && !self.options.dead_holds_key()),
             None => {
                 let statement = match topics.clause() {
                     TopicClause::Any => &self.sql.claim_all,
