@@ -33,7 +33,12 @@
 //!   same way, so once its `settled` is sent no batch claimed under the old window
 //!   follows (the client's graceful stop relies on that). See [`Answer::waits_for_claims`].
 //!   Per-key order itself is the database's: a strict claim never returns a row while an
-//!   earlier row of its key is leased or waiting for its retry.
+//!   earlier row of its key is leased to another owner or waiting for its retry. A
+//!   stream's own claim goes on past the rows of a key it holds (so a hot key has its
+//!   next batch claimed while the subscriber publishes the one before), and such rows are
+//!   *parked*, held but not sent, until the subscriber has acked the key's earlier rows;
+//!   any other end of those orphans them, and they are given back before the next claim
+//!   starts (see `parked.rs`, which says why that is enough).
 //! - **Bytes per identity**: with `max_bytes_in_flight`, a claim starts only with an
 //!   allowance taken from the identity's budget, and is capped at it; the rows' bytes
 //!   stay taken while they are held (see `held.rs`). A stream that finds too little left
