@@ -37,12 +37,7 @@ async fn per_key_order_holds_across_subscribers_with_injected_failures() {
             async move {
                 journal.start(&message);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
-                journal.finish(&message, !fail);
-                if fail {
-                    return Err(PublishError::new("injected failure")
-                        .retry_after(Duration::from_millis(50)));
-                }
-                Ok(())
+                finish_or_fail(&journal, &message, fail)
             }
         };
         let subscriber = Subscriber::builder([server.url()], "orders")
@@ -71,6 +66,15 @@ async fn per_key_order_holds_across_subscribers_with_injected_failures() {
     assert_eq!(published, total as u64);
     assert!(retried > 0, "no failure was injected");
     db.drop().await;
+}
+
+/// Ends a publish of `message` in the journal; with `fail`, as a failure retried soon.
+fn finish_or_fail(journal: &Journal, message: &Message, fail: bool) -> Result<(), PublishError> {
+    journal.finish(message, !fail);
+    if fail {
+        return Err(PublishError::new("injected failure").retry_after(Duration::from_millis(50)));
+    }
+    Ok(())
 }
 
 /// One key, one batch: the first message's ack is held up in the database (the test locks
@@ -349,12 +353,7 @@ async fn a_nack_holds_back_the_rows_claimed_ahead_of_it() {
                 journal.start(&message);
                 gates.pass(message.id).await;
                 let fail = message.id == first && message.attempts == 1;
-                journal.finish(&message, !fail);
-                if fail {
-                    return Err(PublishError::new("injected failure")
-                        .retry_after(Duration::from_millis(50)));
-                }
-                Ok(())
+                finish_or_fail(&journal, &message, fail)
             }
         }
     };
