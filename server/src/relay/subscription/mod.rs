@@ -402,10 +402,11 @@ impl Subscription {
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
         let lease = self.spec.lease;
+        let ahead = self.parked.held_keys();
         let task = tokio::spawn(
             async move {
                 outbox
-                    .claim_within(&owner, count as u32, lease, &topics, max_bytes, true)
+                    .claim_within(&owner, count as u32, lease, &topics, max_bytes, ahead)
                     .await
             }
             .in_current_span(),
