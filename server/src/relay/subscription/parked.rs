@@ -29,6 +29,10 @@
 //!   until they are). A nack's own give-back already includes the parked rows (they are
 //!   the owner's later rows of the key): they simply stop being held;
 //! - `set_window(0)` and the drain orphan every parked row: no batch follows them;
+//! - a claim goes on past this stream's rows of a key only up to the last row of it the
+//!   stream knows it holds ([`Parked::held_keys`]): a row leased to the stream that it does
+//!   not know of (a claim that committed but whose answer was lost with the connection)
+//!   will never be answered, so it must hold its key back until its lease runs out;
 //! - parked rows keep the lease of their key: an extension of a sent row extends them;
 //! - the subscriber never hears of a parked row: settlements and expiries that name one
 //!   are stripped of it ([`Parked::unseen`]).
