@@ -191,6 +191,7 @@ macro_rules! storage_contract {
                 stale_dead_letter_is_fenced,
                 strict_ordering_holds_back_successors_of_a_retrying_message,
                 strict_ordering_holds_back_successors_of_a_leased_message,
+                claim_ahead_goes_on_only_past_the_owners_own_rows,
                 strict_ordering_under_concurrent_claims_of_two_servers,
                 strict_ordering_is_kept_across_topic_filters,
                 stats_count_per_topic,

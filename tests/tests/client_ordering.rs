@@ -37,12 +37,7 @@ async fn per_key_order_holds_across_subscribers_with_injected_failures() {
             async move {
                 journal.start(&message);
                 tokio::time::sleep(Duration::from_millis(pause)).await;
-                journal.finish(&message, !fail);
-                if fail {
-                    return Err(PublishError::new("injected failure")
-                        .retry_after(Duration::from_millis(50)));
-                }
-                Ok(())
+                finish_or_fail(&journal, &message, fail)
             }
         };
         let subscriber = Subscriber::builder([server.url()], "orders")
@@ -71,6 +66,15 @@ async fn per_key_order_holds_across_subscribers_with_injected_failures() {
     assert_eq!(published, total as u64);
     assert!(retried > 0, "no failure was injected");
     db.drop().await;
+}
+
+/// Ends a publish of `message` in the journal; with `fail`, as a failure retried soon.
+fn finish_or_fail(journal: &Journal, message: &Message, fail: bool) -> Result<(), PublishError> {
+    journal.finish(message, !fail);
+    if fail {
+        return Err(PublishError::new("injected failure").retry_after(Duration::from_millis(50)));
+    }
+    Ok(())
 }
 
 /// One key, one batch: the first message's ack is held up in the database (the test locks
@@ -307,6 +311,108 @@ async fn a_fenced_ack_stops_its_key_which_comes_back_from_there() {
             totals.blocked
         ),
         (7, 5, 1, 4),
+        "{totals:?}"
+    );
+    drop(server);
+    db.drop().await;
+}
+
+/// A stream's claim goes on past the rows of a hot key the stream holds (the test sees it
+/// wait on a lock of the key's 11th row while the stream holds the first ten), and a
+/// nack still holds the rest of the key back. The race: the first message fails while
+/// the claim of rows 11-20 runs; its nack waits for that claim, which gives back 2-10
+/// and 11-20 with it. Had the second batch been sent as claimed, it would have reached
+/// the client after the nack and before its `settled`, with nothing left to hold it back:
+/// row 11 published ahead of the first row's retry. The server parks rows of a key
+/// until the stream's earlier rows of it are acked, so the client never sees them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nack_holds_back_the_rows_claimed_ahead_of_it() {
+    let per_key = 20;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("max_batch_size = 10")).await;
+    let ids = db.insert_many("t", &rows(1, per_key)).await;
+    let (first, ahead) = (ids[0], ids[10]);
+    let table = format!("{}.outbox", db.schema);
+
+    // The claim of the second batch waits for this lock.
+    let mut lock = db.pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT id FROM {table} WHERE id = $1 FOR UPDATE"))
+        .bind(ahead)
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+
+    let journal = Journal::default();
+    let gates = Gates::default();
+    let (first_started, first_go) = gates.add(first);
+    let publisher = {
+        let (journal, gates) = (journal.clone(), gates.clone());
+        move |message: Message| {
+            let (journal, gates) = (journal.clone(), gates.clone());
+            async move {
+                journal.start(&message);
+                gates.pass(message.id).await;
+                let fail = message.id == first && message.attempts == 1;
+                finish_or_fail(&journal, &message, fail)
+            }
+        }
+    };
+    let subscriber = Subscriber::builder([server.url()], "orders")
+        .max_in_flight(20)
+        .build(publisher)
+        .unwrap();
+    let mut events = subscriber.events();
+    let handle = subscriber.spawn();
+    let counters = handle.counters();
+
+    tokio::time::timeout(DEADLINE, first_started.notified())
+        .await
+        .expect("the first publish did not start");
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%{}%claim%'",
+        db.schema
+    );
+    eventually(
+        "a claim of the key's 11th row while the stream holds the first ten",
+        DEADLINE,
+        || async {
+            let (n,): (i64,) = sqlx::query_as(&waiting).fetch_one(&db.pool).await.unwrap();
+            (n == 1).then_some(())
+        },
+    )
+    .await;
+    // The first publish fails: the client nacks it and holds back the rest it has.
+    first_go.notify_one();
+    let blocked: Vec<Event> = ids[1..10]
+        .iter()
+        .map(|id| Event::Blocked {
+            id: *id,
+            key: Some("k0".to_owned()),
+            behind: first,
+        })
+        .collect();
+    let mut seen = Vec::new();
+    wait_for_events(
+        &mut events,
+        &mut seen,
+        "the rest of the key held back",
+        &blocked,
+    )
+    .await;
+    // Now the claim ahead completes, with the nack on its way or waiting for it.
+    lock.rollback().await.unwrap();
+
+    eventually("every message delivered", DEADLINE, || async {
+        (db.count("done").await == per_key as i64).then_some(())
+    })
+    .await;
+    handle.stop().await.unwrap();
+    journal.assert_exactly_in_order(1, per_key);
+    let totals = counters.snapshot();
+    assert_eq!(
+        (totals.published, totals.retried, totals.lease_lost),
+        (per_key as u64, 1, 0),
         "{totals:?}"
     );
     drop(server);

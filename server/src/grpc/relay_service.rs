@@ -163,6 +163,7 @@ impl v1::relay_server::Relay for RelayService {
                 lease,
                 &request.topics,
                 room,
+                None,
             )
             .await?;
         if let (true, Some(budget)) = (claimed.messages.is_empty(), bytes) {

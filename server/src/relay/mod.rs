@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use crate::config::{OutboxConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::{
-    ClaimRequest, Claimed, Extended, MessageId, NackRequest, NackResult, NewMessage, SortedIds,
-    Stats, Storage, StorageError, StorageResult,
+    ClaimRequest, Claimed, Extended, HeldKeys, MessageId, NackRequest, NackResult, NewMessage,
+    SortedIds, Stats, Storage, StorageError, StorageResult,
 };
 use crate::telemetry::metrics::{AnswerKind, DeadLetterReason, OutboxMetrics};
 use crate::telemetry::traces;
@@ -310,7 +310,7 @@ impl Outbox {
         topics: &[String],
     ) -> RelayResult<Claimed> {
         let (claimed, _) = self
-            .claim_within(owner, batch_size, lease, topics, usize::MAX)
+            .claim_within(owner, batch_size, lease, topics, usize::MAX, None)
             .await?;
         Ok(claimed)
     }
@@ -319,6 +319,9 @@ impl Outbox {
     /// `max_bytes_in_flight` allowance, see [`bytes_in_flight`]): rows past it are given
     /// back like those past a response. Also returns the size of the first row given back
     /// for `max_bytes` (when it is smaller than a response), which the next claim needs.
+    /// With `ahead`, a strict claim may go on past the rows `owner` holds of those keys
+    /// ([`Storage::claim_ahead`]): only for a caller that parks such rows until the earlier
+    /// ones are acked (a stream, see `subscription/parked.rs`).
     #[tracing::instrument(name = "outbox.claim", skip_all, fields(outbox = %self.name))]
     pub async fn claim_within(
         &self,
@@ -327,6 +330,7 @@ impl Outbox {
         lease: Duration,
         topics: &[String],
         max_bytes: usize,
+        ahead: Option<HeldKeys>,
     ) -> RelayResult<(Claimed, Option<usize>)> {
         limits::name("worker_id", owner)?;
         limits::topics(topics)?;
@@ -363,7 +367,10 @@ impl Outbox {
             max_attempts: self.config.max_attempts,
         };
         let timer = self.metrics.claim_duration.start_timer();
-        let result = self.storage.claim(request).await;
+        let result = match &ahead {
+            Some(held) => self.storage.claim_ahead(request, held).await,
+            None => self.storage.claim(request).await,
+        };
         timer.observe_duration();
         let claimed = self.counted(result)?;
         let (mut claimed, left_out) = self.fit_response(owner, claimed, max_bytes).await;

@@ -115,6 +115,14 @@ pub struct ClaimRequest<'a> {
     pub max_attempts: u32,
 }
 
+/// The keys of the rows a claimer holds, each with the last id of it it knows it holds,
+/// side by side: what [`Storage::claim_ahead`] may go on past.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HeldKeys {
+    pub keys: Vec<String>,
+    pub last_ids: Vec<MessageId>,
+}
+
 /// Messages claimed, in id order, all leased until `lease_expires_at`.
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -284,6 +292,24 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Due, unleased, pending rows in id order, leased to `owner`, attempts counted.
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed>;
+
+    /// [`Self::claim`], and with strict ordering a key of `held` whose first pending rows
+    /// `owner` itself holds (leases not run out, ids up to the one `held` gives) may go on
+    /// with the rows after them: what a stream that sends a key's later rows only once its
+    /// earlier ones are acked may claim ahead (see `relay/subscription/parked.rs`), so a
+    /// hot key has two batches in flight. Rows are still handed out in id order, and never
+    /// past a row of the key another owner holds, one that waits for its retry, or one of
+    /// the owner's own that `held` does not cover. A backend that does not follow its
+    /// owner's leases claims as [`Self::claim`] does (MariaDB, SQLite: the default here);
+    /// PostgreSQL follows them, except under `dead_letter_holds_key`.
+    async fn claim_ahead(
+        &self,
+        request: ClaimRequest<'_>,
+        held: &HeldKeys,
+    ) -> StorageResult<Claimed> {
+        let _ = held;
+        self.claim(request).await
+    }
 
     /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds>;

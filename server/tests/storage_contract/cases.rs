@@ -2,7 +2,7 @@
 //! Claims and answers here; errors, insert signals, races and teams' own tables in
 //! `edge_cases.rs`, re-exported so the macro finds every case under `cases::`.
 
-use txoutbox_server::storage::{NackResult, Stats, TopicStats};
+use txoutbox_server::storage::{HeldKeys, NackResult, Stats, TopicStats};
 
 use super::*;
 pub use crate::edge_cases::*;
@@ -288,6 +288,71 @@ pub async fn strict_ordering_holds_back_successors_of_a_retrying_message(backend
         .await
         .unwrap();
     assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [other]);
+}
+
+/// `claim_ahead` may go on past the rows of a key its owner holds (PostgreSQL does; a
+/// backend that does not claims as `claim` does), but never past a row another owner
+/// holds or one waiting for its retry, never from the middle of a key, and never hands
+/// out a row twice. Returns what it claimed, for the backends that must follow.
+pub async fn claim_ahead_goes_on_only_past_the_owners_own_rows(
+    backend: &impl Backend,
+) -> Vec<MessageId> {
+    let storage = backend.open(Setup::default()).await;
+    let mut k = Vec::new();
+    for i in 0..4 {
+        k.push(insert(&*storage, "t", &format!("k{i}"), Some("k")).await);
+    }
+    let held = insert(&*storage, "t", "h0", Some("held")).await;
+    let behind_held = insert(&*storage, "t", "h1", Some("held")).await;
+    let retrying = insert(&*storage, "t", "r0", Some("retry")).await;
+    let behind_retrying = insert(&*storage, "t", "r1", Some("retry")).await;
+    let free = insert(&*storage, "t", "f", None).await;
+    assert_eq!(ids(&claim(&*storage, "w1", 2, LEASE).await), k[..2]);
+    assert_eq!(ids(&claim(&*storage, "w2", 1, LEASE).await), [held]);
+    assert_eq!(ids(&claim(&*storage, "w3", 1, LEASE).await), [retrying]);
+    storage
+        .nack(retrying, "w3", "boom", Some(FUTURE), &POLICY)
+        .await
+        .unwrap();
+
+    let storage = &*storage;
+    let ahead = |owner, key: &str, last| {
+        let held = HeldKeys {
+            keys: vec![key.to_owned()],
+            last_ids: vec![last],
+        };
+        async move {
+            let claimed = storage.claim_ahead(request(owner), &held).await.unwrap();
+            ids(&claimed.messages)
+        }
+    };
+    let give_back = |owner, got: Vec<MessageId>| async move {
+        storage
+            .release(&got.into(), owner, Duration::ZERO)
+            .await
+            .unwrap();
+    };
+    // A row of w1 it does not know it holds (k1: as if the claim's answer was lost) is
+    // not gone past.
+    let got = ahead("w1", "k", k[0]).await;
+    assert_eq!(got, [free], "nothing of k past a row w1 does not know of");
+    give_back("w1", got).await;
+    // w2 may go on past its own row of `held`, never into k.
+    let got = ahead("w2", "held", held).await;
+    assert!(got == [free] || got == [behind_held, free], "{got:?}");
+    give_back("w2", got).await;
+    let got = ahead("w1", "k", k[1]).await;
+    let keyed: Vec<MessageId> = got.iter().copied().filter(|id| *id != free).collect();
+    assert!(
+        got.contains(&free) && !got.contains(&behind_retrying),
+        "{got:?}"
+    );
+    assert!(keyed.is_empty() || keyed == k[2..], "{got:?}");
+    assert!(
+        ahead("w1", "k", k[3]).await.is_empty(),
+        "nothing handed out twice"
+    );
+    got
 }
 
 pub async fn strict_ordering_holds_back_successors_of_a_leased_message(backend: &impl Backend) {

@@ -136,7 +136,7 @@ async fn the_claim_function_runs_with_generic_plans() {
     assert_eq!(
         settings,
         [(
-            "outbox_txo_claim_v3".to_owned(),
+            "outbox_txo_claim_v4".to_owned(),
             Some(vec!["plan_cache_mode=force_generic_plan".to_owned()])
         )]
     );
@@ -514,5 +514,18 @@ async fn the_keyless_claim_runs_a_cached_generic_plan() {
         (generic, custom),
         (15, 5),
         "(generic, custom) plans of 20 claims"
+    );
+}
+
+/// PostgreSQL's claim ahead does follow its owner's own rows: what lets a stream hold two
+/// batches of a hot key (the contract allows a backend not to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_ahead_follows_the_owners_own_rows() {
+    let backend = PgBackend::new().await;
+    let got = cases::claim_ahead_goes_on_only_past_the_owners_own_rows(&backend).await;
+    assert_eq!(
+        got.len(),
+        3,
+        "the key's two rows after the owner's, and the keyless row: {got:?}"
     );
 }

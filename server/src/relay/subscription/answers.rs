@@ -98,6 +98,39 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// Every id the settlement names.
+    pub(super) fn ids(&self) -> impl Iterator<Item = MessageId> + '_ {
+        [
+            &self.acked,
+            &self.retried,
+            &self.dead_lettered,
+            &self.released,
+            &self.extended,
+            &self.fenced,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(self.rejected.iter().flat_map(|r| &r.ids))
+        .copied()
+    }
+
+    /// Leaves out the ids `unseen` names (rows the subscriber was never sent).
+    pub(super) fn strip(&mut self, unseen: impl Fn(MessageId) -> bool) {
+        for ids in [
+            &mut self.acked,
+            &mut self.retried,
+            &mut self.dead_lettered,
+            &mut self.released,
+            &mut self.extended,
+            &mut self.fenced,
+        ] {
+            ids.retain(|id| !unseen(*id));
+        }
+        if let Some(rejection) = &mut self.rejected {
+            rejection.ids.retain(|id| !unseen(*id));
+        }
+    }
+
     pub fn rejected(ids: Vec<MessageId>, error: &RelayError) -> Self {
         Self {
             rejected: Some(Rejection {

@@ -33,7 +33,12 @@
 //!   same way, so once its `settled` is sent no batch claimed under the old window
 //!   follows (the client's graceful stop relies on that). See [`Answer::waits_for_claims`].
 //!   Per-key order itself is the database's: a strict claim never returns a row while an
-//!   earlier row of its key is leased or waiting for its retry.
+//!   earlier row of its key is leased to another owner or waiting for its retry. A
+//!   stream's own claim goes on past the rows of a key it holds (so a hot key has its
+//!   next batch claimed while the subscriber publishes the one before), and such rows are
+//!   *parked*, held but not sent, until the subscriber has acked the key's earlier rows;
+//!   any other end of those orphans them, and they are given back before the next claim
+//!   starts (see `parked.rs`, which says why that is enough).
 //! - **Bytes per identity**: with `max_bytes_in_flight`, a claim starts only with an
 //!   allowance taken from the identity's budget, and is capped at it; the rows' bytes
 //!   stay taken while they are held (see `held.rs`). A stream that finds too little left
@@ -62,10 +67,12 @@ mod answering;
 mod answers;
 mod claiming;
 mod held;
+mod parked;
 pub mod queue;
 #[cfg(test)]
 mod tests;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,6 +87,7 @@ use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack,
 pub use self::answers::{Answer, Rejection, Settlement};
 use self::claiming::{progress, Asked, ClaimResult, ClaimRun, Claiming, NextClaim, Progress};
 use self::held::Held;
+use self::parked::Parked;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
 use super::bytes_in_flight::{Allowance, BytesInFlight, StreamBytes};
 use super::drain::Drain;
@@ -159,6 +167,7 @@ pub async fn run(
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let held = Held::new(outbox.metrics().in_flight.clone(), spec.bytes.clone());
     let registration = outbox.subscribers.register(&spec, &owner);
+    let strict = outbox.config.strict_ordering;
     let mut state = Subscription {
         info: Arc::clone(&registration.info),
         found: Some(idle.found()),
@@ -170,6 +179,7 @@ pub async fn run(
         spec,
         owner,
         held,
+        parked: Parked::new(strict),
         events,
         // The first claim goes through the group (see `PollGroup::wake`).
         claiming: Claiming::Ready(NextClaim::Idle {
@@ -200,6 +210,8 @@ struct Subscription {
     /// `spec.topics`, shared with the claim tasks.
     topics: Arc<[String]>,
     held: Held,
+    /// Rows claimed ahead of the subscriber: held, not sent yet (see `parked.rs`).
+    parked: Parked,
     events: mpsc::Sender<RelayResult<Event>>,
     /// The outbox's idle-polling group for this stream's topic filter.
     idle: Arc<PollGroup>,
@@ -243,6 +255,7 @@ impl Subscription {
         loop {
             self.info.set_in_flight(self.held.len());
             self.start_next_answer(answers).await?;
+            self.start_give_back();
             let quiet = matches!(
                 self.claiming,
                 Claiming::Ready(_) | Claiming::InTransit { .. }
@@ -283,6 +296,7 @@ impl Subscription {
                 }
                 _ = self.events.closed() => return Ok(()),
                 _ = drain.started(), if self.draining_until.is_none() && !claim_running => {
+                    self.parked.orphan_all();
                     self.draining_until = Some(Instant::now() + drain.timeout());
                     let wall = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
                     tracing::info!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "draining");
@@ -293,7 +307,11 @@ impl Subscription {
                     return Ok(());
                 }
                 _ = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
-                    let expired = self.held.take_expired(Instant::now());
+                    let mut expired = self.held.take_expired(Instant::now());
+                    let unseen: Vec<bool> = expired.iter().map(|id| self.parked.unseen(*id)).collect();
+                    self.parked.expired(&expired);
+                    let mut unseen = unseen.into_iter();
+                    expired.retain(|_| !unseen.next().unwrap_or(false));
                     if !expired.is_empty() {
                         tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, count = expired.len(), "leases expired before the subscriber answered");
                         self.send(Event::LeasesExpired(expired)).await;
@@ -325,7 +343,7 @@ impl Subscription {
         let Claiming::Ready(next) = self.claiming else {
             return None;
         };
-        if self.answering.gives_back() || drain.is_started() {
+        if self.answering.gives_back() || drain.is_started() || self.parked.has_orphans() {
             return None;
         }
         let window = self.spec.max_in_flight as usize;
@@ -379,14 +397,16 @@ impl Subscription {
             None => None,
         };
         let max_bytes = allowance.as_ref().map_or(usize::MAX, Allowance::bytes);
+        self.parked.claim_starts();
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let topics = Arc::clone(&self.topics);
         let lease = self.spec.lease;
+        let ahead = self.parked.held_keys();
         let task = tokio::spawn(
             async move {
                 outbox
-                    .claim_within(&owner, count as u32, lease, &topics, max_bytes)
+                    .claim_within(&owner, count as u32, lease, &topics, max_bytes, ahead)
                     .await
             }
             .in_current_span(),
@@ -458,6 +478,12 @@ impl Subscription {
         for (message, bytes) in claimed.messages.iter().zip(sizes) {
             self.held.insert(message.id, deadline, bytes);
         }
+        let claimed = self.parked.sort(claimed);
+        if claimed.messages.is_empty() {
+            // All parked behind rows of their keys the subscriber has not acked yet.
+            self.claiming = Claiming::Ready(next);
+            return Ok(());
+        }
         let (taken, in_transit) = oneshot::channel();
         self.claiming = Claiming::InTransit {
             taken: in_transit,
@@ -495,6 +521,9 @@ impl Subscription {
             }
             Answer::Ack(ids) => {
                 let (acks, next) = acks_behind(ids, answers);
+                if let Some(unparked) = self.parked.acked(acks.iter().flatten().copied()) {
+                    self.send(Event::Batch(Batch::from(unparked))).await;
+                }
                 let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
                 (task, next)
             }
@@ -507,13 +536,48 @@ impl Subscription {
             Answer::DeadLetter { id, error } => {
                 (self.apply(Single::DeadLetter { id, error }), None)
             }
-            Answer::ExtendLease { ids, lease } => {
+            Answer::ExtendLease { mut ids, lease } => {
+                // The rows parked behind them keep the lease of their key.
+                let behind = self.parked.behind(&ids);
+                ids.extend(behind);
                 (self.apply(Single::ExtendLease { ids, lease }), None)
             }
         };
         let run = AnswerRun { task, gives_back };
         self.answering = Answering::Running { run, next };
         Ok(())
+    }
+
+    /// Gives back the orphaned parked rows (see `parked.rs`), as an answer of the stream's
+    /// own: only while no answer and no claim runs, and no claim starts until it is
+    /// applied. The subscriber never saw the rows, so it hears nothing of it.
+    fn start_give_back(&mut self) {
+        if !self.parked.has_orphans()
+            || !self.answering.is_idle()
+            || matches!(self.claiming, Claiming::Running(_))
+        {
+            return;
+        }
+        let ids = self.parked.take_orphans();
+        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
+        let lease = self.spec.lease;
+        let give_back = async move {
+            let release = Single::Release {
+                ids,
+                delay: Duration::ZERO,
+            };
+            let mut applied = apply(outbox, owner, lease, release).await?;
+            applied.settlements.clear();
+            Ok(applied)
+        };
+        let task = tokio::spawn(give_back.in_current_span());
+        self.answering = Answering::Running {
+            run: AnswerRun {
+                task,
+                gives_back: true,
+            },
+            next: None,
+        };
     }
 
     /// Applies a [`Single`] answer on a task of its own.
@@ -531,6 +595,10 @@ impl Subscription {
             return;
         }
         tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
+        if window == 0 {
+            // No batch may follow the `settled` of a closed window.
+            self.parked.orphan_all();
+        }
         if window > self.spec.max_in_flight {
             // More room: look at once rather than at the next poll.
             self.claiming.claim_now();
@@ -543,9 +611,19 @@ impl Subscription {
     /// Takes applied answers: their rows stop (or keep) being held, then each answer is
     /// confirmed, in order.
     async fn answered(&mut self, applied: RelayResult<Applied>) -> RelayResult<()> {
-        let applied = applied?;
+        let mut applied = applied?;
+        // Rows the subscriber was never sent, named before `account` forgets them.
+        let unseen: HashSet<MessageId> = applied
+            .settlements
+            .iter()
+            .flat_map(Settlement::ids)
+            .filter(|id| self.parked.unseen(*id))
+            .collect();
         let held_before = self.held.len();
         self.account(&applied);
+        for settlement in &mut applied.settlements {
+            settlement.strip(|id| unseen.contains(&id));
+        }
         self.info.set_in_flight(self.held.len());
         self.info.settled(&applied.settlements);
         for settlement in applied.settlements {
@@ -572,6 +650,12 @@ impl Subscription {
 
     fn account(&mut self, applied: &Applied) {
         self.held.remove_all(&applied.finished);
+        let fenced: Vec<MessageId> = applied
+            .settlements
+            .iter()
+            .flat_map(|s| s.fenced.iter().copied())
+            .collect();
+        self.parked.finished(&applied.finished, &fenced);
         if let Some((ids, lease)) = &applied.extended {
             let deadline = Instant::now() + *lease;
             for id in ids {

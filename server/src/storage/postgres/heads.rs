@@ -65,8 +65,10 @@ use crate::storage::names::Names;
 /// Suffix of the claim function's name, versioned: a server of another version on the
 /// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
 /// `v2`: paused topics (a seventh argument) are not claimed. `v3`: with an eighth argument
-/// true (`dead_letter_holds_key`), a dead row holds back its key's later rows.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v3";
+/// true (`dead_letter_holds_key`), a dead row holds back its key's later rows. `v4`: with
+/// a ninth and tenth argument (keys, and an id per key), a key whose first rows the owner
+/// itself holds up to that id is extended past them (see [`claim`]).
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v4";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
@@ -182,8 +184,8 @@ $$;
     )
 }
 
-/// `claim(owner, lease, batch, topics, delay, max_attempts, paused, dead_holds)`: the
-/// strict claim (see the module docs). `topics` NULL means every topic, `delay` NULL no
+/// `claim(owner, lease, batch, topics, delay, max_attempts, paused, dead_holds,
+/// follow_keys, follow_upto)`: the strict claim (see the module docs). `topics` NULL means every topic, `delay` NULL no
 /// visibility delay, `paused` (topics an operator paused) NULL none. A key whose first row
 /// is of a paused topic waits, like a key whose first row is leased. With `dead_holds`, a
 /// dead row of a key holds back every later row of the key, like a leased row: the key's
@@ -194,6 +196,23 @@ $$;
 /// for its attempts holds back the later rows it chose of its key. Returns
 /// one row per leased id (`txo_spent` false), one per row dead-lettered for having used
 /// `max_attempts` (true), and always a last row whose id is NULL, for the lease deadline.
+///
+/// With `follow_keys` (NULL: none) and `follow_upto` beside it, a key of `follow_keys`
+/// whose first pending rows are leased by `owner` itself (the lease not run out) at or
+/// before its `follow_upto` id is walked from the first row after them: the owner gets
+/// the key's next rows while it still holds the earlier ones, so a stream can hold two
+/// batches of a hot key. Only a prefix of the owner's own rows is skipped: a key whose
+/// first row is free, leased by another owner or waiting for its retry is handled as
+/// without it, and a run still stops at any row that is not claimable (the owner's own
+/// included), so the rows handed out always follow every earlier pending row of their
+/// key, each of which the owner holds. The bound per key is the last row of it the caller
+/// knows it holds: an own row past it is one the caller does not know of (a claim whose
+/// answer was lost with its connection after it committed, a give-back that failed) and
+/// must not be walked past, since the caller will never answer it; it holds its key back
+/// until its lease runs out, as any other owner's would. The caller must also make sure
+/// the owner may hold rows so (the relay's streams send a key's later rows only once its
+/// earlier ones are acked, see `relay/subscription/parked.rs`); a unary caller passes
+/// NULL.
 fn claim(o: &Objects<'_>, n: &Names) -> String {
     let Objects {
         table: t,
@@ -233,11 +252,14 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     // `bound`: with a full set of heads, no row after the last head can be among the
     // batch's oldest rows (every other key's rows come after its head), so each key's run
     // is cut there; this keeps the work near the batch size whatever the backlogs. One
-    // comparison (not `IS NULL OR ...`), so it is part of the index condition.
+    // comparison (not `IS NULL OR ...`), so it is part of the index condition. When
+    // following the owner's rows, a key's run starts at its first row past the owner's own (`first_id`),
+    // so the cut is the last of those: every key of the set keeps at least its first row.
     format!(
         "CREATE OR REPLACE FUNCTION {claim_function}(
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
-    txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean)
+    txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean,
+    txo_follow_keys text[], txo_follow_upto bigint[])
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
@@ -247,12 +269,19 @@ DECLARE
     txo_spend bigint[];
     txo_spent_keys text[];
     txo_behind text[];
+    txo_upto jsonb;
 BEGIN
     PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
     -- After the lock: the claim before this one may have waited as long.
     txo_now := clock_timestamp();
+    -- Key -> last id of it the caller holds, looked up per key walked.
+    txo_upto := CASE WHEN txo_follow_keys IS NOT NULL
+                THEN jsonb_object(txo_follow_keys, txo_follow_upto::text[]) END;
     WITH heads AS (
         SELECT h.key, h.head_id, f.id AS first_id,
+               f.id > h.head_id AND NOT EXISTS (
+                   SELECT 1 FROM {t} p WHERE p.{id} = h.head_id AND p.{status} = 'pending')
+                   AS behind,
                CASE WHEN txo_dead_holds THEN (
                    SELECT min(d.{id}) FROM {t} d
                    WHERE d.{key} = h.key AND d.{status} = 'dead' AND d.{id} > f.id)
@@ -261,17 +290,22 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
             WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
+              AND NOT (r.{id} <= coalesce((txo_upto ->> h.key)::bigint, 0)
+                       AND r.{leased_by} IS NOT DISTINCT FROM txo_owner
+                       AND r.{available_at} > txo_now)
             ORDER BY r.{id} LIMIT 1) f
         WHERE h.head_id IS NOT NULL AND f.ok
           AND NOT (txo_dead_holds AND {dead_before_first})
         ORDER BY h.head_id LIMIT txo_batch),
     bound AS (
-        SELECT CASE WHEN count(*) >= txo_batch THEN max(head_id) END AS max_id FROM heads),
+        SELECT CASE WHEN count(*) >= txo_batch THEN
+                   CASE WHEN txo_upto IS NOT NULL THEN max(first_id) ELSE max(head_id) END
+               END AS max_id FROM heads),
     keyed AS (
         SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
         FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
             SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
-            WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.head_id
+            WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.first_id
               AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
               AND s.{id} < coalesce(h.dead_after, 9223372036854775807)
             ORDER BY s.{id} LIMIT txo_batch) s),
@@ -283,7 +317,7 @@ BEGIN
         (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
         ORDER BY 1 LIMIT txo_batch)
     SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
-           (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h WHERE h.first_id > h.head_id)
+           (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h WHERE h.behind)
     INTO txo_chosen, txo_behind;
     IF cardinality(txo_behind) > 0 THEN
         -- Heads left behind (an answer skipped them while a producer held them): this

@@ -49,9 +49,9 @@ use super::columns::{check_live_columns, insert_row, InsertPayload};
 use super::ident::Ident;
 use super::{
     in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
-    SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT,
-    PURGE_BATCH,
+    HeldKeys, Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
+    RetryPolicy, SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions,
+    ACQUIRE_TIMEOUT, PURGE_BATCH,
 };
 
 /// Longest statement of a relay session (the DDL of `create_schema` is exempt).
@@ -284,7 +284,20 @@ impl Storage for PostgresStorage {
         fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
     )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        self.claim_rows(request).await
+        self.claim_rows(request, None).await
+    }
+
+    #[tracing::instrument(
+        name = "storage.claim_ahead",
+        skip_all,
+        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
+    )]
+    async fn claim_ahead(
+        &self,
+        request: ClaimRequest<'_>,
+        held: &HeldKeys,
+    ) -> StorageResult<Claimed> {
+        self.claim_rows(request, Some(held)).await
     }
 
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {

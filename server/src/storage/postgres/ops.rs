@@ -18,12 +18,21 @@ use crate::storage::dead::{self, DeadCountRow, FilterValue};
 use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::rows::attempts;
 use crate::storage::{
-    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, MessageId,
-    NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicFilter,
+    ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, FailureDecision, HeldKeys,
+    MessageId, NackRequest, NackResult, RetryPolicy, SortedIds, StorageResult, TopicFilter,
 };
 
 impl PostgresStorage {
-    pub(super) async fn claim_rows(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+    /// The claim; with `ahead`, a strict claim follows the owner's own leases of those
+    /// keys (see [`crate::storage::Storage::claim_ahead`]), except under
+    /// `dead_letter_holds_key`, whose check for a dead row before a key's first row would
+    /// have to look behind the owner's rows too.
+    pub(super) async fn claim_rows(
+        &self,
+        request: ClaimRequest<'_>,
+        ahead: Option<&HeldKeys>,
+    ) -> StorageResult<Claimed> {
+        let ahead = ahead.filter(|_| !self.options.dead_holds_key());
         let err = || self.error("claim");
         let max_attempts = i32::try_from(request.max_attempts).unwrap_or(i32::MAX);
         let delay = (!self.options.visibility_delay.is_zero())
@@ -44,7 +53,9 @@ impl PostgresStorage {
                 .bind(delay)
                 .bind(max_attempts)
                 .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
-                .bind(self.options.dead_holds_key()),
+                .bind(self.options.dead_holds_key())
+                .bind(ahead.map(|held| &held.keys[..]))
+                .bind(ahead.map(|held| &held.last_ids[..])),
             None => {
                 let statement = self.sql.claim(topics.clause(), request.batch_size);
                 let mut query = sqlx::query(statement)

@@ -211,7 +211,7 @@ impl Statements {
         let functions = if shape.strict_ordering {
             vec![
                 format!(
-                    "{}(text,interval,integer,text[],interval,integer,text[],boolean)",
+                    "{}(text,interval,integer,text[],interval,integer,text[],boolean,text[],bigint[])",
                     objects.claim_function
                 ),
                 format!("{}(text[])", objects.advance_function),
@@ -312,7 +312,7 @@ impl Statements {
                 claim: format!(
                     "SELECT txo_id AS id, txo_spent AS spent, \
                      txo_lease_expires_at AS lease_expires_at \
-                     FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
+                     FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
                     objects.claim_function
                 ),
                 advance: format!("SELECT {}($1)", objects.advance_function),
