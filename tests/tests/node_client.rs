@@ -226,14 +226,7 @@ async fn node_subscriber_answers_what_it_holds_during_a_drain_then_reconnects() 
 async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
-    let mut ids = Vec::new();
-    for n in 0..3 {
-        let payload = format!("held {n}");
-        ids.push(
-            db.insert("orders.created", Some("k"), payload.as_bytes())
-                .await,
-        );
-    }
+    let ids = insert_one_key(&db, 3).await;
 
     // Slow enough that the first publish is still in progress when SIGTERM arrives, on a
     // busy machine too; a short lease, extended every third of it while the script holds
@@ -299,14 +292,7 @@ async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_th
 async fn node_subscriber_starved_while_stopping_still_delivers_its_last_ack() {
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
-    let mut ids = Vec::new();
-    for n in 0..2 {
-        let payload = format!("held {n}");
-        ids.push(
-            db.insert("orders.created", Some("k"), payload.as_bytes())
-                .await,
-        );
-    }
+    let ids = insert_one_key(&db, 2).await;
     let args = ["--publish-delay-ms", "6000", "--lease-ms", "12000"];
     let child = spawn(&server.address, &args);
     let pid = child.id().expect("running").to_string();
@@ -382,6 +368,19 @@ fn signal(pid: &str, signal: &str) {
         .status()
         .unwrap();
     assert!(kill.success(), "kill {signal} {pid}");
+}
+
+/// `count` rows of key `k`, payloads `held 0`, `held 1`...
+async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let payload = format!("held {n}");
+        ids.push(
+            db.insert("orders.created", Some("k"), payload.as_bytes())
+                .await,
+        );
+    }
+    ids
 }
 
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
