@@ -15,7 +15,8 @@
 // - on `draining` (the server is shutting down) takes nothing new and answers what it
 //   holds; when the stream ends or breaks, reconnects with exponential backoff;
 // - on SIGINT/SIGTERM closes the window (`set_window(0)`), finishes the publish in
-//   progress, releases the rest untried (their attempt is refunded) and ends the stream.
+//   progress, releases the rest untried (their attempt is refunded) and half-closes the
+//   stream; it exits once the server has ended it, after settling every answer sent.
 //
 //   client/node/subscribe --server 127.0.0.1:7411 --outbox orders --subscriber node-example
 //
@@ -126,11 +127,17 @@ async function publish(message, answer, delayMs) {
 function subscribeOnce(client, args, state) {
   return new Promise((resolve) => {
     const call = client.Subscribe();
-    const send = (request) => call.write(request);
     let leaseMs = args.leaseMs;
     let draining = false;
     let closing = false;
+    let halfClosed = false;
     let ended = false;
+    // A write after `call.end()` does not just fail: Node destroys the call, and with it
+    // the writes still buffered (the last ack, the half-close), which then never reach
+    // the server. So nothing is sent once the stream is half-closed.
+    const send = (request) => {
+      if (!halfClosed) call.write(request);
+    };
     const held = new Map(); // id -> message, everything received and not yet answered
     const queue = []; // batches waiting to be published, in order
     let working = false;
@@ -143,6 +150,15 @@ function subscribeOnce(client, args, state) {
       state.current = null;
       resolve(outcome);
     };
+    // Our side is done: no more answers (the lease timer stops too). The server applies
+    // and settles what was sent, gives back anything else, then ends the stream: only
+    // then ('end') does the script go on, so its last answers are never cut off.
+    const halfClose = () => {
+      if (halfClosed) return;
+      halfClosed = true;
+      clearInterval(leaseTimer);
+      call.end();
+    };
     const close = (why) => {
       if (closing) return;
       closing = true;
@@ -152,7 +168,9 @@ function subscribeOnce(client, args, state) {
       queue.length = 0;
       const untouched = [...held.keys()].filter((id) => id !== state.publishing);
       if (untouched.length) send({ release: { ids: untouched } });
-      if (state.publishing === null) call.end();
+      // Given back: no longer ours to extend (their extension would only come back fenced).
+      for (const id of untouched) held.delete(id);
+      if (state.publishing === null) halfClose();
     };
     state.current = { close };
 
@@ -203,7 +221,7 @@ function subscribeOnce(client, args, state) {
         }
       }
       working = false;
-      if (closing && !ended) call.end();
+      if (closing && !ended) halfClose();
     };
 
     call.on('data', (response) => {

@@ -226,14 +226,7 @@ async fn node_subscriber_answers_what_it_holds_during_a_drain_then_reconnects() 
 async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
-    let mut ids = Vec::new();
-    for n in 0..3 {
-        let payload = format!("held {n}");
-        ids.push(
-            db.insert("orders.created", Some("k"), payload.as_bytes())
-                .await,
-        );
-    }
+    let ids = insert_one_key(&db, 3).await;
 
     // Slow enough that the first publish is still in progress when SIGTERM arrives, on a
     // busy machine too; a short lease, extended every third of it while the script holds
@@ -251,28 +244,13 @@ async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_th
         (held == 3).then_some(())
     })
     .await;
-    let lease_end = || async {
-        let query = format!(
-            "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
-            db.schema
-        );
-        sqlx::query_scalar::<_, f64>(&query)
-            .bind(ids[0])
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-    };
-    let claimed_until = lease_end().await;
+    let claimed_until = lease_end(&db, ids[0]).await;
     eventually("a lease extended by the script", DEADLINE, || async {
-        (lease_end().await > claimed_until).then_some(())
+        (lease_end(&db, ids[0]).await > claimed_until).then_some(())
     })
     .await;
     let pid = child.id().expect("running").to_string();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(kill.success());
+    signal(&pid, "-TERM");
     let (lines, stderr) = run_to_end(child).await;
 
     assert_eq!(lines.len(), 1, "published after SIGTERM: {lines:#?}");
@@ -296,6 +274,61 @@ async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_th
     db.drop().await;
 }
 
+/// The stop above when the script is starved of CPU (as under a busy test run): the end of
+/// the publish in progress and the next lease extension fall due in the same turn of
+/// Node's event loop. The script sends its ack, half-closes the stream, and must then
+/// send nothing more: an extension written after the half-close made Node destroy the
+/// call with the ack and the half-close still buffered, the script exited (code 0,
+/// "stopped"), and the server saw a broken stream and gave the published row back.
+///
+/// SIGSTOP makes the starvation exact. Extensions run every 4 s (a third of the 12 s
+/// lease) from `subscribed`, the publish takes 6 s from the batch: the first extension
+/// (seen in the database) proves the script holds the batch; SIGTERM and SIGSTOP follow
+/// within the 2 s before the publish ends; SIGCONT comes once the publish and the second
+/// extension are both overdue, the publish first (unless the batch came 2 s after
+/// `subscribed`). A machine too slow for those margins makes the test pass without
+/// reaching the race, never fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_subscriber_starved_while_stopping_still_delivers_its_last_ack() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_one_key(&db, 2).await;
+    let args = ["--publish-delay-ms", "6000", "--lease-ms", "12000"];
+    let child = spawn(&server.address, &args);
+    let pid = child.id().expect("running").to_string();
+    eventually("the first row claimed", SCRIPT_TIMEOUT, || async {
+        (db.row(ids[0]).await.1 == 1).then_some(())
+    })
+    .await;
+    let claimed_until = lease_end(&db, ids[0]).await;
+    eventually("the first lease extension", DEADLINE, || async {
+        (lease_end(&db, ids[0]).await > claimed_until).then_some(())
+    })
+    .await;
+    let extended = tokio::time::Instant::now();
+    signal(&pid, "-TERM");
+    eventually("the second row released", DEADLINE, || async {
+        (db.row(ids[1]).await == ("pending".to_owned(), 0, None)).then_some(())
+    })
+    .await;
+    signal(&pid, "-STOP");
+    // Not a wait for a condition: the time the script spends stopped is the stimulus.
+    tokio::time::sleep_until(extended + Duration::from_millis(4500)).await;
+    signal(&pid, "-CONT");
+    let (lines, stderr) = run_to_end(child).await;
+
+    assert_eq!(lines.len(), 1, "published after SIGTERM: {lines:#?}");
+    assert_eq!(lines[0]["id"], json!(ids[0]));
+    assert!(stderr.contains("stopped"), "{stderr}");
+    assert_eq!(
+        db.row(ids[0]).await,
+        ("done".to_owned(), 1, None),
+        "the ack sent before the script exited was applied"
+    );
+    assert_eq!(db.row(ids[1]).await, ("pending".to_owned(), 0, None));
+    db.drop().await;
+}
+
 #[tokio::test]
 async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     let nobody = ["--connect-timeout", "1"];
@@ -312,6 +345,42 @@ async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
         "{stderr}"
     );
     db.drop().await;
+}
+
+/// When the row's lease runs out (or, not leased, when it becomes claimable), in epoch
+/// seconds: a lease extension moves it on.
+async fn lease_end(db: &TestDb, id: i64) -> f64 {
+    let query = format!(
+        "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
+        db.schema
+    );
+    sqlx::query_scalar(&query)
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// `kill SIGNAL PID`, e.g. `-TERM`.
+fn signal(pid: &str, signal: &str) {
+    let kill = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap();
+    assert!(kill.success(), "kill {signal} {pid}");
+}
+
+/// `count` rows of key `k`, payloads `held 0`, `held 1`...
+async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let payload = format!("held {n}");
+        ids.push(
+            db.insert("orders.created", Some("k"), payload.as_bytes())
+                .await,
+        );
+    }
+    ids
 }
 
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
