@@ -116,32 +116,6 @@ async fn pools_run_without_jit() {
     assert_eq!(jit, "off");
 }
 
-/// The strict claim function plans its statements once per session instead of on every
-/// call (planning was about 40 % of a claim of a few new rows, issue 16): the table's DDL
-/// makes it with `plan_cache_mode = force_generic_plan`.
-#[tokio::test]
-async fn the_claim_function_runs_with_generic_plans() {
-    let backend = PgBackend::new().await;
-    let _storage = backend.open(Setup::default()).await;
-    let mut conn = PgConnection::connect(&url()).await.unwrap();
-    let settings: Vec<(String, Option<Vec<String>>)> = sqlx::query_as(
-        "SELECT p.proname::text, p.proconfig FROM pg_proc p \
-         JOIN pg_namespace n ON n.oid = p.pronamespace \
-         WHERE n.nspname = $1 AND p.proname LIKE '%\\_txo\\_claim\\_%'",
-    )
-    .bind(&backend.schema)
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(
-        settings,
-        [(
-            "outbox_txo_claim_v4".to_owned(),
-            Some(vec!["plan_cache_mode=force_generic_plan".to_owned()])
-        )]
-    );
-}
-
 /// `databases.NAME.synchronous_commit` reaches the relay's sessions: `off` by default,
 /// what is configured otherwise, whatever the URL's own options say.
 #[tokio::test]

@@ -49,14 +49,11 @@
 //! claimable or settled. The function returns ids only (the messages are read after it
 //! committed), so a slow reader never holds the lock either.
 //!
-//! The claim function runs its statements with generic plans (`SET plan_cache_mode =
-//! force_generic_plan`). Left to choose, PostgreSQL kept planning them afresh on every
-//! call (as slow as forcing custom plans), and that planning was about 40 % of a claim of
-//! a few new rows: 1.0 -> 0.6 ms per claim in pgbench on a busy machine, the biggest
-//! stage of the commit-to-receive latency (issue 16, BENCHMARKS.md). What the statements take as values sits in filters and `LIMIT`s, not
-//! in the index conditions, so the generic plan walks the same indexes; a claim of 100 at
-//! 1,000,000 pending rows costs the same either way (`txoutbox-bench --only claim-cost`
-//! measures it).
+//! The claim function lets PostgreSQL choose custom or generic plans for its statements.
+//! Forcing generic plans (`plan_cache_mode = force_generic_plan`) made a claim of a few
+//! new rows about 40 % cheaper in pgbench, but cut the 1,000-key strict drain from about
+//! 10,000 to 3,900 msg/s in the full benchmark (the generic key-heads walk is far worse
+//! for a full batch), so it was backed out (BENCHMARKS.md, issue 16).
 
 use super::sql::{literal, LOCK_CLASS_CLAIM};
 use crate::storage::blocked;
@@ -261,7 +258,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean,
     txo_follow_keys text[], txo_follow_upto bigint[])
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+LANGUAGE plpgsql AS $$
 DECLARE
     txo_now timestamptz;
     txo_chosen bigint[];
