@@ -70,8 +70,11 @@ use crate::storage::names::Names;
 /// `v2`: paused topics (a seventh argument) are not claimed. `v3`: with an eighth argument
 /// true (`dead_letter_holds_key`), a dead row holds back its key's later rows. `v4`: with
 /// a ninth and tenth argument (keys, and an id per key), a key whose first rows the owner
-/// itself holds up to that id is extended past them (see [`claim`]).
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v4";
+/// itself holds up to that id is extended past them (see [`claim`]). `v5`: the same
+/// arguments and rows, with statements PostgreSQL plans once per session and no hash of the
+/// backlog (see the module docs); a new name so a server still on `v4`, restarting during
+/// a rolling upgrade, does not put the old body back under this server.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v5";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// The batch sizes the claim function has a statement of its own for: a batch takes the
