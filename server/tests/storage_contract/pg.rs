@@ -324,6 +324,41 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
     assert!(keys.iter().all(|k| *k != "hot"));
 }
 
+/// The strict claim function has a statement per batch size bound (`heads.rs`,
+/// `CLAIM_CAPS`: 16, 128, 1024, then the batch size itself): each takes the batch asked
+/// for, the oldest rows first, on either side of every bound, across keys and along one
+/// key's run, and again once PostgreSQL caches its plans (from a session's sixth call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_strict_claim_takes_the_batch_asked_for_at_every_size() {
+    let backend = PgBackend::new().await;
+    let storage = backend.open(Setup::default()).await;
+    let table = backend.qualified();
+    let sizes = [1_u32, 16, 17, 128, 129, 1024, 1025, 3, 3, 3, 3, 3, 3, 3];
+    let rows: u32 = sizes.iter().sum();
+    // A key per row (every tenth row keyless), then as many rows of one key.
+    backend
+        .execute(&format!(
+            "INSERT INTO {table} (topic, key, payload) \
+             SELECT 't', CASE WHEN g % 10 = 0 THEN NULL ELSE 'k' || g END, 'x' \
+             FROM generate_series(1, {rows}) g; \
+             INSERT INTO {table} (topic, key, payload) \
+             SELECT 't', 'hot', 'x' FROM generate_series(1, {rows}) g"
+        ))
+        .await;
+    let mut next = 1;
+    for round in ["a key per row", "one key"] {
+        for size in sizes {
+            let taken = ids(&claim(&*storage, "w", size, LEASE).await);
+            assert_eq!(taken.len(), size as usize, "{round}: batch of {size}");
+            let expected: Vec<MessageId> = (next..next + MessageId::from(size)).collect();
+            assert_eq!(taken, expected, "{round}: batch of {size}");
+            next += MessageId::from(size);
+            // Acked, so the hot key's next rows are free for the next claim.
+            storage.ack(&taken.into(), "w").await.unwrap();
+        }
+    }
+}
+
 /// A strict table's blocked keys come from its key-heads table: the same keys as the scan
 /// of a table without heads, oldest head first, paged by head id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -49,11 +49,17 @@
 //! claimable or settled. The function returns ids only (the messages are read after it
 //! committed), so a slow reader never holds the lock either.
 //!
-//! The claim function lets PostgreSQL choose custom or generic plans for its statements.
-//! Forcing generic plans (`plan_cache_mode = force_generic_plan`) made a claim of a few
-//! new rows about 40 % cheaper in pgbench, but cut the 1,000-key strict drain from about
-//! 10,000 to 3,900 msg/s in the full benchmark (the generic key-heads walk is far worse
-//! for a full batch), so it was backed out (BENCHMARKS.md, issue 16).
+//! The claim function's statements run cached (generic) plans, planned once per session
+//! rather than on every call (issue 16; BENCHMARKS.md has the counts). The choice of rows
+//! gets them from PostgreSQL's own rule, once every part of it is bounded by a literal near
+//! the batch size (see [`CLAIM_CAPS`]); the lock and the update of the chosen rows are
+//! told to use them (see the claim). The check for a head left behind is a scalar
+//! subquery: as `NOT EXISTS` PostgreSQL could run it as a hash of every pending row,
+//! planned for all the heads the walk might visit, and it runs whenever a key's first row
+//! walked is past its head, as in every claim that follows the owner's own rows. Such a
+//! claim read the whole backlog (about 60 ms at 200,000 pending rows, with custom plans
+//! too), and forcing generic plans on the earlier version made the 1,000-key strict drain
+//! 3x slower through it.
 
 use super::sql::{literal, LOCK_CLASS_CLAIM};
 use crate::storage::blocked;
@@ -64,10 +70,25 @@ use crate::storage::names::Names;
 /// `v2`: paused topics (a seventh argument) are not claimed. `v3`: with an eighth argument
 /// true (`dead_letter_holds_key`), a dead row holds back its key's later rows. `v4`: with
 /// a ninth and tenth argument (keys, and an id per key), a key whose first rows the owner
-/// itself holds up to that id is extended past them (see [`claim`]).
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v4";
+/// itself holds up to that id is extended past them (see [`claim`]). `v5`: the same
+/// arguments and rows, with statements PostgreSQL plans once per session and no hash of the
+/// backlog (see the module docs); a new name so a server still on `v4`, restarting during
+/// a rolling upgrade, does not put the old body back under this server.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v5";
 /// Suffix of the function that moves heads on (see [`advance`]).
 pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
+/// The batch sizes the claim function has a statement of its own for: a batch takes the
+/// first at or above it (past the last, the statement limited by the batch size itself).
+/// Each statement bounds its parts (the key-heads walk, each key's run, the keyless rows)
+/// by the literal, and only then by the batch size. That is for the plan cache, as in the
+/// non-strict claim (`sql::claim`): limited by a variable only, a generic plan has to
+/// assume it takes a tenth of what it could, so PostgreSQL planned the statement anew on
+/// every call of a full batch (0.9-1.1 ms of a 4.5 ms claim of 100 rows over 1,000 keys,
+/// issue 16). Bounded by a literal near the batch, the generic plan walks the same indexes
+/// as the custom ones and is chosen from the sixth call of a session on. Each cap is eight
+/// times the one before: a relay's claims ask for between half its `max_batch_size` and
+/// all of it, so a session uses one or two of the statements.
+const CLAIM_CAPS: [u32; 3] = [16, 128, 1024];
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
 const HEADS_REPAIRED_BY_AN_EMPTY_CLAIM: u32 = 16;
 
@@ -252,6 +273,64 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     // comparison (not `IS NULL OR ...`), so it is part of the index condition. When
     // following the owner's rows, a key's run starts at its first row past the owner's own (`first_id`),
     // so the cut is the last of those: every key of the set keeps at least its first row.
+    // The choice of rows, for a batch of at most `cap` (a literal, or `txo_batch` past
+    // the largest of [`CLAIM_CAPS`]; see there for why). `behind` is a scalar subquery,
+    // not `NOT EXISTS`: see the module docs.
+    let choose = |cap: &str| {
+        format!(
+            "        WITH heads AS (
+            SELECT * FROM (SELECT h.key, h.head_id, f.id AS first_id,
+                   CASE WHEN txo_dead_holds THEN (
+                       SELECT min(d.{id}) FROM {t} d
+                       WHERE d.{key} = h.key AND d.{status} = 'dead' AND d.{id} > f.id)
+                   END AS dead_after
+            FROM {heads} h
+            CROSS JOIN LATERAL (
+                SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
+                WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
+                  AND NOT (r.{id} <= coalesce((txo_upto ->> h.key)::bigint, 0)
+                           AND r.{leased_by} IS NOT DISTINCT FROM txo_owner
+                           AND r.{available_at} > txo_now)
+                ORDER BY r.{id} LIMIT 1) f
+            WHERE h.head_id IS NOT NULL AND f.ok
+              AND NOT (txo_dead_holds AND {dead_before_first})
+            ORDER BY h.head_id LIMIT {cap}) w LIMIT txo_batch),
+        bound AS (
+            SELECT CASE WHEN count(*) >= txo_batch THEN
+                       CASE WHEN txo_upto IS NOT NULL THEN max(first_id) ELSE max(head_id) END
+                   END AS max_id FROM heads),
+        keyed AS (
+            SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
+            FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
+                SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
+                WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.first_id
+                  AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
+                  AND s.{id} < coalesce(h.dead_after, 9223372036854775807)
+                ORDER BY s.{id} LIMIT {cap}) s),
+        keyless AS (
+            SELECT o.{id} AS id FROM {t} o
+            WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok}
+            ORDER BY o.{id} LIMIT {cap}),
+        chosen AS (
+            (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
+            ORDER BY 1 LIMIT txo_batch)
+        SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
+               (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h
+                WHERE h.first_id > h.head_id
+                  AND (SELECT true FROM {t} p
+                       WHERE p.{id} = h.head_id AND p.{status} = 'pending' LIMIT 1) IS NULL)
+        INTO txo_chosen, txo_behind;\n"
+        )
+    };
+    let mut branches = String::new();
+    for cap in CLAIM_CAPS {
+        let keyword = if branches.is_empty() { "IF" } else { "ELSIF" };
+        branches += &format!(
+            "    {keyword} txo_batch <= {cap} THEN\n{}",
+            choose(&cap.to_string())
+        );
+    }
+    let choose = format!("{branches}    ELSE\n{}    END IF;\n", choose("txo_batch"));
     format!(
         "CREATE OR REPLACE FUNCTION {claim_function}(
     txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
@@ -267,6 +346,7 @@ DECLARE
     txo_spent_keys text[];
     txo_behind text[];
     txo_upto jsonb;
+    txo_plans text;
 BEGIN
     PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
     -- After the lock: the claim before this one may have waited as long.
@@ -274,49 +354,7 @@ BEGIN
     -- Key -> last id of it the caller holds, looked up per key walked.
     txo_upto := CASE WHEN txo_follow_keys IS NOT NULL
                 THEN jsonb_object(txo_follow_keys, txo_follow_upto::text[]) END;
-    WITH heads AS (
-        SELECT h.key, h.head_id, f.id AS first_id,
-               f.id > h.head_id AND NOT EXISTS (
-                   SELECT 1 FROM {t} p WHERE p.{id} = h.head_id AND p.{status} = 'pending')
-                   AS behind,
-               CASE WHEN txo_dead_holds THEN (
-                   SELECT min(d.{id}) FROM {t} d
-                   WHERE d.{key} = h.key AND d.{status} = 'dead' AND d.{id} > f.id)
-               END AS dead_after
-        FROM {heads} h
-        CROSS JOIN LATERAL (
-            SELECT r.{id} AS id, {head_ok} AS ok FROM {t} r
-            WHERE r.{key} = h.key AND r.{status} = 'pending' AND r.{id} >= h.head_id
-              AND NOT (r.{id} <= coalesce((txo_upto ->> h.key)::bigint, 0)
-                       AND r.{leased_by} IS NOT DISTINCT FROM txo_owner
-                       AND r.{available_at} > txo_now)
-            ORDER BY r.{id} LIMIT 1) f
-        WHERE h.head_id IS NOT NULL AND f.ok
-          AND NOT (txo_dead_holds AND {dead_before_first})
-        ORDER BY h.head_id LIMIT txo_batch),
-    bound AS (
-        SELECT CASE WHEN count(*) >= txo_batch THEN
-                   CASE WHEN txo_upto IS NOT NULL THEN max(first_id) ELSE max(head_id) END
-               END AS max_id FROM heads),
-    keyed AS (
-        SELECT s.id, bool_and(s.ok) OVER (PARTITION BY s.key ORDER BY s.id) AS ok
-        FROM heads h CROSS JOIN bound b CROSS JOIN LATERAL (
-            SELECT s.{id} AS id, s.{key} AS key, {row_ok} AS ok FROM {t} s
-            WHERE s.{key} = h.key AND s.{status} = 'pending' AND s.{id} >= h.first_id
-              AND s.{id} <= coalesce(b.max_id, 9223372036854775807)
-              AND s.{id} < coalesce(h.dead_after, 9223372036854775807)
-            ORDER BY s.{id} LIMIT txo_batch) s),
-    keyless AS (
-        SELECT o.{id} AS id FROM {t} o
-        WHERE o.{status} = 'pending' AND o.{key} IS NULL AND {keyless_ok}
-        ORDER BY o.{id} LIMIT txo_batch),
-    chosen AS (
-        (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
-        ORDER BY 1 LIMIT txo_batch)
-    SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
-           (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h WHERE h.behind)
-    INTO txo_chosen, txo_behind;
-    IF cardinality(txo_behind) > 0 THEN
+{choose}    IF cardinality(txo_behind) > 0 THEN
         -- Heads left behind (an answer skipped them while a producer held them): this
         -- claim walked past finished rows to reach their first pending row. Move them on.
         PERFORM {advance_function}(txo_behind);
@@ -328,6 +366,12 @@ BEGIN
             SELECT h.key FROM {heads} h WHERE h.head_id IS NOT NULL
             ORDER BY h.head_id LIMIT {repaired}));
     ELSE
+        -- Generic plans for the lock and the update: planned for the ids they are given,
+        -- a few new rows look cheaper than the generic plan's guess of ten, so PostgreSQL
+        -- would plan both afresh on every call. The plans are the same either way (the
+        -- primary key, probed per id). The setting is put back before anything else runs.
+        txo_plans := current_setting('plan_cache_mode');
+        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         -- Lock what was chosen and look again: an answer may have committed meanwhile.
         -- A key's row is kept only while every chosen row before it is kept or settled
         -- (with `dead_holds`, settled as delivered: a row dead now holds the rest back).
@@ -352,6 +396,7 @@ BEGIN
         UPDATE {t} o SET {leased_by} = txo_owner, {attempts} = o.{attempts} + 1,
             {available_at} = txo_now + txo_lease
         WHERE o.{id} = ANY(txo_take);
+        PERFORM set_config('plan_cache_mode', txo_plans, true);
         IF cardinality(txo_spend) > 0 THEN
             WITH spent AS (
                 UPDATE {t} o SET {status} = 'dead', {processed_at} = txo_now,
