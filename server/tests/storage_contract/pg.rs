@@ -327,7 +327,7 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
 /// The strict claim function has a statement per batch size bound (`heads.rs`,
 /// `CLAIM_CAPS`: 16, 128, 1024, then the batch size itself): each takes the batch asked
 /// for, the oldest rows first, on either side of every bound, across keys and along one
-/// key's run, and again once PostgreSQL caches its plans (from a session's sixth call).
+/// key's run, and again once the session has cached its plans.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_strict_claim_takes_the_batch_asked_for_at_every_size() {
     let backend = PgBackend::new().await;
@@ -524,6 +524,98 @@ async fn the_keyless_claim_runs_a_cached_generic_plan() {
         (15, 5),
         "(generic, custom) plans of 20 claims"
     );
+}
+
+/// A session's cached plans outlive the table size they were made for: the claims, reads
+/// and acks of a session that began on a table of a few rows still probe the indexes
+/// once the table is large (20,000 delivered rows kept, and on a strict table 20,000
+/// pending rows of a key leased elsewhere, which hold the key back). Before the relay's sessions ran with `enable_seqscan = off`, the lock,
+/// the update and the read of every strict claim scanned the whole table from then on.
+/// Counted by the table's statistics: no sequential scan, and index reads near the rows
+/// handed out, not near the table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_made_on_a_small_table_probe_its_indexes_once_it_is_large() {
+    for strict_ordering in [true, false] {
+        let backend = PgBackend::new().await;
+        let setup = Setup {
+            strict_ordering,
+            ..Setup::default()
+        };
+        // One connection: every statement of the relay runs in the session whose plans
+        // were made early, and the test flushes that session's statistics.
+        let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
+        let storage = PostgresStorage::from_pool(
+            pool.clone(),
+            None,
+            backend.options(&setup),
+            backend.extras(&setup),
+        )
+        .unwrap();
+        storage.ensure_table().await.unwrap();
+        let table = backend.qualified();
+        let round = async |n: usize| {
+            backend
+                .execute(&format!(
+                    "INSERT INTO {table} (topic, key, payload) \
+                     SELECT 't', 'k{n}_' || g, 'x' FROM generate_series(1, 3) g"
+                ))
+                .await;
+            let claimed = claim(&storage, "w", 100, LEASE).await;
+            assert_eq!(claimed.len(), 3, "strict: {strict_ordering}, round {n}");
+            storage.ack(&ids(&claimed).into(), "w").await.unwrap();
+        };
+        // More than the five calls after which PostgreSQL may settle on a generic plan.
+        for n in 0..10 {
+            round(n).await;
+        }
+        // Without strict ordering a claim that finds less than its batch walks the rows
+        // leased elsewhere (`postgres/floor.rs`), so only the strict table gets them.
+        let stuck = if strict_ordering { 20_000 } else { 0 };
+        backend
+            .execute(&format!(
+                "INSERT INTO {table} (topic, key, payload, status, processed_at) \
+                 SELECT 't', 'd' || g, 'x', 'done', now() FROM generate_series(1, 20000) g; \
+                 INSERT INTO {table} (topic, key, payload) \
+                 SELECT 't', 'stuck', 'x' FROM generate_series(1, {stuck}) g; \
+                 UPDATE {table} SET leased_by = 'other', available_at = now() + interval '1 hour' \
+                 WHERE key = 'stuck'"
+            ))
+            .await;
+        let before = scans_of(&pool, &backend).await;
+        for n in 10..15 {
+            round(n).await;
+        }
+        let after = scans_of(&pool, &backend).await;
+        assert_eq!(
+            after.0, before.0,
+            "strict: {strict_ordering}: sequential scans of the table by the relay's session"
+        );
+        let fetched = after.1 - before.1;
+        assert!(
+            fetched < 1_000,
+            "strict: {strict_ordering}: {fetched} rows read through indexes for 15 rows claimed"
+        );
+    }
+}
+
+/// Sequential scans and rows fetched by index scans of the test's table, with the pool's
+/// session's own counts flushed first.
+async fn scans_of(pool: &sqlx::PgPool, backend: &PgBackend) -> (i64, i64) {
+    let mut conn = pool.acquire().await.unwrap();
+    // Flushed when the session next goes idle, that is before the query after it.
+    sqlx::query("SELECT pg_stat_force_next_flush()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_as(
+        "SELECT seq_scan, coalesce(idx_tup_fetch, 0) FROM pg_stat_user_tables \
+         WHERE schemaname = $1 AND relname = $2",
+    )
+    .bind(&backend.schema)
+    .bind(&backend.table)
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
 }
 
 /// PostgreSQL's claim ahead does follow its owner's own rows: what lets a stream hold two

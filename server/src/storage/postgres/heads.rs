@@ -49,11 +49,17 @@
 //! claimable or settled. The function returns ids only (the messages are read after it
 //! committed), so a slow reader never holds the lock either.
 //!
-//! The claim function's statements run cached (generic) plans, planned once per session
-//! rather than on every call (issue 16; BENCHMARKS.md has the counts). The choice of rows
-//! gets them from PostgreSQL's own rule, once every part of it is bounded by a literal near
-//! the batch size (see [`CLAIM_CAPS`]); the lock and the update of the chosen rows are
-//! told to use them (see the claim). The check for a head left behind is a scalar
+//! Both functions run their statements on cached (generic) plans, planned once per session
+//! rather than on every call (`SET plan_cache_mode = force_generic_plan` on the function,
+//! issue 16; BENCHMARKS.md has the counts). Left to PostgreSQL's own rule, a session kept
+//! planning afresh whenever its first few custom plans looked cheaper than the generic
+//! one, which depends on the rows present when the session started: a claim of 5 new rows
+//! then spent 0.32 ms planning its choice of rows, more than the claim itself, and every
+//! ack 0.06 ms planning the move of its heads. A generic plan is only as good as the
+//! statement lets it be: every part of the choice of rows is bounded by a literal near the
+//! batch size (see [`CLAIM_CAPS`]), and the relay's sessions never take a sequential scan
+//! (see `connect_options` in `postgres/mod.rs`), so a plan made while the table was small
+//! still probes the indexes once it is large. The check for a head left behind is a scalar
 //! subquery: as `NOT EXISTS` PostgreSQL could run it as a hash of every pending row,
 //! planned for all the heads the walk might visit, and it runs whenever a key's first row
 //! walked is past its head, as in every claim that follows the owner's own rows. Such a
@@ -73,10 +79,13 @@ use crate::storage::names::Names;
 /// itself holds up to that id is extended past them (see [`claim`]). `v5`: the same
 /// arguments and rows, with statements PostgreSQL plans once per session and no hash of the
 /// backlog (see the module docs); a new name so a server still on `v4`, restarting during
-/// a rolling upgrade, does not put the old body back under this server.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v5";
-/// Suffix of the function that moves heads on (see [`advance`]).
-pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
+/// a rolling upgrade, does not put the old body back under this server. `v6`: the same
+/// arguments and rows, every statement on a generic plan (and `advance` `v2`), for the
+/// same reason a new name.
+pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v6";
+/// Suffix of the function that moves heads on (see [`advance`]), versioned as the claim
+/// function is. `v2`: the same, its statements on generic plans.
+pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v2";
 /// The batch sizes the claim function has a statement of its own for: a batch takes the
 /// first at or above it (past the last, the statement limited by the batch size itself).
 /// Each statement bounds its parts (the key-heads walk, each key's run, the keyless rows)
@@ -85,7 +94,7 @@ pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v1";
 /// assume it takes a tenth of what it could, so PostgreSQL planned the statement anew on
 /// every call of a full batch (0.9-1.1 ms of a 4.5 ms claim of 100 rows over 1,000 keys,
 /// issue 16). Bounded by a literal near the batch, the generic plan walks the same indexes
-/// as the custom ones and is chosen from the sixth call of a session on. Each cap is eight
+/// as the custom ones, and the function runs it (see the module docs). Each cap is eight
 /// times the one before: a relay's claims ask for between half its `max_batch_size` and
 /// all of it, so a session uses one or two of the statements.
 const CLAIM_CAPS: [u32; 3] = [16, 128, 1024];
@@ -181,14 +190,16 @@ fn advance(o: &Objects<'_>, n: &Names) -> String {
     } = n;
     format!(
         "CREATE OR REPLACE FUNCTION {advance_function}(txo_keys text[]) RETURNS void
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     txo_locked text[];
 BEGIN
     SELECT coalesce(array_agg(l.key), '{{}}') INTO txo_locked FROM (
         SELECT h.key FROM {heads} h
         WHERE h.key = ANY(txo_keys) AND h.head_id IS NOT NULL
-          AND NOT EXISTS (SELECT 1 FROM {t} o WHERE o.{id} = h.head_id AND o.{status} = 'pending')
+          -- The head row's status, probed by primary key: as `NOT EXISTS` (a pending row
+          -- of that id) PostgreSQL could join the heads to a scan of every pending row.
+          AND (SELECT o.{status} FROM {t} o WHERE o.{id} = h.head_id) IS DISTINCT FROM 'pending'
         ORDER BY h.key FOR UPDATE SKIP LOCKED) l;
     IF cardinality(txo_locked) > 0 THEN
         -- A statement of its own: its snapshot holds every row committed before the locks.
@@ -337,7 +348,7 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
     txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean,
     txo_follow_keys text[], txo_follow_upto bigint[])
 RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     txo_now timestamptz;
     txo_chosen bigint[];
@@ -346,7 +357,6 @@ DECLARE
     txo_spent_keys text[];
     txo_behind text[];
     txo_upto jsonb;
-    txo_plans text;
 BEGIN
     PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
     -- After the lock: the claim before this one may have waited as long.
@@ -366,12 +376,6 @@ BEGIN
             SELECT h.key FROM {heads} h WHERE h.head_id IS NOT NULL
             ORDER BY h.head_id LIMIT {repaired}));
     ELSE
-        -- Generic plans for the lock and the update: planned for the ids they are given,
-        -- a few new rows look cheaper than the generic plan's guess of ten, so PostgreSQL
-        -- would plan both afresh on every call. The plans are the same either way (the
-        -- primary key, probed per id). The setting is put back before anything else runs.
-        txo_plans := current_setting('plan_cache_mode');
-        PERFORM set_config('plan_cache_mode', 'force_generic_plan', true);
         -- Lock what was chosen and look again: an answer may have committed meanwhile.
         -- A key's row is kept only while every chosen row before it is kept or settled
         -- (with `dead_holds`, settled as delivered: a row dead now holds the rest back).
@@ -396,7 +400,6 @@ BEGIN
         UPDATE {t} o SET {leased_by} = txo_owner, {attempts} = o.{attempts} + 1,
             {available_at} = txo_now + txo_lease
         WHERE o.{id} = ANY(txo_take);
-        PERFORM set_config('plan_cache_mode', txo_plans, true);
         IF cardinality(txo_spend) > 0 THEN
             WITH spent AS (
                 UPDATE {t} o SET {status} = 'dead', {processed_at} = txo_now,

@@ -131,6 +131,7 @@ impl PostgresStorage {
         let err = || self.error("nack");
         let ids: Vec<MessageId> = nacks.iter().map(|nack| nack.id).collect();
         let held: Vec<(MessageId, i32, Option<String>)> = sqlx::query_as(&self.sql.nack_held)
+            .persistent(false)
             .bind(&ids)
             .bind(owner)
             .fetch_all(&self.pool)
@@ -163,6 +164,7 @@ impl PostgresStorage {
             Vec::new()
         } else {
             sqlx::query_as(&self.sql.nack_apply)
+                .persistent(false)
                 .bind(&apply.ids)
                 .bind(&apply.attempts)
                 .bind(&apply.delays)
