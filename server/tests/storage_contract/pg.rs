@@ -3,7 +3,7 @@
 use super::keyless::claims_until_claimed;
 use super::pg_backend::*;
 use super::*;
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Executor};
 use txoutbox_server::storage::postgres::{lazy_pool, PostgresStorage, SynchronousCommit};
 use txoutbox_server::storage::StorageError;
@@ -479,6 +479,21 @@ async fn a_keyless_row_committed_after_a_higher_id_was_claimed_is_claimed_while_
     claims_until_claimed(&*storage, late).await;
 }
 
+/// A storage on a pool of one connection, its table made: every statement runs in one
+/// session, so a test can read that session's plan counts and statistics through `pool`.
+async fn one_session_storage(backend: &PgBackend, setup: &Setup) -> (PgPool, PostgresStorage) {
+    let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
+    let storage = PostgresStorage::from_pool(
+        pool.clone(),
+        None,
+        backend.options(setup),
+        backend.extras(setup),
+    )
+    .unwrap();
+    storage.ensure_table().await.unwrap();
+    (pool, storage)
+}
+
 /// The keyless claim is planned once per connection, not at every call: from the sixth
 /// call on, PostgreSQL runs its cached generic plan (`sql::claim`: planning it cost
 /// 0.25 ms a claim, 2-3 µs a message, when its only limit was the batch parameter).
@@ -490,15 +505,7 @@ async fn the_keyless_claim_runs_a_cached_generic_plan() {
         ..Setup::default()
     };
     // One connection: the test reads the plan counts of the claim's own session.
-    let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
-    let storage = PostgresStorage::from_pool(
-        pool.clone(),
-        None,
-        backend.options(&setup),
-        backend.extras(&setup),
-    )
-    .unwrap();
-    storage.ensure_table().await.unwrap();
+    let (pool, storage) = one_session_storage(&backend, &setup).await;
     backend
         .execute(&format!(
             "INSERT INTO {} (topic, payload) SELECT 't', 'p' FROM generate_series(1, 50000)",
@@ -543,15 +550,7 @@ async fn plans_made_on_a_small_table_probe_its_indexes_once_it_is_large() {
         };
         // One connection: every statement of the relay runs in the session whose plans
         // were made early, and the test flushes that session's statistics.
-        let pool = lazy_pool(&url(), 1, SynchronousCommit::default()).unwrap();
-        let storage = PostgresStorage::from_pool(
-            pool.clone(),
-            None,
-            backend.options(&setup),
-            backend.extras(&setup),
-        )
-        .unwrap();
-        storage.ensure_table().await.unwrap();
+        let (pool, storage) = one_session_storage(&backend, &setup).await;
         let table = backend.qualified();
         let round = async |n: usize| {
             backend
@@ -600,7 +599,7 @@ async fn plans_made_on_a_small_table_probe_its_indexes_once_it_is_large() {
 
 /// Sequential scans and rows fetched by index scans of the test's table, with the pool's
 /// session's own counts flushed first.
-async fn scans_of(pool: &sqlx::PgPool, backend: &PgBackend) -> (i64, i64) {
+async fn scans_of(pool: &PgPool, backend: &PgBackend) -> (i64, i64) {
     let mut conn = pool.acquire().await.unwrap();
     // Flushed when the session next goes idle, that is before the query after it.
     sqlx::query("SELECT pg_stat_force_next_flush()")
