@@ -536,8 +536,9 @@ async fn the_keyless_claim_runs_a_cached_generic_plan() {
 /// A session's cached plans outlive the table size they were made for: the claims, reads
 /// and acks of a session that began on a table of a few rows still probe the indexes
 /// once the table is large (20,000 delivered rows kept, and on a strict table 20,000
-/// pending rows of a key leased elsewhere, which hold the key back). Before the relay's sessions ran with `enable_seqscan = off`, the lock,
-/// the update and the read of every strict claim scanned the whole table from then on.
+/// pending rows of a key leased elsewhere, which hold the key back). Before the relay's
+/// sessions ran with `enable_seqscan = off`, the lock, the update and the read of every
+/// strict claim scanned the whole table from then on.
 /// Counted by the table's statistics: no sequential scan, and index reads near the rows
 /// handed out, not near the table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

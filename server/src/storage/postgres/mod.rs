@@ -229,9 +229,8 @@ impl PostgresStorage {
 
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
 /// (JIT-compiling the claim under a large backlog costs more than the claim itself),
-/// `enable_seqscan = off` (see `connect_options`),
-/// the configured `synchronous_commit` (see [`SynchronousCommit`]), and a short acquire timeout
-/// ([`ACQUIRE_TIMEOUT`]), so a dead
+/// `enable_seqscan = off` (see `connect_options`), the configured `synchronous_commit`
+/// (see [`SynchronousCommit`]), and a short acquire timeout ([`ACQUIRE_TIMEOUT`]), so a dead
 /// database surfaces as [`StorageError::Unavailable`] within seconds instead of hanging
 /// callers. `max_connections` is at least 1 (configuration checks it).
 pub fn lazy_pool(
