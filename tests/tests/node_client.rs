@@ -1,11 +1,12 @@
-//! The Node.js example publisher (`client/node/subscribe.js`) against a real `txoutboxd`:
-//! the protocol from @grpc/grpc-js and @grpc/proto-loader, with acks, nacks with a delay,
-//! lease extension during slow publishes, answering what it holds during a server's drain
-//! and reconnecting after it, and a stop on SIGTERM that finishes the publish in progress
-//! and releases the rest.
+//! The Node.js package (`client/node`, npm package `txoutbox-client`) against a real
+//! `txoutboxd`: its command `txoutbox-subscribe` (acks, nacks with a delay, lease extension
+//! during slow publishes, answering what it holds during a server's drain and reconnecting
+//! after it, a stop on SIGTERM that finishes the publish in progress and releases the
+//! rest), and its API with its TypeScript types from a project of a user's.
 //!
-//! The script runs through `client/node/subscribe`, as a user runs it: that wrapper runs
-//! `npm ci` into a cache outside the repository the first time (`scripts/test` has it do
+//! The command runs through `client/node/subscribe`, as a user of the repository runs it:
+//! that wrapper builds the package, packs it with `npm pack` and installs the tarball into
+//! a project in a cache outside the repository the first time (`scripts/test` has it do
 //! so before the suite starts).
 
 use crate::client_common;
@@ -21,7 +22,7 @@ use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
 use client_common::{config_on_port, free_port};
 
-/// Generous: a first run installs the npm packages, and test machines are busy.
+/// Generous: a first run builds the package and installs it, and test machines are busy.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 
 const ROWS: [(Option<&str>, &str); 5] = [
@@ -456,4 +457,171 @@ async fn read_all(mut pipe: impl AsyncRead + Unpin) -> Vec<u8> {
     let mut bytes = Vec::new();
     let _ = pipe.read_to_end(&mut bytes).await;
     bytes
+}
+
+/// A program of a user of the package, in TypeScript (compiled with `--strict` against
+/// the package's types): dead-letters a poison payload, nacks the first attempt of key
+/// `customer-1` with a short retry, acks the rest, and stops once four rows are settled.
+const USER_PROGRAM: &str = r#"
+import { DeadLetter, Handler, Message, Nack, Subscriber, SubscriberEvent } from 'txoutbox-client';
+
+const [server, outbox] = process.argv.slice(2);
+const acked = new Set<string>();
+const dead = new Set<string>();
+
+const handler: Handler = async (message: Message) => {
+  const key: string | null = message.key;
+  if (message.payload.toString('utf8') === 'poison') {
+    throw new DeadLetter('cannot publish a poison payload');
+  }
+  if (message.attempts === 1 && key === 'customer-1') {
+    throw new Nack('broker busy', 100);
+  }
+  console.log(`published ${message.id} ${message.attempts} ${message.createdAt.toISOString()}`);
+};
+
+const subscriber = new Subscriber({
+  servers: [server],
+  outbox,
+  name: 'node-api',
+  onEvent: (event: SubscriberEvent) => {
+    if (event.kind !== 'settled') return;
+    event.acked.forEach((id) => acked.add(id));
+    event.deadLettered.forEach((id) => dead.add(id));
+    if (acked.size >= 3 && dead.size >= 1) subscriber.stop();
+  },
+});
+subscriber.run(handler).then(() => console.log('done'));
+"#;
+
+/// What a user does with the package: the tarball of `npm pack` (made by the wrapper's
+/// build, into a directory of this test's), installed into a new project with TypeScript,
+/// a program type-checked against the package's types and run, and the package's command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_package_tarball_installs_into_a_project_and_runs_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = dir.path().join("client");
+    let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/node/subscribe");
+    let built = wait(
+        Command::new(&wrapper)
+            .arg("--prepare")
+            .env("TXOUTBOX_NODE_CLIENT", &client)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(built.0, 0, "building the package failed");
+    let tarball = client.join(format!("txoutbox-client-{}.tgz", env!("CARGO_PKG_VERSION")));
+    assert!(tarball.is_file(), "{} missing", tarball.display());
+
+    let app = dir.path().join("app");
+    std::fs::create_dir(&app).unwrap();
+    std::fs::write(app.join("package.json"), "{\"private\": true}\n").unwrap();
+    std::fs::write(app.join("publisher.ts"), USER_PROGRAM).unwrap();
+    let tarball = tarball.to_str().unwrap();
+    let npm = [
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+        tarball,
+        "typescript@~5.9.3",
+        "@types/node@^20",
+    ];
+    run_in(&app, "npm", &npm).await;
+    let tsc = app.join("node_modules/.bin/tsc");
+    let tsc_args = [
+        "--strict",
+        "--target",
+        "es2022",
+        "--module",
+        "commonjs",
+        "--types",
+        "node",
+        "publisher.ts",
+    ];
+    run_in(&app, tsc.to_str().unwrap(), &tsc_args).await;
+
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_rows(&db).await;
+    let script = app.join("node_modules/.bin/txoutbox-subscribe");
+    let (lines, _) = run_to_end(
+        Command::new(&script)
+            .args([
+                "--server",
+                &server.address,
+                "--outbox",
+                "orders",
+                "--count",
+                "5",
+            ])
+            .current_dir(&app)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+    )
+    .await;
+    let got: Vec<Value> = lines.iter().map(|l| l["id"].clone()).collect();
+    assert_eq!(got, ids.iter().map(|id| json!(id)).collect::<Vec<_>>());
+
+    let first = db
+        .insert("orders.created", Some("customer-1"), b"first")
+        .await;
+    let second = db
+        .insert("orders.created", Some("customer-1"), b"second")
+        .await;
+    let poison = db.insert("orders.created", None, b"poison").await;
+    let keyless = db.insert("orders.created", None, b"fine").await;
+    let (code, stdout, stderr) = wait(
+        Command::new("node")
+            .args(["publisher.js", &server.address, "orders"])
+            .current_dir(&app)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    assert_eq!(db.row(poison).await.0, "dead");
+    let (status, attempts, error) = db.row(first).await;
+    assert_eq!((status.as_str(), attempts), ("done", 2));
+    assert_eq!(error.as_deref(), Some("broker busy"));
+    let position = |needle: String| stdout.find(&needle).unwrap_or(usize::MAX);
+    assert!(
+        position(format!("published {first} 2 ")) < position(format!("published {second} ")),
+        "the key's second message after the first one's retry: {stdout}"
+    );
+    for id in [second, keyless] {
+        assert_eq!(db.row(id).await.0, "done", "row {id}");
+    }
+    db.drop().await;
+}
+
+/// Runs `program ARGS` in `dir` to success (within [`SCRIPT_TIMEOUT`]).
+async fn run_in(dir: &Path, program: &str, args: &[&str]) {
+    let (code, stdout, _) = wait(
+        Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program}: {e}")),
+    )
+    .await;
+    assert_eq!(code, 0, "`{program} {}` failed: {stdout}", args.join(" "));
 }
