@@ -20,7 +20,9 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
-use client_common::{config_on_port, free_port};
+use client_common::{
+    config_on_port, free_port, insert_one_key, lease_end, signal, spawn_piped, PackageRows,
+};
 
 /// Generous: a first run builds the package and installs it, and test machines are busy.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -348,42 +350,6 @@ async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     db.drop().await;
 }
 
-/// When the row's lease runs out (or, not leased, when it becomes claimable), in epoch
-/// seconds: a lease extension moves it on.
-async fn lease_end(db: &TestDb, id: i64) -> f64 {
-    let query = format!(
-        "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
-        db.schema
-    );
-    sqlx::query_scalar(&query)
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
-/// `kill SIGNAL PID`, e.g. `-TERM`.
-fn signal(pid: &str, signal: &str) {
-    let kill = std::process::Command::new("kill")
-        .args([signal, pid])
-        .status()
-        .unwrap();
-    assert!(kill.success(), "kill {signal} {pid}");
-}
-
-/// `count` rows of key `k`, payloads `held 0`, `held 1`...
-async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
-    let mut ids = Vec::new();
-    for n in 0..count {
-        let payload = format!("held {n}");
-        ids.push(
-            db.insert("orders.created", Some("k"), payload.as_bytes())
-                .await,
-        );
-    }
-    ids
-}
-
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
     let mut ids = Vec::new();
     for (key, payload) in ROWS {
@@ -502,17 +468,12 @@ async fn node_package_tarball_installs_into_a_project_and_runs_typed() {
     let dir = tempfile::tempdir().unwrap();
     let client = dir.path().join("client");
     let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/node/subscribe");
-    let built = wait(
+    let built = wait(spawn_piped(
         Command::new(&wrapper)
             .arg("--prepare")
-            .env("TXOUTBOX_NODE_CLIENT", &client)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-    )
+            .env("TXOUTBOX_NODE_CLIENT", &client),
+        dir.path(),
+    ))
     .await;
     assert_eq!(built.0, 0, "building the package failed");
     let tarball = client.join(format!("txoutbox-client-{}.tgz", env!("CARGO_PKG_VERSION")));
@@ -550,78 +511,29 @@ async fn node_package_tarball_installs_into_a_project_and_runs_typed() {
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_rows(&db).await;
     let script = app.join("node_modules/.bin/txoutbox-subscribe");
-    let (lines, _) = run_to_end(
-        Command::new(&script)
-            .args([
-                "--server",
-                &server.address,
-                "--outbox",
-                "orders",
-                "--count",
-                "5",
-            ])
-            .current_dir(&app)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-    )
-    .await;
+    let args = [
+        "--server",
+        &server.address,
+        "--outbox",
+        "orders",
+        "--count",
+        "5",
+    ];
+    let (lines, _) = run_to_end(spawn_piped(Command::new(&script).args(args), &app)).await;
     let got: Vec<Value> = lines.iter().map(|l| l["id"].clone()).collect();
     assert_eq!(got, ids.iter().map(|id| json!(id)).collect::<Vec<_>>());
 
-    let first = db
-        .insert("orders.created", Some("customer-1"), b"first")
-        .await;
-    let second = db
-        .insert("orders.created", Some("customer-1"), b"second")
-        .await;
-    let poison = db.insert("orders.created", None, b"poison").await;
-    let keyless = db.insert("orders.created", None, b"fine").await;
-    let (code, stdout, stderr) = wait(
-        Command::new("node")
-            .args(["publisher.js", &server.address, "orders"])
-            .current_dir(&app)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-    )
-    .await;
+    let rows = PackageRows::insert(&db).await;
+    let program = ["publisher.js", &server.address, "orders"];
+    let (code, stdout, stderr) = wait(spawn_piped(Command::new("node").args(program), &app)).await;
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.ends_with("done\n"), "{stdout}");
-    assert_eq!(db.row(poison).await.0, "dead");
-    let (status, attempts, error) = db.row(first).await;
-    assert_eq!((status.as_str(), attempts), ("done", 2));
-    assert_eq!(error.as_deref(), Some("broker busy"));
-    let position = |needle: String| stdout.find(&needle).unwrap_or(usize::MAX);
-    assert!(
-        position(format!("published {first} 2 ")) < position(format!("published {second} ")),
-        "the key's second message after the first one's retry: {stdout}"
-    );
-    for id in [second, keyless] {
-        assert_eq!(db.row(id).await.0, "done", "row {id}");
-    }
+    rows.check(&db, &stdout).await;
     db.drop().await;
 }
 
 /// Runs `program ARGS` in `dir` to success (within [`SCRIPT_TIMEOUT`]).
 async fn run_in(dir: &Path, program: &str, args: &[&str]) {
-    let (code, stdout, _) = wait(
-        Command::new(program)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {program}: {e}")),
-    )
-    .await;
+    let (code, stdout, _) = wait(spawn_piped(Command::new(program).args(args), dir)).await;
     assert_eq!(code, 0, "`{program} {}` failed: {stdout}", args.join(" "));
 }

@@ -17,7 +17,9 @@ use tokio::process::{Child, Command};
 use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
-use client_common::{config_on_port, free_port};
+use client_common::{
+    config_on_port, free_port, insert_one_key, lease_end, signal, spawn_piped, PackageRows,
+};
 
 /// Generous: a first run makes the venv (from PyPI) and builds the package, and test
 /// machines are busy.
@@ -240,6 +242,53 @@ async fn python_subscriber_answers_what_it_holds_during_a_drain_then_reconnects(
         "{stderr}"
     );
     assert_eq!(db.count("done").await, 4);
+    db.drop().await;
+}
+
+/// SIGTERM to the command while it holds three messages of a slow publish: the publish in
+/// progress finishes and is acked, the two others are released untried (their attempt
+/// refunded, no error recorded), and it exits with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_one_key(&db, 3).await;
+    let args = ["--publish-delay-ms", "3000", "--lease-ms", "900"];
+    let child = spawn_script(&with_server(&server.address, &args));
+    // Claimed is not yet received: the command holds the batch once a lease was extended.
+    eventually("the command holding all three", SCRIPT_TIMEOUT, || async {
+        let mut held = 0;
+        for id in &ids {
+            held += i32::from(db.row(*id).await.1 == 1);
+        }
+        (held == 3).then_some(())
+    })
+    .await;
+    let claimed_until = lease_end(&db, ids[0]).await;
+    eventually("a lease extended by the command", DEADLINE, || async {
+        (lease_end(&db, ids[0]).await > claimed_until).then_some(())
+    })
+    .await;
+    signal(&child.id().expect("running").to_string(), "-TERM");
+    let output = wait_script(child).await;
+
+    assert!(output.status.success(), "exited with {}", output.status);
+    let lines = json_lines(&output.stdout);
+    assert_eq!(field(&lines, "id"), [json!(ids[0])], "{lines:#?}");
+    assert_eq!(lines[0]["answer"], "ack");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("SIGTERM: finishing the publish in progress"),
+        "{stderr}"
+    );
+    assert_eq!(db.row(ids[0]).await, ("done".to_owned(), 1, None));
+    for id in &ids[1..] {
+        assert_eq!(
+            db.row(*id).await,
+            ("pending".to_owned(), 0, None),
+            "row {id}: released with its attempt refunded"
+        );
+    }
     db.drop().await;
 }
 
@@ -581,17 +630,10 @@ async fn python_package_wheel_installs_into_a_clean_venv_and_runs() {
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_rows(&db).await;
     let script = venv.join("bin/txoutbox-subscribe");
-    let output = wait_script(
-        Command::new(&script)
-            .args(with_server(&server.address, &["--count", "5"]))
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-    )
+    let output = wait_script(spawn_piped(
+        Command::new(&script).args(with_server(&server.address, &["--count", "5"])),
+        dir.path(),
+    ))
     .await;
     assert!(output.status.success(), "exited with {}", output.status);
     assert_eq!(
@@ -600,48 +642,24 @@ async fn python_package_wheel_installs_into_a_clean_venv_and_runs() {
     );
 
     // The API, from a program of its own.
-    let first = db
-        .insert("orders.created", Some("customer-1"), b"first")
-        .await;
-    let second = db
-        .insert("orders.created", Some("customer-1"), b"second")
-        .await;
-    let poison = db.insert("orders.created", None, b"poison").await;
-    let keyless = db.insert("orders.created", None, b"fine").await;
+    let rows = PackageRows::insert(&db).await;
     let later = [
         db.insert("orders.created", None, b"later 1").await,
         db.insert("orders.created", None, b"later 2").await,
     ];
     let program = dir.path().join("publisher.py");
     std::fs::write(&program, USER_PROGRAM).unwrap();
-    let output = wait_script(
+    let output = wait_script(spawn_piped(
         Command::new(venv_python)
             .arg(&program)
-            .args([server.address.as_str(), "orders"])
-            .current_dir(dir.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap(),
-    )
+            .args([server.address.as_str(), "orders"]),
+        dir.path(),
+    ))
     .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{}: {stdout}", output.status);
     assert!(stdout.ends_with("done\n"), "{stdout}");
-    assert_eq!(db.row(poison).await.0, "dead");
-    let (status, attempts, error) = db.row(first).await;
-    assert_eq!((status.as_str(), attempts), ("done", 2));
-    assert_eq!(error.as_deref(), Some("broker busy"));
-    // The key's second message waited for the first one's retry: published after it.
-    let position = |needle: String| stdout.find(&needle).unwrap_or(usize::MAX);
-    assert!(
-        position(format!(" {first} 2\n")) < position(format!(" {second} ")),
-        "{stdout}"
-    );
-    assert_eq!(db.row(second).await.0, "done");
-    assert_eq!(db.row(keyless).await.0, "done");
+    rows.check(&db, &stdout).await;
     for id in later {
         assert!(stdout.contains(&format!("async {id} 1 later")), "{stdout}");
         assert_eq!(
@@ -656,15 +674,7 @@ async fn python_package_wheel_installs_into_a_clean_venv_and_runs() {
 /// Runs `program ARGS` in `dir` to success within [`WHEEL_TIMEOUT`], echoing its output.
 async fn run_python_tool(program: &str, args: &[&str], dir: &Path) {
     let output = wait_with(
-        Command::new(program)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("starting {program}: {e}")),
+        spawn_piped(Command::new(program).args(args), dir),
         WHEEL_TIMEOUT,
     )
     .await;

@@ -16,9 +16,11 @@ to answer. The sync and asyncio subscribers drive it; every rule lives here once
 from __future__ import annotations
 
 import collections
-from typing import Deque, Dict, List, Optional, Set
+import random
+from typing import Deque, Dict, Iterable, List, Optional, Sequence, Union
 
-from ._types import DeadLetter, Message, Nack, Release, Settled, _Options
+from ._types import (ConnectError, Credentials, DeadLetter, Message, Nack, ReconnectsExhausted,
+                     Reconnecting, Release, Settled, SubscriptionRefused, _Options)
 from .proto import relay_pb2 as pb
 
 
@@ -162,12 +164,60 @@ def _text(error: str) -> str:
     return error.replace("\x00", "\ufffd")[:8192]
 
 
+def make_options(servers: Union[str, Sequence[str]], outbox: str, *, name: str,
+                 topics: Iterable[str], max_in_flight: int, lease: Optional[float],
+                 credentials: Optional[Credentials], connect_timeout: float,
+                 max_reconnects: Optional[int]) -> _Options:
+    """The arguments of a subscriber (sync or asyncio), checked."""
+    servers = [servers] if isinstance(servers, str) else list(servers)
+    if not servers:
+        raise ValueError("at least one server address")
+    return _Options(
+        servers=servers,
+        outbox=outbox,
+        name=name,
+        topics=list(topics),
+        max_in_flight=max_in_flight,
+        lease_ms=0 if lease is None else round(lease * 1000),
+        credentials=credentials or Credentials(),
+        connect_timeout=connect_timeout,
+        max_reconnects=max_reconnects,
+    )
+
+
 # gRPC status codes a reconnection cannot fix: the request itself is wrong.
 PERMANENT_CODES = frozenset({"NOT_FOUND", "INVALID_ARGUMENT", "PERMISSION_DENIED",
                              "UNAUTHENTICATED", "UNIMPLEMENTED"})
 
 
-def backoff_delay(attempt: int, random_fraction: float) -> float:
-    """Seconds before reconnection ``attempt`` (1, 2...): exponential from 100 ms to 10 s,
-    with jitter (between half and all of it)."""
-    return min(10.0, 0.1 * 2 ** (attempt - 1)) * (0.5 + random_fraction / 2)
+class Reconnection:
+    """What to do when a stream ended: give up, or reconnect to the next server after an
+    exponential backoff with jitter (100 ms to 10 s), counted from the last stream that
+    got subscribed."""
+
+    def __init__(self, options: _Options):
+        self.options = options
+        self.failures = 0
+
+    def after(self, error, subscribed: bool) -> Reconnecting:
+        """``error`` (a gRPC error, or ``None`` when the server ended the stream) ended a
+        stream; raises when no reconnection can help."""
+        if error is not None and error.code().name in PERMANENT_CODES:
+            raise SubscriptionRefused(error.code().name, error.details() or "")
+        self.failures = 1 if subscribed else self.failures + 1
+        limit = self.options.max_reconnects
+        if limit is not None and self.failures > limit:
+            raise ReconnectsExhausted(f"giving up after {limit} reconnections")
+        delay = min(10.0, 0.1 * 2 ** (self.failures - 1)) * (0.5 + random.random() / 2)
+        reason = (f"{error.code().name}: {error.details()}" if error is not None
+                  else "the server ended the stream")
+        return Reconnecting(reason, delay)
+
+    def next_server(self, server: str) -> str:
+        servers = self.options.servers
+        return servers[(servers.index(server) + 1) % len(servers)]
+
+
+def connect_error(options: _Options) -> ConnectError:
+    return ConnectError(f"cannot connect to {', '.join(options.servers)} within "
+                        f"{options.connect_timeout:g}s: is txoutboxd running there?")

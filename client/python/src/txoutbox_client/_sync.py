@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import signal
 import threading
 from typing import Callable, Iterable, Optional, Sequence, Union
@@ -12,9 +11,8 @@ from typing import Callable, Iterable, Optional, Sequence, Union
 import grpc
 
 from ._channel import open_channel
-from ._session import PERMANENT_CODES, Session, backoff_delay, settled_event
-from ._types import (ConnectError, Credentials, Draining, Event, LeasesExpired, Message,
-                     ReconnectsExhausted, Reconnecting, Subscribed, SubscriptionRefused, _Options)
+from ._session import Reconnection, Session, connect_error, make_options, settled_event
+from ._types import Credentials, Draining, Event, LeasesExpired, Message, Subscribed
 from .proto import relay_pb2_grpc
 
 log = logging.getLogger("txoutbox_client")
@@ -52,20 +50,10 @@ class Subscriber:
         max_reconnects: Optional[int] = None,
         on_event: Optional[Callable[[Event], None]] = None,
     ):
-        servers = [servers] if isinstance(servers, str) else list(servers)
-        if not servers:
-            raise ValueError("at least one server address")
-        self._options = _Options(
-            servers=servers,
-            outbox=outbox,
-            name=name,
-            topics=list(topics),
-            max_in_flight=max_in_flight,
-            lease_ms=0 if lease is None else round(lease * 1000),
-            credentials=credentials or Credentials(),
-            connect_timeout=connect_timeout,
-            max_reconnects=max_reconnects,
-        )
+        self._options = make_options(
+            servers, outbox, name=name, topics=topics, max_in_flight=max_in_flight,
+            lease=lease, credentials=credentials, connect_timeout=connect_timeout,
+            max_reconnects=max_reconnects)
         self._on_event = on_event
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # guards the current stream's session
@@ -78,7 +66,7 @@ class Subscriber:
         channels = {}
         try:
             server = self._connect(channels)
-            failures = 0
+            reconnection = Reconnection(options)
             while not self._stopping.is_set():
                 stream = _Stream(self, channels[server], server, handler)
                 with self._lock:
@@ -88,19 +76,11 @@ class Subscriber:
                     self._current = None
                 if self._stopping.is_set():
                     return
-                if error is not None and error.code().name in PERMANENT_CODES:
-                    raise SubscriptionRefused(error.code().name, error.details() or "")
-                failures = 0 if stream.session.subscribed else failures
-                failures += 1
-                if options.max_reconnects is not None and failures > options.max_reconnects:
-                    raise ReconnectsExhausted(f"giving up after {options.max_reconnects} reconnections")
-                delay = backoff_delay(failures, random.random())
-                reason = (f"{error.code().name}: {error.details()}" if error is not None
-                          else "the server ended the stream")
-                self._event(Reconnecting(reason, delay))
-                if self._stopping.wait(delay):
+                reconnecting = reconnection.after(error, stream.session.subscribed)
+                self._event(reconnecting)
+                if self._stopping.wait(reconnecting.delay):
                     return
-                server = options.servers[(options.servers.index(server) + 1) % len(options.servers)]
+                server = reconnection.next_server(server)
                 if server not in channels:
                     channels[server] = self._channel(server)
         finally:
@@ -153,8 +133,7 @@ class Subscriber:
                 return server
             except grpc.FutureTimeoutError:
                 continue
-        raise ConnectError(f"cannot connect to {', '.join(options.servers)} within "
-                           f"{options.connect_timeout:g}s: is txoutboxd running there?")
+        raise connect_error(options)
 
 
 class _Stream:
