@@ -18,6 +18,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
+use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
 use client_common::{
@@ -423,6 +424,53 @@ async fn read_all(mut pipe: impl AsyncRead + Unpin) -> Vec<u8> {
     let mut bytes = Vec::new();
     let _ = pipe.read_to_end(&mut bytes).await;
     bytes
+}
+
+/// The command over TLS with a bearer token, and under mutual TLS with a client
+/// certificate naming its identity; without either, the server's refusal is the exit.
+#[tokio::test]
+async fn node_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
+    let db = TestDb::new().await;
+    let files = TlsFiles::new();
+    let identity = token_identity("node", "node-token", r#"{ orders = ["subscribe"] }"#)
+        + "certificate_names = [\"node.example\"]\n";
+    let config = format!("{}\n{}\n{identity}", db.config(""), files.config(true));
+    // Client certificates optional, so the token alone may get in.
+    let config = config.replace("client_ca =", "client_cert_optional = true\nclient_ca =");
+    let server = Server::start(&config).await;
+    eventually("the table created", DEADLINE, || async {
+        db.table_exists().await.then_some(())
+    })
+    .await;
+    let ca = files.path("ca.pem");
+    let ca = ca.to_str().unwrap();
+
+    insert_rows(&db).await;
+    let args = ["--count", "5", "--tls-ca", ca, "--token", "node-token"];
+    let (lines, _) = run_to_end(spawn(&server.address, &args)).await;
+    assert_eq!(lines.len(), 5);
+
+    let client = files.ca.client(files.dir.path(), "node", "node.example");
+    insert_rows(&db).await;
+    let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+    let args = [
+        "--count",
+        "5",
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+    ];
+    let (lines, _) = run_to_end(spawn(&server.address, &args)).await;
+    assert_eq!(lines.len(), 5);
+    assert_eq!(db.count("done").await, 10);
+
+    let (code, stderr) = run_failing(spawn(&server.address, &["--tls-ca", ca])).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("UNAUTHENTICATED"), "{stderr}");
+    db.drop().await;
 }
 
 /// A program of a user of the package, in TypeScript (compiled with `--strict` against

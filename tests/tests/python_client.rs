@@ -450,7 +450,7 @@ fn repository() -> PathBuf {
         .to_path_buf()
 }
 
-/// Issue 12: the example over TLS with a bearer token, and under mutual TLS with a client
+/// The command over TLS with a bearer token, and under mutual TLS with a client
 /// certificate naming its identity.
 #[tokio::test]
 async fn python_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
