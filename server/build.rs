@@ -2,6 +2,10 @@
 //! example `0.1.0 (9aae6b9e3a 2026-12-02)`.
 //!
 //! The commit comes from the first of these that answers:
+//! 0. The environment variable `TXOUTBOX_COMMIT`, for a build without the repository's
+//!    `.git` (the container image's build context leaves it out; its Dockerfile passes the
+//!    commit as a build argument). A full hexadecimal hash is shortened as git would; any
+//!    other text (`9aae6b9e3a 2026-12-02`) is shown as given.
 //! 1. `.cargo_vcs_info.json`, which `cargo package` writes into a crate tarball. It comes
 //!    first because a tarball has no `.git` of its own: git asked inside an unpacked (or
 //!    vendored) tarball would answer for whatever repository happens to enclose it.
@@ -30,15 +34,31 @@ const UNKNOWN: &str = "commit unknown";
 /// Hex digits of the commit shown, as `git log --abbrev` counts them.
 const ABBREV: usize = 10;
 
+/// Names the commit when the build cannot ask git (see the module's header).
+const COMMIT_VARIABLE: &str = "TXOUTBOX_COMMIT";
+
 fn main() {
     let dir = std::env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR is set by cargo");
     let dir = Path::new(&dir);
     let version = std::env::var("CARGO_PKG_VERSION").expect("CARGO_PKG_VERSION is set by cargo");
-    let commit = from_cargo_vcs_info(dir)
+    println!("cargo:rerun-if-env-changed={COMMIT_VARIABLE}");
+    let commit = from_environment()
+        .or_else(|| from_cargo_vcs_info(dir))
         .or_else(|| from_git(dir))
         .unwrap_or_else(|| UNKNOWN.to_owned());
     println!("cargo:rustc-env=TXOUTBOX_VERSION={version} ({commit})");
     println!("cargo:rerun-if-changed=build.rs");
+}
+
+/// `TXOUTBOX_COMMIT`, trimmed, when set and not empty.
+fn from_environment() -> Option<String> {
+    let value = std::env::var(COMMIT_VARIABLE).ok()?;
+    let value = value.trim();
+    if value.is_empty() {
+        return None;
+    }
+    let full_hash = value.len() > ABBREV && value.bytes().all(|b| b.is_ascii_hexdigit());
+    Some(if full_hash { &value[..ABBREV] } else { value }.to_owned())
 }
 
 /// The commit `cargo package` recorded: `{"git": {"sha1": "<hex>", "dirty": true}, ...}`.

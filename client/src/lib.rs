@@ -9,8 +9,8 @@
 //!   held back; slow publishes kept leased; reconnection with backoff; graceful stop.
 //! - [`Worker`]: one round at a time over the unary calls ([`Worker::run_once`]), for
 //!   cron jobs.
-//! - [`producer`] (features `postgres`, on by default, `mysql` and `sqlite`): insert outbox
-//!   rows inside your own sqlx transaction, so they commit with your data.
+//! - `producer` (features `postgres`, `mysql` and `sqlite`): insert outbox rows inside
+//!   your own sqlx transaction, so they commit with your data.
 //! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
 //!   confirms delivery before the row is acked; likewise `nats` (`NatsPublisher`,
 //!   JetStream), `amqp` (`AmqpPublisher`, RabbitMQ), `webhook` (`WebhookPublisher`, signed
@@ -45,8 +45,8 @@
 //!
 //! # Kafka in a dozen lines
 //!
-//! With the `kafka` feature (librdkafka is built from source: it needs `cmake` and
-//! libcurl's headers):
+//! With the `kafka` feature (librdkafka is built from source: it needs `cmake` and a C++
+//! compiler):
 //!
 //! ```no_run
 //! # #[cfg(feature = "kafka")] mod demo {
@@ -70,8 +70,7 @@
 //!
 //! The outbox key becomes the Kafka key, the row's headers are carried over with
 //! `txoutbox-id` (the message id, for consumer-side deduplication) and `txoutbox-topic`
-//! added; see the `kafka` module. The `txoutbox` command line (feature `cli`, on by
-//! default) runs the same relay as `txoutbox relay --kafka BROKERS`.
+//! added; see the `kafka` module. The `txoutbox` command line (feature `cli`) runs the same relay as `txoutbox relay --kafka BROKERS`.
 //!
 //! # Delivery
 //!
@@ -81,8 +80,16 @@
 //!
 //! Start reading at [`subscriber`]; [`publisher`] and [`message`] are the types your code
 //! touches.
+//!
+//! # Features
+//!
+//! None is on by default: `postgres`, `mysql`, `sqlite` (producer helpers), `kafka`,
+//! `nats`, `amqp`, `webhook`, `redis` (publishers), `otel` (a publish span continuing the
+//! message's trace), `prometheus` (the subscriber's metrics in a registry) and `cli` (the
+//! `txoutbox` command line). The crate's README lists what each adds.
 
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "amqp")]
 pub mod amqp;

@@ -27,18 +27,52 @@ fn example(name: &str) -> String {
 #[test]
 fn readme_examples_are_the_crate_examples() {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    for readme in [manifest.join("README.md"), manifest.join("../README.md")] {
+    let places = [
+        ("README.md", "## Publish from Rust", "publish.rs"),
+        ("README.md", "## Kafka in a dozen lines", "kafka.rs"),
+        ("../README.md", "## Publish from Rust", "publish.rs"),
+        (
+            "../docs/brokers.md",
+            "## Kafka in a dozen lines",
+            "kafka.rs",
+        ),
+    ];
+    for (file, heading, name) in places {
+        let path = manifest.join(file);
         assert_eq!(
-            example_under(&readme, "## Publish from Rust"),
-            example("publish.rs"),
-            "{}: `Publish from Rust` differs from client/examples/publish.rs",
-            readme.display()
+            example_under(&path, heading),
+            example(name),
+            "{}: `{heading}` differs from client/examples/{name}",
+            path.display()
         );
-        assert_eq!(
-            example_under(&readme, "## Kafka in a dozen lines"),
-            example("kafka.rs"),
-            "{}: `Kafka in a dozen lines` differs from client/examples/kafka.rs",
-            readme.display()
+    }
+}
+
+/// Every feature of the crate is in its README's table of features, which docs.rs and
+/// crates.io show: a feature nobody documented is one nobody finds.
+#[test]
+fn every_feature_is_documented() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cargo = std::fs::read_to_string(manifest.join("Cargo.toml")).unwrap();
+    let features = cargo
+        .split_once("\n[features]\n")
+        .expect("a [features] table")
+        .1
+        .split("\n[")
+        .next()
+        .unwrap();
+    let readme = std::fs::read_to_string(manifest.join("README.md")).unwrap();
+    let names: Vec<&str> = features
+        .lines()
+        .filter(|line| !line.starts_with('#') && line.contains(" = "))
+        .map(|line| line.split(" = ").next().unwrap().trim())
+        .filter(|name| *name != "default")
+        .collect();
+    assert!(names.len() > 5, "{names:?}");
+    for name in names {
+        assert!(
+            readme.contains(&format!("\n| `{name}` | ")),
+            "feature `{name}` has no row in client/README.md's table"
         );
     }
 }

@@ -42,6 +42,10 @@ mod client_run_once;
 mod client_stop;
 #[path = "database_passwords.rs"]
 mod database_passwords;
+#[path = "deploy.rs"]
+mod deploy;
+#[path = "docs.rs"]
+mod docs;
 #[path = "e2e.rs"]
 mod e2e;
 #[path = "faults.rs"]
@@ -74,6 +78,8 @@ mod python_client;
 mod replica_stall;
 #[path = "security.rs"]
 mod security;
+#[path = "setup_script.rs"]
+mod setup_script;
 #[path = "sqlite.rs"]
 mod sqlite;
 #[path = "subscribe.rs"]

@@ -3,7 +3,7 @@
 //! while every kind of fault strikes at least twice, one at a time; the run fails on any
 //! lost row, per-key order violation or duplicate no fault explains. The report is
 //! printed; its timings (recovery, insert latency, the other replica's deliveries) are
-//! not asserted here: the soak (`txoutbox-faults`, README "Proof") measures them.
+//! not asserted here: the soak (`txoutbox-faults`, docs/guarantees.md "Proof") measures them.
 
 use std::time::Duration;
 

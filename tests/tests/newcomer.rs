@@ -1,7 +1,7 @@
 //! A newcomer's first five minutes, kept true: the commands the server prints at start-up
 //! and the README's opening (its two commands, then "Try it"), run as written against a
-//! real `txoutboxd` on its embedded default, in a temporary directory; and `scripts/test`,
-//! which sets a machine up, is quick when it is set up.
+//! real `txoutboxd` on its embedded default, in a temporary directory. (`scripts/test`,
+//! which sets a machine up: `setup_script.rs`.)
 //!
 //! Commands run through `sh -c` exactly as printed or written, in a process group of their
 //! own so that stopping one reaches everything it started. The subscriber is the Python
@@ -11,7 +11,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Lines};
@@ -217,179 +217,6 @@ async fn the_readme_try_it_works_as_written() {
     db.drop().await;
 }
 
-/// Every `(#anchor)` in the README names a heading, and every relative link a file.
-#[test]
-fn the_readme_links_lead_somewhere() {
-    let text = std::fs::read_to_string(repository().join("README.md")).unwrap();
-    let mut anchors = Vec::new();
-    let mut links = Vec::new();
-    let mut in_code = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            in_code = !in_code;
-            continue;
-        }
-        if in_code {
-            continue;
-        }
-        if let Some(heading) = line.strip_prefix('#') {
-            anchors.push(slug(heading.trim_start_matches('#')));
-        }
-        let mut rest = line;
-        while let Some((_, after)) = rest.split_once("](") {
-            let (target, tail) = after.split_once(')').expect("a closed link");
-            links.push(target.to_owned());
-            rest = tail;
-        }
-    }
-    for link in links {
-        if let Some(anchor) = link.strip_prefix('#') {
-            assert!(
-                anchors.iter().any(|a| a == anchor),
-                "README.md links to #{anchor}, which no heading makes"
-            );
-        } else if !link.starts_with("http") {
-            let path = link.split('#').next().unwrap();
-            assert!(
-                repository().join(path).exists(),
-                "README.md links to {path}, which does not exist"
-            );
-        }
-    }
-}
-
-/// `scripts/test --setup-only` on a machine that has everything: it checks, and neither
-/// installs nor starts anything. Every command that would change the machine is replaced
-/// by one that fails saying what it was asked, so this test changes nothing either; a
-/// check that never passes (a misspelt package, a service probed on the wrong port) fails
-/// it. The suite runs through `scripts/test`, so here everything is in place.
-#[test]
-fn scripts_test_on_a_ready_machine_only_checks() {
-    let stubs = tempfile::tempdir().unwrap();
-    refuse_changes(stubs.path());
-    let started = Instant::now();
-    let output = setup_only(stubs.path());
-    let took = started.elapsed();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success() && stderr.is_empty(),
-        "scripts/test wanted to change this machine ({}):\n{stderr}",
-        output.status
-    );
-    // "Seconds of overhead": about one on an idle machine.
-    eprintln!("scripts/test --setup-only took {took:?}");
-    assert!(took < Duration::from_secs(30), "took {took:?}");
-}
-
-/// Where something is missing, `scripts/test` installs or starts exactly that. Simulated
-/// on this machine, which has it all, with stubs: dpkg reports cmake removed with its
-/// configuration left behind (which `dpkg -s` would call present), PostgreSQL and Redis
-/// answer only once their start command ran, and apt-get and the start commands only
-/// record that they were called.
-#[test]
-fn scripts_test_installs_and_starts_only_what_is_missing() {
-    let stubs = tempfile::tempdir().unwrap();
-    let dir = stubs.path();
-    refuse_changes(dir);
-    let log = dir.join("calls");
-    let (log, real_path) = (log.display(), std::env::var("PATH").unwrap());
-    let records = |name: &str, then: &str| {
-        stub(dir, name, &format!("echo \"{name} $*\" >> {log}\n{then}"));
-    };
-    stub(
-        dir,
-        "dpkg-query",
-        &format!(
-            "for arg; do package=$arg; done\n\
-             if [ \"$package\" = cmake ]; then printf config-files; exit 0; fi\n\
-             PATH='{real_path}' exec dpkg-query \"$@\""
-        ),
-    );
-    records("apt-get", "");
-    let up = |name: &str| dir.join(format!("{name}-up")).display().to_string();
-    stub(dir, "pg_isready", &format!("[ -e {} ]", up("postgres")));
-    records("pg_ctlcluster", &format!("touch {}", up("postgres")));
-    stub(
-        dir,
-        "redis-cli",
-        &format!("[ -e {} ] && echo PONG", up("redis")),
-    );
-    records("redis-server", &format!("touch {}", up("redis")));
-
-    let output = setup_only(dir);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{}: {stderr}", output.status);
-    let calls = std::fs::read_to_string(dir.join("calls")).unwrap();
-    let calls: Vec<Vec<&str>> = calls
-        .lines()
-        .map(|line| line.split_whitespace().collect())
-        .collect();
-    let named = |call: &Vec<&str>, words: &[&str]| words.iter().all(|w| call.contains(w));
-    assert_eq!(calls.len(), 4, "{calls:?}");
-    assert!(named(&calls[0], &["apt-get", "update"]), "{calls:?}");
-    assert!(
-        named(&calls[1], &["apt-get", "install", "cmake"]) && calls[1].last() == Some(&"cmake"),
-        "only cmake is installed: {calls:?}"
-    );
-    assert!(
-        named(&calls[2], &["pg_ctlcluster", "main", "start"]),
-        "{calls:?}"
-    );
-    assert!(
-        named(&calls[3], &["redis-server", "--port", "6379"]),
-        "{calls:?}"
-    );
-    assert_eq!(
-        stderr.lines().collect::<Vec<_>>(),
-        [
-            "scripts/test: installing cmake",
-            "scripts/test: starting PostgreSQL",
-            "scripts/test: starting Redis"
-        ]
-    );
-}
-
-/// Puts, in `dir`, a command for each one `scripts/test` would change the machine with,
-/// which fails saying what it was asked instead.
-fn refuse_changes(dir: &Path) {
-    let changers = [
-        "apt-get",
-        "sudo",
-        "cargo",
-        "pg_ctlcluster",
-        "start-stop-daemon",
-        "install",
-        "redis-server",
-        "rabbitmq-server",
-        "mosquitto",
-    ];
-    for name in changers {
-        stub(
-            dir,
-            name,
-            &format!("echo \"would run: {name} $*\" >&2\nexit 97"),
-        );
-    }
-}
-
-/// An executable `dir/name` running `body` in sh (replacing one made before).
-fn stub(dir: &Path, name: &str, body: &str) {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-/// `scripts/test --setup-only` with the commands in `stubs` first on the PATH.
-fn setup_only(stubs: &Path) -> std::process::Output {
-    let path = format!("{}:{}", stubs.display(), std::env::var("PATH").unwrap());
-    std::process::Command::new(repository().join("scripts/test"))
-        .arg("--setup-only")
-        .env("PATH", path)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap()
-}
-
 /// A command run through `sh -c` in `dir`, in a process group of its own, its stdout
 /// read line by line and its stderr echoed to the test's output.
 struct Running {
@@ -520,15 +347,4 @@ fn blocks(text: &str, lang: &str) -> Vec<String> {
         rest = tail;
     }
     found
-}
-
-/// GitHub's anchor for a heading: lowercase, punctuation dropped, spaces as hyphens.
-fn slug(heading: &str) -> String {
-    heading
-        .trim()
-        .to_lowercase()
-        .chars()
-        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'))
-        .map(|c| if c == ' ' { '-' } else { c })
-        .collect()
 }

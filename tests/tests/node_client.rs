@@ -1,11 +1,12 @@
-//! The Node.js example publisher (`client/node/subscribe.js`) against a real `txoutboxd`:
-//! the protocol from @grpc/grpc-js and @grpc/proto-loader, with acks, nacks with a delay,
-//! lease extension during slow publishes, answering what it holds during a server's drain
-//! and reconnecting after it, and a stop on SIGTERM that finishes the publish in progress
-//! and releases the rest.
+//! The Node.js package (`client/node`, npm package `txoutbox-client`) against a real
+//! `txoutboxd`: its command `txoutbox-subscribe` (acks, nacks with a delay, lease extension
+//! during slow publishes, answering what it holds during a server's drain and reconnecting
+//! after it, a stop on SIGTERM that finishes the publish in progress and releases the
+//! rest), and its API with its TypeScript types from a project of a user's.
 //!
-//! The script runs through `client/node/subscribe`, as a user runs it: that wrapper runs
-//! `npm ci` into a cache outside the repository the first time (`scripts/test` has it do
+//! The command runs through `client/node/subscribe`, as a user of the repository runs it:
+//! that wrapper builds the package, packs it with `npm pack` and installs the tarball into
+//! a project in a cache outside the repository the first time (`scripts/test` has it do
 //! so before the suite starts).
 
 use crate::client_common;
@@ -17,11 +18,14 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
+use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
-use client_common::{config_on_port, free_port};
+use client_common::{
+    config_on_port, free_port, insert_one_key, lease_end, signal, spawn_piped, PackageRows,
+};
 
-/// Generous: a first run installs the npm packages, and test machines are busy.
+/// Generous: a first run builds the package and installs it, and test machines are busy.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
 
 const ROWS: [(Option<&str>, &str); 5] = [
@@ -347,42 +351,6 @@ async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     db.drop().await;
 }
 
-/// When the row's lease runs out (or, not leased, when it becomes claimable), in epoch
-/// seconds: a lease extension moves it on.
-async fn lease_end(db: &TestDb, id: i64) -> f64 {
-    let query = format!(
-        "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
-        db.schema
-    );
-    sqlx::query_scalar(&query)
-        .bind(id)
-        .fetch_one(&db.pool)
-        .await
-        .unwrap()
-}
-
-/// `kill SIGNAL PID`, e.g. `-TERM`.
-fn signal(pid: &str, signal: &str) {
-    let kill = std::process::Command::new("kill")
-        .args([signal, pid])
-        .status()
-        .unwrap();
-    assert!(kill.success(), "kill {signal} {pid}");
-}
-
-/// `count` rows of key `k`, payloads `held 0`, `held 1`...
-async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
-    let mut ids = Vec::new();
-    for n in 0..count {
-        let payload = format!("held {n}");
-        ids.push(
-            db.insert("orders.created", Some("k"), payload.as_bytes())
-                .await,
-        );
-    }
-    ids
-}
-
 async fn insert_rows(db: &TestDb) -> Vec<i64> {
     let mut ids = Vec::new();
     for (key, payload) in ROWS {
@@ -456,4 +424,164 @@ async fn read_all(mut pipe: impl AsyncRead + Unpin) -> Vec<u8> {
     let mut bytes = Vec::new();
     let _ = pipe.read_to_end(&mut bytes).await;
     bytes
+}
+
+/// The command over TLS with a bearer token, and under mutual TLS with a client
+/// certificate naming its identity; without either, the server's refusal is the exit.
+#[tokio::test]
+async fn node_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
+    let db = TestDb::new().await;
+    let files = TlsFiles::new();
+    let identity = token_identity("node", "node-token", r#"{ orders = ["subscribe"] }"#)
+        + "certificate_names = [\"node.example\"]\n";
+    let config = format!("{}\n{}\n{identity}", db.config(""), files.config(true));
+    // Client certificates optional, so the token alone may get in.
+    let config = config.replace("client_ca =", "client_cert_optional = true\nclient_ca =");
+    let server = Server::start(&config).await;
+    eventually("the table created", DEADLINE, || async {
+        db.table_exists().await.then_some(())
+    })
+    .await;
+    let ca = files.path("ca.pem");
+    let ca = ca.to_str().unwrap();
+
+    insert_rows(&db).await;
+    let args = ["--count", "5", "--tls-ca", ca, "--token", "node-token"];
+    let (lines, _) = run_to_end(spawn(&server.address, &args)).await;
+    assert_eq!(lines.len(), 5);
+
+    let client = files.ca.client(files.dir.path(), "node", "node.example");
+    insert_rows(&db).await;
+    let (cert, key) = (client.cert.to_str().unwrap(), client.key.to_str().unwrap());
+    let args = [
+        "--count",
+        "5",
+        "--tls-ca",
+        ca,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+    ];
+    let (lines, _) = run_to_end(spawn(&server.address, &args)).await;
+    assert_eq!(lines.len(), 5);
+    assert_eq!(db.count("done").await, 10);
+
+    let (code, stderr) = run_failing(spawn(&server.address, &["--tls-ca", ca])).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("UNAUTHENTICATED"), "{stderr}");
+    db.drop().await;
+}
+
+/// A program of a user of the package, in TypeScript (compiled with `--strict` against
+/// the package's types): dead-letters a poison payload, nacks the first attempt of key
+/// `customer-1` with a short retry, acks the rest, and stops once four rows are settled.
+const USER_PROGRAM: &str = r#"
+import { DeadLetter, Handler, Message, Nack, Subscriber, SubscriberEvent } from 'txoutbox-client';
+
+const [server, outbox] = process.argv.slice(2);
+const acked = new Set<string>();
+const dead = new Set<string>();
+
+const handler: Handler = async (message: Message) => {
+  const key: string | null = message.key;
+  if (message.payload.toString('utf8') === 'poison') {
+    throw new DeadLetter('cannot publish a poison payload');
+  }
+  if (message.attempts === 1 && key === 'customer-1') {
+    throw new Nack('broker busy', 100);
+  }
+  console.log(`published ${message.id} ${message.attempts} ${message.createdAt.toISOString()}`);
+};
+
+const subscriber = new Subscriber({
+  servers: [server],
+  outbox,
+  name: 'node-api',
+  onEvent: (event: SubscriberEvent) => {
+    if (event.kind !== 'settled') return;
+    event.acked.forEach((id) => acked.add(id));
+    event.deadLettered.forEach((id) => dead.add(id));
+    if (acked.size >= 3 && dead.size >= 1) subscriber.stop();
+  },
+});
+subscriber.run(handler).then(() => console.log('done'));
+"#;
+
+/// What a user does with the package: the tarball of `npm pack` (made by the wrapper's
+/// build, into a directory of this test's), installed into a new project with TypeScript,
+/// a program type-checked against the package's types and run, and the package's command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_package_tarball_installs_into_a_project_and_runs_typed() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = dir.path().join("client");
+    let wrapper = Path::new(env!("CARGO_MANIFEST_DIR")).join("../client/node/subscribe");
+    let built = wait(spawn_piped(
+        Command::new(&wrapper)
+            .arg("--prepare")
+            .env("TXOUTBOX_NODE_CLIENT", &client),
+        dir.path(),
+    ))
+    .await;
+    assert_eq!(built.0, 0, "building the package failed");
+    let tarball = client.join(format!("txoutbox-client-{}.tgz", env!("CARGO_PKG_VERSION")));
+    assert!(tarball.is_file(), "{} missing", tarball.display());
+
+    let app = dir.path().join("app");
+    std::fs::create_dir(&app).unwrap();
+    std::fs::write(app.join("package.json"), "{\"private\": true}\n").unwrap();
+    std::fs::write(app.join("publisher.ts"), USER_PROGRAM).unwrap();
+    let tarball = tarball.to_str().unwrap();
+    let npm = [
+        "install",
+        "--no-audit",
+        "--no-fund",
+        "--loglevel=error",
+        tarball,
+        "typescript@~5.9.3",
+        "@types/node@^20",
+    ];
+    run_in(&app, "npm", &npm).await;
+    let tsc = app.join("node_modules/.bin/tsc");
+    let tsc_args = [
+        "--strict",
+        "--target",
+        "es2022",
+        "--module",
+        "commonjs",
+        "--types",
+        "node",
+        "publisher.ts",
+    ];
+    run_in(&app, tsc.to_str().unwrap(), &tsc_args).await;
+
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_rows(&db).await;
+    let script = app.join("node_modules/.bin/txoutbox-subscribe");
+    let args = [
+        "--server",
+        &server.address,
+        "--outbox",
+        "orders",
+        "--count",
+        "5",
+    ];
+    let (lines, _) = run_to_end(spawn_piped(Command::new(&script).args(args), &app)).await;
+    let got: Vec<Value> = lines.iter().map(|l| l["id"].clone()).collect();
+    assert_eq!(got, ids.iter().map(|id| json!(id)).collect::<Vec<_>>());
+
+    let rows = PackageRows::insert(&db).await;
+    let program = ["publisher.js", &server.address, "orders"];
+    let (code, stdout, stderr) = wait(spawn_piped(Command::new("node").args(program), &app)).await;
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    rows.check(&db, &stdout).await;
+    db.drop().await;
+}
+
+/// Runs `program ARGS` in `dir` to success (within [`SCRIPT_TIMEOUT`]).
+async fn run_in(dir: &Path, program: &str, args: &[&str]) {
+    let (code, stdout, _) = wait(spawn_piped(Command::new(program).args(args), dir)).await;
+    assert_eq!(code, 0, "`{program} {}` failed: {stdout}", args.join(" "));
 }

@@ -1,9 +1,9 @@
-//! The Python example publisher (`client/python/txoutbox_subscriber.py`) against a real
-//! `txoutboxd`: proves the protocol is comfortable from generated stubs outside Rust, and
-//! keeps the example in step with the protocol.
-//!
-//! The script runs through `client/python/subscribe`, as a user runs it: that wrapper makes
-//! the venv the first time (`scripts/test` has it make the venv before the suite starts).
+//! The Python package (`client/python`, distribution `txoutbox-client`) against a real
+//! `txoutboxd`: its console script `txoutbox-subscribe` through `client/python/subscribe`,
+//! as the README and the server's start-up line run it (that wrapper installs the package
+//! into a venv of its own the first time; `scripts/test` has it do so before the suite
+//! starts), and the wheel built from the directory, installed into a fresh venv, with its
+//! API used from Python (sync and asyncio).
 
 use crate::client_common;
 
@@ -17,11 +17,17 @@ use tokio::process::{Child, Command};
 use txoutbox_tests::pki::{token_identity, TlsFiles};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
-use client_common::{config_on_port, free_port};
+use client_common::{
+    config_on_port, free_port, insert_one_key, lease_end, signal, spawn_piped, PackageRows,
+};
 
-/// Generous: a first run makes the venv (from PyPI) and generates the stubs, and test
+/// Generous: a first run makes the venv (from PyPI) and builds the package, and test
 /// machines are busy.
 const SCRIPT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Building the wheel fetches its build requirements (hatchling, grpcio-tools) from PyPI
+/// and generates the stubs; installing it fetches grpcio and protobuf.
+const WHEEL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Rows of both tests: two keys with two messages each, and a keyless one in between.
 const ROWS: [(Option<&str>, &str); 5] = [
@@ -239,6 +245,53 @@ async fn python_subscriber_answers_what_it_holds_during_a_drain_then_reconnects(
     db.drop().await;
 }
 
+/// SIGTERM to the command while it holds three messages of a slow publish: the publish in
+/// progress finishes and is acked, the two others are released untried (their attempt
+/// refunded, no error recorded), and it exits with 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_one_key(&db, 3).await;
+    let args = ["--publish-delay-ms", "3000", "--lease-ms", "900"];
+    let child = spawn_script(&with_server(&server.address, &args));
+    // Claimed is not yet received: the command holds the batch once a lease was extended.
+    eventually("the command holding all three", SCRIPT_TIMEOUT, || async {
+        let mut held = 0;
+        for id in &ids {
+            held += i32::from(db.row(*id).await.1 == 1);
+        }
+        (held == 3).then_some(())
+    })
+    .await;
+    let claimed_until = lease_end(&db, ids[0]).await;
+    eventually("a lease extended by the command", DEADLINE, || async {
+        (lease_end(&db, ids[0]).await > claimed_until).then_some(())
+    })
+    .await;
+    signal(&child.id().expect("running").to_string(), "-TERM");
+    let output = wait_script(child).await;
+
+    assert!(output.status.success(), "exited with {}", output.status);
+    let lines = json_lines(&output.stdout);
+    assert_eq!(field(&lines, "id"), [json!(ids[0])], "{lines:#?}");
+    assert_eq!(lines[0]["answer"], "ack");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("SIGTERM: finishing the publish in progress"),
+        "{stderr}"
+    );
+    assert_eq!(db.row(ids[0]).await, ("done".to_owned(), 1, None));
+    for id in &ids[1..] {
+        assert_eq!(
+            db.row(*id).await,
+            ("pending".to_owned(), 0, None),
+            "row {id}: released with its attempt refunded"
+        );
+    }
+    db.drop().await;
+}
+
 /// The server does not come back: the script gives up after `--max-reconnects`.
 #[tokio::test]
 async fn python_subscriber_gives_up_after_max_reconnects() {
@@ -335,8 +388,9 @@ async fn run_failing(args: &[&str]) -> (i32, String) {
     (code, String::from_utf8_lossy(&output.stderr).into_owned())
 }
 
-/// Runs `client/python/subscribe ARGS` (the wrapper that runs `txoutbox_subscriber.py` in
-/// its venv) with a deadline, echoing its stderr to the test's output.
+/// Runs `client/python/subscribe ARGS` (the wrapper that runs the package's
+/// `txoutbox-subscribe` from its venv) with a deadline, echoing its stderr to the test's
+/// output.
 async fn run_script(args: &[&str]) -> Output {
     wait_script(spawn_script(args)).await
 }
@@ -346,7 +400,6 @@ fn spawn_script(args: &[&str]) -> Child {
     let script = repository().join("client/python/subscribe");
     Command::new(&script)
         .args(args)
-        .env("TXOUTBOX_STUBS_DIR", target_dir().join("python-stubs"))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -356,10 +409,15 @@ fn spawn_script(args: &[&str]) -> Child {
 }
 
 /// Waits for the script to exit (within [`SCRIPT_TIMEOUT`]), echoing its stderr.
-async fn wait_script(mut child: Child) -> Output {
+async fn wait_script(child: Child) -> Output {
+    wait_with(child, SCRIPT_TIMEOUT).await
+}
+
+/// Waits for `child` to exit within `deadline`, echoing its stderr.
+async fn wait_with(mut child: Child, deadline: Duration) -> Output {
     let stdout = tokio::spawn(read_all(child.stdout.take().unwrap()));
     let stderr = tokio::spawn(read_all(child.stderr.take().unwrap()));
-    let status = tokio::time::timeout(SCRIPT_TIMEOUT, child.wait()).await;
+    let status = tokio::time::timeout(deadline, child.wait()).await;
     if status.is_err() {
         child.kill().await.expect("killing the Python subscriber");
     }
@@ -370,7 +428,7 @@ async fn wait_script(mut child: Child) -> Output {
     }
     let Ok(status) = status else {
         let stdout = String::from_utf8_lossy(&stdout);
-        panic!("the Python subscriber did not exit within {SCRIPT_TIMEOUT:?}; stdout:\n{stdout}");
+        panic!("the Python program did not exit within {deadline:?}; stdout:\n{stdout}");
     };
     Output {
         status: status.expect("waiting for the Python subscriber"),
@@ -392,16 +450,7 @@ fn repository() -> PathBuf {
         .to_path_buf()
 }
 
-/// The cargo target directory: the test executable is `target/<profile>/deps/<name>`.
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable path");
-    exe.ancestors()
-        .nth(3)
-        .expect("target directory above target/<profile>/deps")
-        .to_path_buf()
-}
-
-/// Issue 12: the example over TLS with a bearer token, and under mutual TLS with a client
+/// The command over TLS with a bearer token, and under mutual TLS with a client
 /// certificate naming its identity.
 #[tokio::test]
 async fn python_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
@@ -465,4 +514,175 @@ async fn python_subscriber_speaks_tls_with_a_token_or_a_client_certificate() {
         "{stderr}"
     );
     db.drop().await;
+}
+
+/// A program of a user of the package: a sync subscriber whose handler dead-letters a
+/// poison payload, nacks the first attempt of key `customer-1` with a short retry, gives
+/// back the rows meant for the asyncio subscriber (`later ...`, with a delay) and acks the
+/// rest; then an asyncio one that acks those. Each stops once what it waits for is settled;
+/// `done` at the end.
+const USER_PROGRAM: &str = r#"
+import asyncio, sys
+from txoutbox_client import (AsyncSubscriber, DeadLetter, Message, Nack, Release, Settled,
+                             Subscriber)
+
+server, outbox = sys.argv[1], sys.argv[2]
+
+def handle(message: Message) -> None:
+    if message.payload == b"poison":
+        raise DeadLetter("cannot publish a poison payload")
+    if message.payload.startswith(b"later"):
+        raise Release(delay=1.0)
+    if message.attempts == 1 and message.key == "customer-1":
+        raise Nack("broker busy", retry_after=0.1)
+    print(f"sync {message.id} {message.attempts}", flush=True)
+
+acked, dead = set(), set()
+
+def on_event(event):
+    if isinstance(event, Settled):
+        acked.update(event.acked)
+        dead.update(event.dead_lettered)
+        if len(acked) >= 3 and dead:
+            sync.stop()
+
+sync = Subscriber(server, outbox, name="python-api", on_event=on_event)
+sync.run(handle)
+
+async def main():
+    acked = set()
+
+    async def handle(message: Message) -> None:
+        await asyncio.sleep(0)
+        print(f"async {message.id} {message.attempts} {message.payload_text()}", flush=True)
+
+    def on_event(event):
+        if isinstance(event, Settled):
+            acked.update(event.acked)
+            if len(acked) >= 2:
+                subscriber.stop()
+
+    subscriber = AsyncSubscriber([server], outbox, name="python-aio", on_event=on_event)
+    await subscriber.run(handle)
+
+asyncio.run(main())
+print("done", flush=True)
+"#;
+
+/// What a user does with the package: `pip wheel` in `client/python`, the wheel installed
+/// into a fresh venv outside the repository (nothing of the clone on its path), its
+/// console script and its API run against a real server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_package_wheel_installs_into_a_clean_venv_and_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = std::env::var("TXOUTBOX_PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let dist = dir.path().join("dist");
+    let package = repository().join("client/python");
+    let package = package.to_str().unwrap();
+    let dist_arg = dist.to_str().unwrap();
+    run_python_tool(
+        &python,
+        &[
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            package,
+            "-w",
+            dist_arg,
+        ],
+        dir.path(),
+    )
+    .await;
+    let wheels: Vec<PathBuf> = std::fs::read_dir(&dist)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .collect();
+    let [wheel] = wheels.as_slice() else {
+        panic!("one wheel expected in {}: {wheels:?}", dist.display());
+    };
+    let name = wheel.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(
+        name.starts_with("txoutbox_client-") && name.ends_with("-py3-none-any.whl"),
+        "{name}"
+    );
+    let venv = dir.path().join("venv");
+    run_python_tool(&python, &["-m", "venv", venv.to_str().unwrap()], dir.path()).await;
+    let venv_python = venv.join("bin/python");
+    let venv_python = venv_python.to_str().unwrap();
+    run_python_tool(
+        venv_python,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            wheel.to_str().unwrap(),
+        ],
+        dir.path(),
+    )
+    .await;
+
+    // The console script.
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_rows(&db).await;
+    let script = venv.join("bin/txoutbox-subscribe");
+    let output = wait_script(spawn_piped(
+        Command::new(&script).args(with_server(&server.address, &["--count", "5"])),
+        dir.path(),
+    ))
+    .await;
+    assert!(output.status.success(), "exited with {}", output.status);
+    assert_eq!(
+        field(&json_lines(&output.stdout), "id"),
+        ids.iter().map(|id| json!(id)).collect::<Vec<_>>()
+    );
+
+    // The API, from a program of its own.
+    let rows = PackageRows::insert(&db).await;
+    let later = [
+        db.insert("orders.created", None, b"later 1").await,
+        db.insert("orders.created", None, b"later 2").await,
+    ];
+    let program = dir.path().join("publisher.py");
+    std::fs::write(&program, USER_PROGRAM).unwrap();
+    let output = wait_script(spawn_piped(
+        Command::new(venv_python)
+            .arg(&program)
+            .args([server.address.as_str(), "orders"]),
+        dir.path(),
+    ))
+    .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{}: {stdout}", output.status);
+    assert!(stdout.ends_with("done\n"), "{stdout}");
+    rows.check(&db, &stdout).await;
+    for id in later {
+        assert!(stdout.contains(&format!("async {id} 1 later")), "{stdout}");
+        assert_eq!(
+            db.row(id).await,
+            ("done".to_owned(), 1, None),
+            "released untried"
+        );
+    }
+    db.drop().await;
+}
+
+/// Runs `program ARGS` in `dir` to success within [`WHEEL_TIMEOUT`], echoing its output.
+async fn run_python_tool(program: &str, args: &[&str], dir: &Path) {
+    let output = wait_with(
+        spawn_piped(Command::new(program).args(args), dir),
+        WHEEL_TIMEOUT,
+    )
+    .await;
+    assert!(
+        output.status.success(),
+        "`{program} {}` failed ({}): {}",
+        args.join(" "),
+        output.status,
+        String::from_utf8_lossy(&output.stdout)
+    );
 }

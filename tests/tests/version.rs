@@ -67,6 +67,30 @@ fn the_build_script_names_the_commit_or_says_it_cannot() {
         "only build.rs is watched: {output}"
     );
 
+    // Named by the builder (the container image's build argument), ahead of everything
+    // else: a full hash shortened as git shortens it, other text as given.
+    let variable = |value: &str| [("TXOUTBOX_COMMIT", Path::new(value).to_owned())];
+    let full = "89abcdef0123456789abcdef0123456789abcdef";
+    let output = script.run_with(&sources, &variable(full));
+    assert!(
+        output.contains("TXOUTBOX_VERSION=1.2.3 (89abcdef01)\n"),
+        "{output}"
+    );
+    assert!(
+        output.contains("cargo:rerun-if-env-changed=TXOUTBOX_COMMIT\n"),
+        "{output}"
+    );
+    let output = script.run_with(outside.path(), &variable("9aae6b9e3a 2026-12-02"));
+    assert!(
+        output.contains("TXOUTBOX_VERSION=1.2.3 (9aae6b9e3a 2026-12-02)\n"),
+        "{output}"
+    );
+    let output = script.run_with(&sources, &variable(" "));
+    assert!(
+        output.contains(&format!("TXOUTBOX_VERSION=1.2.3 ({expected})\n")),
+        "an empty variable falls back to git: {output}"
+    );
+
     // A crate tarball: the commit `cargo package` recorded, even when unpacked inside
     // another repository (vendored), whose commit git would give.
     let enclosing = tempfile::tempdir().unwrap();
@@ -127,11 +151,19 @@ impl BuildScript {
 
     /// What the script prints for a crate in `manifest_dir`, with `env` set.
     fn run(&self, manifest_dir: &Path, env: &[(&str, &Path)]) -> String {
+        let env: Vec<(&str, PathBuf)> = env.iter().map(|(k, v)| (*k, v.to_path_buf())).collect();
+        self.run_with(manifest_dir, &env)
+    }
+
+    /// [`Self::run`] with owned values. `TXOUTBOX_COMMIT` is unset unless given, so the
+    /// environment the tests run in does not decide.
+    fn run_with(&self, manifest_dir: &Path, env: &[(&str, PathBuf)]) -> String {
         let output = Command::new(&self.binary)
             .current_dir(manifest_dir)
             .env("CARGO_MANIFEST_DIR", manifest_dir)
             .env("CARGO_PKG_VERSION", "1.2.3")
-            .envs(env.iter().copied())
+            .env_remove("TXOUTBOX_COMMIT")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
             .output()
             .unwrap();
         assert!(output.status.success(), "{}", text(&output.stderr));

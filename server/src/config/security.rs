@@ -181,7 +181,7 @@ pub(super) fn validate(
         };
         problems.push(format!(
             "server.listen = {listen} is reachable from other machines with {missing}: \
-             configure [server.tls] and [server.auth.identities.NAME] (see README \"Security\"), \
+             configure [server.tls] and [server.auth.identities.NAME] (see docs/security.md), \
              listen on 127.0.0.1, or set server.allow_insecure = true to serve it anyway"
         ));
     }

@@ -99,7 +99,7 @@ impl BytesInFlight {
     }
 
     /// The bytes a unary claim may use now: what the streams neither hold nor wait for.
-    /// Unary claims are not counted once they return (see README "Security").
+    /// Unary claims are not counted once they return (see docs/security.md).
     pub fn unary_room(&self) -> usize {
         let state = self.lock();
         let (_, waiting) = state.needs_around(u64::MAX);

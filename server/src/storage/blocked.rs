@@ -13,8 +13,8 @@
 //! behind it through the same index. The pending rows not due now are found by a pass
 //! over the pending rows (MySQL/MariaDB: a range of its `(status, available_at)` index):
 //! there is deliberately no index on `available_at` elsewhere, since every claim moves it
-//! and such an index would tax every claim for an operator's occasional look. README,
-//! Operations, has the measured cost on a million pending rows. Keys held by a dead row
+//! and such an index would tax every claim for an operator's occasional look.
+//! docs/operations.md has the measured cost on a million pending rows. Keys held by a dead row
 //! are found by a second walk, over the dead rows in id order, each checked through the
 //! `(key, id)` indexes of dead and pending rows: its cost follows the dead rows.
 

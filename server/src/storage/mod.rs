@@ -317,7 +317,7 @@ pub trait Storage: Send + Sync + 'static {
     /// Applies `nacks` in order, one outcome each, in the same order: records the error
     /// and schedules a retry or dead-letters, per `policy`, and gives back untried the
     /// later rows of the key that `owner` holds, with the same time. A nack needs a live
-    /// lease (see README, Guarantees); a nack of a row an earlier nack of the batch gave
+    /// lease (see docs/guarantees.md); a nack of a row an earlier nack of the batch gave
     /// back finds it no longer held: [`NackResult::Fenced`], as if sent one by one.
     async fn nack_many(
         &self,

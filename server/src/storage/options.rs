@@ -14,7 +14,7 @@ pub struct TableOptions {
     /// waiting for its retry.
     pub strict_ordering: bool,
     /// With `strict_ordering`: a dead row also holds back its key's later rows, until an
-    /// operator re-drives or discards it (README, Operations). Ignored without it.
+    /// operator re-drives or discards it (docs/operations.md). Ignored without it.
     pub dead_letter_holds_key: bool,
     /// Delete delivered rows instead of marking them `done`.
     pub delete_on_ack: bool,

@@ -11,7 +11,7 @@
 //!
 //! The hot path pays one atomic add per counter: every series an outbox counts on is
 //! looked up once, when its [`OutboxMetrics`] is made, never per call. The names, their
-//! labels and meanings are listed in README "Observability"; the gauges that need the
+//! labels and meanings are listed in docs/observability.md; the gauges that need the
 //! database are set by [`super::depth`], the pool gauges at scrape time.
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -2,7 +2,7 @@
 //! processes and a steady producer on one outbox table while replicas, subscribers,
 //! database sessions and links are killed, paused or cut, one fault at a time; then the
 //! history checker's report. Exits 1 on a loss, an order violation or a duplicate no
-//! fault explains. The logic lives in `txoutbox_tests::faults`; README "Proof".
+//! fault explains. The logic lives in `txoutbox_tests::faults`; docs/guarantees.md, "Proof".
 //!
 //! `cargo run --release -p txoutbox-tests --bin txoutbox-faults -- --backend postgres --duration 10m [--seed N]`
 

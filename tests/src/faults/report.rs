@@ -1,5 +1,5 @@
 //! The report of a fault run: one line per fault, then a summary with the figures the
-//! README's "Proof" quotes.
+//! "Proof" of docs/guarantees.md quotes.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

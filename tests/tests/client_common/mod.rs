@@ -139,3 +139,102 @@ pub fn config_on_port(db: &TestDb, extra: &str, port: u16) -> String {
         &format!("listen = \"127.0.0.1:{port}\""),
     )
 }
+
+/// `command` run in `dir` with stdin closed, stdout and stderr piped, killed when dropped.
+pub fn spawn_piped(
+    command: &mut tokio::process::Command,
+    dir: &std::path::Path,
+) -> tokio::process::Child {
+    command
+        .current_dir(dir)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {command:?}: {e}"))
+}
+
+/// The rows the packages' user programs (Python, Node) run on: `first` and `second` of
+/// key `customer-1`, whose first attempts the programs nack; `poison`, which they
+/// dead-letter; `keyless`, which they publish.
+pub struct PackageRows {
+    pub first: i64,
+    pub second: i64,
+    pub poison: i64,
+    pub keyless: i64,
+}
+
+impl PackageRows {
+    pub async fn insert(db: &TestDb) -> Self {
+        let topic = "orders.created";
+        Self {
+            first: db.insert(topic, Some("customer-1"), b"first").await,
+            second: db.insert(topic, Some("customer-1"), b"second").await,
+            poison: db.insert(topic, None, b"poison").await,
+            keyless: db.insert(topic, None, b"fine").await,
+        }
+    }
+
+    /// What became of them, in the table and in `stdout`, where the program printed a line
+    /// `WORD ID ATTEMPTS ...` per publish: the poison dead, `first` published on its second
+    /// attempt with the nack's error kept, and before `second` (its key waited for the
+    /// retry), `keyless` published.
+    pub async fn check(&self, db: &TestDb, stdout: &str) {
+        let line_of = |id: i64, attempts: Option<u32>| {
+            stdout.lines().position(|line| {
+                let words: Vec<&str> = line.split_whitespace().collect();
+                words.get(1) == Some(&id.to_string().as_str())
+                    && attempts.is_none_or(|a| words.get(2) == Some(&a.to_string().as_str()))
+            })
+        };
+        assert_eq!(db.row(self.poison).await.0, "dead");
+        let (status, attempts, error) = db.row(self.first).await;
+        assert_eq!((status.as_str(), attempts), ("done", 2));
+        assert_eq!(error.as_deref(), Some("broker busy"));
+        let (first, second) = (line_of(self.first, Some(2)), line_of(self.second, None));
+        assert!(
+            first.is_some() && second.is_some() && first < second,
+            "the key's second message after the first one's retry: {stdout}"
+        );
+        for id in [self.second, self.keyless] {
+            assert_eq!(db.row(id).await.0, "done", "row {id}");
+        }
+    }
+}
+
+/// When the row's lease runs out (or, not leased, when it becomes claimable), in epoch
+/// seconds: a lease extension moves it on.
+pub async fn lease_end(db: &TestDb, id: i64) -> f64 {
+    let query = format!(
+        "SELECT extract(epoch FROM available_at)::float8 FROM {}.outbox WHERE id = $1",
+        db.schema
+    );
+    sqlx::query_scalar(&query)
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+}
+
+/// `kill SIGNAL PID`, e.g. `-TERM`.
+pub fn signal(pid: &str, signal: &str) {
+    let kill = std::process::Command::new("kill")
+        .args([signal, pid])
+        .status()
+        .unwrap();
+    assert!(kill.success(), "kill {signal} {pid}");
+}
+
+/// `count` rows of key `k`, payloads `held 0`, `held 1`...
+pub async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
+    let mut ids = Vec::new();
+    for n in 0..count {
+        let payload = format!("held {n}");
+        ids.push(
+            db.insert("orders.created", Some("k"), payload.as_bytes())
+                .await,
+        );
+    }
+    ids
+}

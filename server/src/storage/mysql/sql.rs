@@ -502,7 +502,7 @@ impl Statements {
     /// owner holds, locked until the transaction ends. MariaDB has no
     /// `UPDATE ... RETURNING`, so the applied ids come from here and the update follows in
     /// the same transaction. With `live`, only rows whose lease has not run out: an answer
-    /// that keeps a row from being claimed needs one (README, Guarantees).
+    /// that keeps a row from being claimed needs one (docs/guarantees.md).
     pub fn held(&self, n: usize, live: bool) -> String {
         let Names {
             id,

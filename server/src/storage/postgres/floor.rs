@@ -28,7 +28,7 @@
 //!   at the bottom.
 //!
 //! A row due below the floor waits at most that interval longer than it would without
-//! one; that is the only ordering given up (README, Guarantees 1). Claims with a topic
+//! one; that is the only ordering given up (docs/guarantees.md, point 1). Claims with a topic
 //! filter (or with paused topics) start at the bottom: the rows another filter claimed
 //! say nothing about theirs.
 

@@ -213,7 +213,7 @@ impl Statements {
         // `Sync`), which PostgreSQL counts as a transaction (BENCHMARKS.md, issue 16).
         let held = format!("WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'");
         // Answers that keep a row from being claimed need a lease that has not run out:
-        // past it, another claim may be taking the row (README, Guarantees).
+        // past it, another claim may be taking the row (docs/guarantees.md).
         let live = format!("{available_at} > statement_timestamp()");
         let objects = StrictObjects::new(shape);
         let functions = if shape.strict_ordering {

@@ -197,7 +197,7 @@ impl Statements {
                  {held} RETURNING {id}"
             ),
             ack_delete: format!("DELETE FROM {t} {held} RETURNING {id}"),
-            // `?3` now: a nack needs a live lease (README, Guarantees).
+            // `?3` now: a nack needs a live lease (docs/guarantees.md).
             nack_select: format!(
                 "SELECT {attempts}, {key} FROM {t} \
                  WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' \
