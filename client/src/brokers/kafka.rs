@@ -50,7 +50,7 @@ use crate::{ClientError, Message, PublishError, Publisher};
 /// rdkafka itself, for [`KafkaPublisher::from_producer`] and the error types.
 pub use rdkafka;
 
-pub use crate::broker::{TopicMapping, ID_HEADER, TOPIC_HEADER};
+pub use crate::brokers::{TopicMapping, ID_HEADER, TOPIC_HEADER};
 
 /// Default `message.timeout.ms`: below the subscriber's default `publish_timeout` (10s),
 /// so a broker outage comes back as Kafka's own error rather than a timeout.
@@ -68,7 +68,7 @@ pub struct KafkaPublisherBuilder {
 }
 
 impl KafkaPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
 
     /// How long librdkafka keeps trying to deliver one record (`message.timeout.ms`,
     /// default 8s) before the publish fails and the row is nacked for a later retry.

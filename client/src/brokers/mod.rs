@@ -1,5 +1,10 @@
-//! What every ready-made publisher shares: where a message goes ([`TopicMapping`]) and
-//! which headers it carries ([`carried_headers`]).
+//! The ready-made publishers, one module per broker, each behind the feature of its name,
+//! and what they share: where a message goes ([`TopicMapping`]) and which headers it
+//! carries ([`carried_headers`]).
+//!
+//! They live beside the [`subscriber`](crate::subscriber) runtime rather than in it: the
+//! runtime knows only the [`Publisher`](crate::Publisher) trait, and a publisher knows
+//! nothing of the runtime, so an application can bring its own of either.
 //!
 //! Every publisher of this crate has the same shape:
 //!
@@ -26,6 +31,17 @@
 //! | HTTP webhook | `webhook` | `webhook` | header `txoutbox-key` | header `txoutbox-id` |
 //! | Redis Streams | `redis` | `redis_stream` | field `key` | field `id` |
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "redis")]
+pub mod redis_stream;
+#[cfg(feature = "webhook")]
+pub mod webhook;
+
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
@@ -45,7 +61,7 @@ pub const KEY_HEADER: &str = "txoutbox-key";
 /// message goes to.
 ///
 /// ```
-/// use txoutbox_client::broker::TopicMapping;
+/// use txoutbox_client::brokers::TopicMapping;
 /// use txoutbox_client::Message;
 ///
 /// let message = Message::new(1, "orders.paid", "{}");
@@ -101,7 +117,7 @@ impl fmt::Debug for TopicMapping {
 /// those names is left out, so a consumer can trust them.
 ///
 /// ```
-/// use txoutbox_client::broker::carried_headers;
+/// use txoutbox_client::brokers::carried_headers;
 /// use txoutbox_client::Message;
 ///
 /// let message = Message::new(7, "orders.paid", "{}")
@@ -151,13 +167,13 @@ macro_rules! topic_mapping_methods {
         /// Sends every message to the broker topic of its outbox topic's name (the
         /// default).
         pub fn same_topic(mut self) -> Self {
-            self.topics = $crate::broker::TopicMapping::Same;
+            self.topics = $crate::brokers::TopicMapping::Same;
             self
         }
 
         /// Sends each message to `prefix` followed by its outbox topic.
         pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.topics = $crate::broker::TopicMapping::prefix(prefix);
+            self.topics = $crate::brokers::TopicMapping::prefix(prefix);
             self
         }
 
@@ -166,12 +182,12 @@ macro_rules! topic_mapping_methods {
             mut self,
             f: impl Fn(&$crate::Message) -> String + Send + Sync + 'static,
         ) -> Self {
-            self.topics = $crate::broker::TopicMapping::function(f);
+            self.topics = $crate::brokers::TopicMapping::function(f);
             self
         }
 
         /// Sets the topic mapping.
-        pub fn topics(mut self, topics: $crate::broker::TopicMapping) -> Self {
+        pub fn topics(mut self, topics: $crate::brokers::TopicMapping) -> Self {
             self.topics = topics;
             self
         }

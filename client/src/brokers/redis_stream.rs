@@ -44,7 +44,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use crate::broker::TopicMapping;
+use crate::brokers::TopicMapping;
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// The redis crate itself.
@@ -64,7 +64,7 @@ pub struct RedisStreamPublisherBuilder {
 }
 
 impl RedisStreamPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
 
     /// Trims each stream to about `max_len` entries on every append (`MAXLEN ~`).
     pub fn max_len(mut self, max_len: u64) -> Self {

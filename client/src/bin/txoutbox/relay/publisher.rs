@@ -9,7 +9,7 @@ use txoutbox_client::Publisher;
 #[cfg(any(feature = "kafka", feature = "webhook"))]
 use super::name_value;
 use super::Args;
-use crate::cli::CliError;
+use crate::exit::CliError;
 
 /// The publisher, and where it publishes (for the log).
 pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError> {

@@ -51,7 +51,7 @@ use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
 use tokio::sync::OnceCell;
 
-use crate::broker::{carried_headers, TopicMapping};
+use crate::brokers::{carried_headers, TopicMapping};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// async-nats itself, for [`NatsPublisher::from_client`] (TLS, credentials, ...).
@@ -75,7 +75,7 @@ pub struct NatsPublisherBuilder {
 }
 
 impl NatsPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
 
     /// How long a publish waits for the stream's PubAck (default 5s) before the row is
     /// nacked and retried. Keep it below the subscriber's `publish_timeout` (default 10s).

@@ -60,7 +60,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::Mutex;
 
-use crate::broker::{carried_headers, TopicMapping};
+use crate::brokers::{carried_headers, TopicMapping};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// lapin itself, for its error and property types.
@@ -86,7 +86,7 @@ pub struct AmqpPublisherBuilder {
 }
 
 impl AmqpPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
 
     /// How long a publish waits for the broker's confirm (default 5s) before the row is
     /// nacked and retried. Keep it below the subscriber's `publish_timeout` (default 10s).

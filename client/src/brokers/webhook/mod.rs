@@ -77,7 +77,7 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 
-use crate::broker::{carried_headers, is_reserved};
+use crate::brokers::{carried_headers, is_reserved};
 use crate::{ClientError, Message, PublishError, Publisher};
 use batch::{BatchLimits, Batcher, SendBatch};
 
