@@ -15,7 +15,8 @@
 //!   `KafkaPublisher`, an idempotent rdkafka producer that confirms delivery before the
 //!   row is acked; likewise `nats` (`NatsPublisher`, JetStream), `amqp` (`AmqpPublisher`,
 //!   RabbitMQ), `webhook` (`WebhookPublisher`, signed HTTP POSTs) and `redis_stream`
-//!   (`RedisStreamPublisher`), each behind the feature of its name (`redis` for Redis).
+//!   (`RedisStreamPublisher`) and `mqtt` (`MqttPublisher`, MQTT 5 at QoS 1), each behind
+//!   the feature of its name (`redis` for Redis).
 //!   The publishers and their modules are also at the crate's root
 //!   (`txoutbox_client::KafkaPublisher`, `txoutbox_client::kafka`).
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
@@ -106,6 +107,8 @@ pub use brokers as broker;
 pub use brokers::amqp::{self, AmqpPublisher};
 #[cfg(feature = "kafka")]
 pub use brokers::kafka::{self, KafkaPublisher};
+#[cfg(feature = "mqtt")]
+pub use brokers::mqtt::{self, MqttPublisher};
 #[cfg(feature = "nats")]
 pub use brokers::nats::{self, NatsPublisher};
 #[cfg(feature = "redis")]

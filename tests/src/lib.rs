@@ -23,11 +23,13 @@ pub mod outbox_db;
 pub mod pg_link;
 pub mod pki;
 pub mod prometheus;
+pub mod rabbit_node;
 pub mod relay_cli;
 pub mod server;
 pub mod sqlite_db;
 pub mod subscriber;
 pub mod tcp_proxy;
+pub mod tls_server;
 pub mod webhook_receiver;
 
 use std::future::Future;

@@ -17,7 +17,7 @@
 //!   next publish;
 //! - [`Publisher::publish`](crate::Publisher::publish) returns `Ok` only once the broker
 //!   confirmed the message (Kafka's delivery report, JetStream's PubAck, RabbitMQ's
-//!   publisher confirm, a 2xx answer, Redis' XADD reply);
+//!   publisher confirm, a 2xx answer, Redis' XADD reply, MQTT's PUBACK);
 //! - one function per publisher, `classify`, turns the broker's errors into
 //!   [`PublishError`](crate::PublishError)s: permanent (dead-letter the row) only for a
 //!   message the broker will never take, retried for everything an operator or time can
@@ -30,15 +30,21 @@
 //! | RabbitMQ | `amqp` | `amqp` | header `txoutbox-key` | `message_id` and `txoutbox-id` |
 //! | HTTP webhook | `webhook` | `webhook` | header `txoutbox-key` | header `txoutbox-id` |
 //! | Redis Streams | `redis` | `redis_stream` | field `key` | field `id` |
+//! | MQTT 5 | `mqtt` | `mqtt` | user property `txoutbox-key` (or a topic level) | user property `txoutbox-id` |
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(feature = "cloudevents")]
+pub mod cloudevents;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "redis")]
 pub mod redis_stream;
+mod tls;
 #[cfg(feature = "webhook")]
 pub mod webhook;
 
@@ -47,6 +53,15 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::Message;
+
+#[cfg(feature = "cloudevents")]
+pub use cloudevents::CloudEvents;
+#[cfg(feature = "cloudevents")]
+#[allow(unused_imports)] // used by the publishers' modules, each behind its feature
+pub(crate) use cloudevents::{cloudevents_method, Binding};
+pub use tls::TlsFiles;
+#[allow(unused_imports)] // used by the publishers' modules, each behind its feature
+pub(crate) use tls::{tls_methods, TlsPem};
 
 /// Header (or field) carrying the outbox message id (decimal): the deduplication key for
 /// consumers.
