@@ -14,6 +14,7 @@ pub mod bench;
 pub mod binaries;
 pub mod broker_process;
 pub mod brokers;
+pub mod cloudevents_check;
 pub mod db;
 pub mod faults;
 pub mod journal;

@@ -44,6 +44,8 @@ mod client_restart;
 mod client_run_once;
 #[path = "client_stop.rs"]
 mod client_stop;
+#[path = "cloudevents.rs"]
+mod cloudevents;
 #[path = "database_passwords.rs"]
 mod database_passwords;
 #[path = "e2e.rs"]

@@ -280,7 +280,10 @@ impl AmqpPublisher {
         let mut body = message.payload.clone();
         if let Some(events) = &self.builder.cloudevents {
             let envelope = events.envelope(message, Binding::Amqp);
-            let mut headers = properties.headers().clone().unwrap_or_default();
+            let mut headers = match envelope.replaces_headers {
+                true => FieldTable::default(),
+                false => properties.headers().clone().unwrap_or_default(),
+            };
             for (name, value) in &envelope.headers {
                 headers.insert(
                     ShortString::from(name.as_str()),

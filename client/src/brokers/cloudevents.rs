@@ -33,6 +33,12 @@
 //! | MQTT 5 | user properties `id`, `source`, ... (the MQTT binding's names, without a prefix), content type = `datacontenttype` | payload = the JSON event, content type `application/cloudevents+json` |
 //! | Redis Streams | — (no binding exists) | field `payload` = the JSON event, field `content-type` = `application/cloudevents+json`; `id`, `topic` and `key` fields stay |
 //!
+//! In binary mode the usual headers (`txoutbox-id`, the row's own, ...) go too, beside
+//! the attributes. In structured mode the event is the whole message: the transport
+//! carries only its content type and what the transport itself needs (the Kafka record
+//! key, `Nats-Msg-Id`, AMQP's `message_id` and `type` properties; Redis' `id`, `topic`
+//! and `key` fields).
+//!
 //! In the JSON event (structured mode), a JSON payload (by `datacontenttype`) is the
 //! `data` member as JSON; any other payload is `data_base64`.
 
@@ -198,7 +204,7 @@ pub(crate) enum Binding {
 }
 
 /// What a publisher sends for a message as a CloudEvent, besides its usual headers (which
-/// it keeps, so consumers that read `txoutbox-id` go on doing so) unless
+/// it keeps in binary mode, so consumers that read `txoutbox-id` go on doing so) unless
 /// `replaces_headers`.
 #[allow(dead_code)] // each field is used by the publishers of some features only
 pub(crate) struct Envelope {
@@ -208,8 +214,10 @@ pub(crate) struct Envelope {
     pub content_type: String,
     /// The payload, or the JSON event.
     pub body: Bytes,
-    /// MQTT's binary mode names its attributes without a prefix: the usual user
-    /// properties would repeat the extensions under their other names.
+    /// In structured mode the event is the whole message: other headers would be read
+    /// as attributes by some consumers (the Python SDK's Kafka binding does). MQTT's
+    /// binary mode names its attributes without a prefix: the usual user properties would
+    /// repeat the extensions under their other names.
     pub replaces_headers: bool,
 }
 
@@ -221,7 +229,7 @@ impl CloudEvents {
                 headers: Vec::new(),
                 content_type: STRUCTURED_CONTENT_TYPE.to_owned(),
                 body: self.structured_body(message),
-                replaces_headers: false,
+                replaces_headers: true,
             };
         }
         let (prefix, encode): (&str, fn(&str) -> String) = match binding {

@@ -249,11 +249,14 @@ impl KafkaPublisher {
 impl Publisher for KafkaPublisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         let topic = self.topics.topic_for(message);
-        let mut headers = Self::headers(message);
         let envelope = self
             .cloudevents
             .as_ref()
             .map(|events| events.envelope(message, Binding::Kafka));
+        let mut headers = match &envelope {
+            Some(envelope) if envelope.replaces_headers => OwnedHeaders::new(),
+            _ => Self::headers(message),
+        };
         if let Some(envelope) = &envelope {
             let content_type = ("content-type", &envelope.content_type);
             for (name, value) in envelope

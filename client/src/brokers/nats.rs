@@ -329,6 +329,11 @@ impl Publisher for NatsPublisher {
         let mut payload = message.payload.clone();
         if let Some(events) = &self.cloudevents {
             let envelope = events.envelope(message, Binding::Nats);
+            if envelope.replaces_headers {
+                headers = HeaderMap::new();
+                let msg_id = format!("{}{}", self.msg_id_prefix, message.id);
+                headers.insert(MSG_ID_HEADER, msg_id.as_str());
+            }
             for (name, value) in &envelope.headers {
                 headers.insert(name.as_str(), value.as_str());
             }

@@ -166,13 +166,18 @@ impl Endpoint {
         timestamp: u64,
     ) -> Result<(HeaderMap, Bytes), PublishError> {
         let mut headers = self.headers.clone();
-        for (name, value) in carried_headers(message) {
-            let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
-            headers.insert(name, value);
+        let envelope = self
+            .cloudevents
+            .as_ref()
+            .map(|events| events.envelope(message, Binding::Http));
+        if !envelope.as_ref().is_some_and(|e| e.replaces_headers) {
+            for (name, value) in carried_headers(message) {
+                let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
+                headers.insert(name, value);
+            }
         }
         let mut body = message.payload.clone();
-        if let Some(events) = &self.cloudevents {
-            let envelope = events.envelope(message, Binding::Http);
+        if let Some(envelope) = envelope {
             let content_type = ("content-type".to_owned(), envelope.content_type);
             for (name, value) in envelope.headers.into_iter().chain([content_type]) {
                 let (name, value) = header(&name, &value).map_err(PublishError::permanent)?;
