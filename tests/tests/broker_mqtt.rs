@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use txoutbox_client::mqtt::rumqttc::v5::mqttbytes::v5::Packet;
+use txoutbox_client::mqtt::rumqttc::v5::mqttbytes::v5::{Packet, Publish};
 use txoutbox_client::mqtt::rumqttc::v5::mqttbytes::QoS;
 use txoutbox_client::mqtt::rumqttc::v5::{AsyncClient, Event, MqttOptions};
 use txoutbox_client::mqtt::MqttPublisher;
@@ -16,6 +16,8 @@ use txoutbox_tests::brokers::{
     assert_complete_and_in_order, insert_keyed, outage, spawn_subscribers, stop_all, unique_name,
     Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
+use txoutbox_tests::cloudevents_check::read_back;
+use txoutbox_tests::relay_cli::relay_until_done;
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 async fn mosquitto() -> BrokerProcess {
@@ -27,7 +29,7 @@ async fn mosquitto() -> BrokerProcess {
 
 /// What the reader got, in arrival order.
 struct Reader {
-    received: Arc<Mutex<Vec<Delivered>>>,
+    received: Arc<Mutex<Vec<Publish>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -53,7 +55,7 @@ impl Reader {
                             subscribed.take().map(|s| s.send(()));
                         }
                         Ok(Event::Incoming(Packet::Publish(publish))) => {
-                            received.lock().unwrap().push(delivered(&publish));
+                            received.lock().unwrap().push(publish);
                         }
                         Ok(_) => {}
                         Err(error) => panic!("the test's reader lost its broker: {error}"),
@@ -69,6 +71,10 @@ impl Reader {
     }
 
     fn received(&self) -> Vec<Delivered> {
+        self.raw().iter().map(delivered).collect()
+    }
+
+    fn raw(&self) -> Vec<Publish> {
         self.received.lock().unwrap().clone()
     }
 }
@@ -79,12 +85,21 @@ impl Drop for Reader {
     }
 }
 
-fn delivered(publish: &txoutbox_client::mqtt::rumqttc::v5::mqttbytes::v5::Publish) -> Delivered {
-    let properties: BTreeMap<String, String> = publish
+/// A message as the publisher sent it: from its user properties, or from the
+/// CloudEvent's attributes in them (binary mode, without a prefix).
+fn delivered(publish: &Publish) -> Delivered {
+    let mut properties: BTreeMap<String, String> = publish
         .properties
         .as_ref()
         .map(|p| p.user_properties.iter().cloned().collect())
         .unwrap_or_default();
+    if properties.contains_key("specversion") {
+        properties.insert("txoutbox-id".into(), properties["id"].clone());
+        properties.insert("txoutbox-topic".into(), properties["txoutboxtopic"].clone());
+        if let Some(key) = properties.get("subject").cloned() {
+            properties.insert("txoutbox-key".into(), key);
+        }
+    }
     let mut headers = BTreeMap::new();
     headers.extend(
         properties
@@ -165,5 +180,58 @@ async fn a_broker_outage_loses_nothing_and_keeps_key_order() {
     })
     .await;
     assert_complete_and_in_order(&delivered, &ids, OUTAGE_PER_KEY);
+    db.drop().await;
+}
+
+/// `txoutbox relay --mqtt ... --key-in-topic --cloudevents SOURCE`: every row arrives in
+/// key order, under TOPIC/KEY, as a CloudEvent the Python SDK reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_mqtt_command_delivers_cloudevents_in_key_order() {
+    let broker = mosquitto().await;
+    let prefix = unique_name();
+    let reader = Reader::subscribe(broker.port, &prefix).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 4, 5).await;
+
+    let url = format!("mqtt://{}", broker.address());
+    let topic_prefix = format!("{prefix}/");
+    let args = [
+        "--mqtt",
+        &url,
+        "--topic-prefix",
+        &topic_prefix,
+        "--key-in-topic",
+        "--cloudevents",
+        "/shop/orders",
+    ];
+    let status = relay_until_done(&server, &db, ids.len(), &args).await;
+    assert_eq!(status.code(), Some(0));
+
+    let raw = eventually("every message at the reader", DEADLINE, || async {
+        let raw = reader.raw();
+        (raw.len() >= ids.len()).then_some(raw)
+    })
+    .await;
+    let delivered: Vec<Delivered> = raw.iter().map(delivered).collect();
+    assert_complete_and_in_order(&delivered, &ids, 5);
+    for (publish, message) in raw.iter().zip(&delivered) {
+        let key = message.key.as_deref().unwrap();
+        assert_eq!(
+            publish.topic,
+            format!("{prefix}/orders.paid/{key}").as_str()
+        );
+    }
+    let properties = raw[0].properties.clone().unwrap();
+    let mut headers = properties.user_properties.clone();
+    headers.extend(
+        properties
+            .content_type
+            .map(|t| ("content-type".to_owned(), t)),
+    );
+    let event = read_back("mqtt", &headers, None, &raw[0].payload);
+    assert_eq!(event["attributes"]["source"], "/shop/orders");
+    assert_eq!(event["attributes"]["id"], delivered[0].id.to_string());
+    assert_eq!(event["attributes"]["type"], "orders.paid");
     db.drop().await;
 }

@@ -28,7 +28,56 @@ pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError
     if let Some(url) = &args.redis {
         return Ok((redis(url, args)?, "redis".to_owned()));
     }
+    if let Some(url) = &args.mqtt {
+        return Ok((mqtt(url, args)?, format!("mqtt {url}")));
+    }
     unreachable!("clap requires one broker")
+}
+
+/// `--broker-ca`, `--broker-cert` and `--broker-key`.
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "webhook",
+    feature = "redis",
+    feature = "mqtt"
+))]
+fn tls_files(args: &Args) -> txoutbox_client::brokers::TlsFiles {
+    txoutbox_client::brokers::TlsFiles {
+        ca: args.broker_ca.clone(),
+        client: args.broker_cert.clone().zip(args.broker_key.clone()),
+    }
+}
+
+/// The TLS files and the CloudEvents option, which every builder but Kafka's takes alike.
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "webhook",
+    feature = "redis",
+    feature = "mqtt"
+))]
+macro_rules! with_tls_and_events {
+    ($builder:expr, $args:expr) => {{
+        let builder = $builder.tls(tls_files($args));
+        match cloudevents($args) {
+            Some(events) => builder.cloudevents(events),
+            None => builder,
+        }
+    }};
+}
+
+/// `--cloudevents` and its options.
+#[cfg(feature = "cloudevents")]
+fn cloudevents(args: &Args) -> Option<txoutbox_client::brokers::CloudEvents> {
+    let mut events = txoutbox_client::brokers::CloudEvents::new(args.cloudevents.clone()?);
+    if let Some(event_type) = &args.cloudevents_type {
+        events = events.event_type(event_type.clone());
+    }
+    if args.cloudevents_structured {
+        events = events.structured();
+    }
+    Some(events)
 }
 
 /// How long a webhook batch waits for more messages, when batching is on.
@@ -47,7 +96,8 @@ pub(super) fn batch_wait(args: &Args) -> Duration {
     feature = "nats",
     feature = "amqp",
     feature = "webhook",
-    feature = "redis"
+    feature = "redis",
+    feature = "mqtt"
 )))]
 fn missing(feature: &str) -> CliError {
     CliError::Usage(format!(
@@ -63,9 +113,23 @@ fn kafka(brokers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.topic_prefix {
         kafka = kafka.topic_prefix(prefix.clone());
     }
+    // librdkafka's own names for the TLS files; -X given after them wins.
+    let files = [
+        ("ssl.ca.location", &args.broker_ca),
+        ("ssl.certificate.location", &args.broker_cert),
+        ("ssl.key.location", &args.broker_key),
+    ];
+    for (name, path) in files {
+        if let Some(path) = path {
+            kafka = kafka.set(name, path.display().to_string());
+        }
+    }
     for property in &args.kafka_properties {
         let (name, value) = name_value("-X", property, "compression.type=zstd")?;
         kafka = kafka.set(name, value);
+    }
+    if let Some(events) = cloudevents(args) {
+        kafka = kafka.cloudevents(events);
     }
     Ok(Arc::new(kafka.build()?))
 }
@@ -86,7 +150,13 @@ fn nats(servers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.msg_id_prefix {
         nats = nats.msg_id_prefix(prefix.clone());
     }
-    Ok(Arc::new(nats.build()?))
+    if let Some(creds) = &args.nats_creds {
+        nats = nats.credentials_file(creds.clone());
+    }
+    if let Some(seed) = &args.nats_nkey {
+        nats = nats.nkey(seed.clone());
+    }
+    Ok(Arc::new(with_tls_and_events!(nats, args).build()?))
 }
 
 #[cfg(not(feature = "nats"))]
@@ -103,7 +173,7 @@ fn amqp(uri: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.topic_prefix {
         amqp = amqp.topic_prefix(prefix.clone());
     }
-    Ok(Arc::new(amqp.build()?))
+    Ok(Arc::new(with_tls_and_events!(amqp, args).build()?))
 }
 
 #[cfg(not(feature = "amqp"))]
@@ -135,7 +205,7 @@ fn webhook(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
         }
         hook = hook.batch(max_messages, batch_wait(args));
     }
-    Ok(Arc::new(hook.build()?))
+    Ok(Arc::new(with_tls_and_events!(hook, args).build()?))
 }
 
 #[cfg(not(feature = "webhook"))]
@@ -153,10 +223,29 @@ fn redis(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(max_len) = args.max_len {
         redis = redis.max_len(max_len);
     }
-    Ok(Arc::new(redis.build()?))
+    Ok(Arc::new(with_tls_and_events!(redis, args).build()?))
 }
 
 #[cfg(not(feature = "redis"))]
 fn redis(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     Err(missing("redis"))
+}
+
+#[cfg(feature = "mqtt")]
+fn mqtt(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut mqtt = txoutbox_client::MqttPublisher::builder(url)
+        .ack_timeout(args.delivery_timeout)
+        .key_in_topic(args.key_in_topic);
+    if let Some(prefix) = &args.topic_prefix {
+        mqtt = mqtt.topic_prefix(prefix.clone());
+    }
+    if let (Some(user), password) = (&args.mqtt_user, &args.mqtt_password) {
+        mqtt = mqtt.credentials(user.clone(), password.clone().unwrap_or_default());
+    }
+    Ok(Arc::new(with_tls_and_events!(mqtt, args).build()?))
+}
+
+#[cfg(not(feature = "mqtt"))]
+fn mqtt(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("mqtt"))
 }
