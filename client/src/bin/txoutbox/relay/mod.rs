@@ -6,14 +6,15 @@
 //! The options are here; `publisher.rs` makes the publisher of the chosen broker (each
 //! behind its cargo feature).
 
+mod access;
 mod publisher;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use txoutbox_client::Subscriber;
 
 use super::{CliError, Context};
+use access::{Access, EventOptions};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -67,85 +68,10 @@ pub struct Args {
     #[arg(long, value_name = "URL", help_heading = "Broker (one of)")]
     mqtt: Option<String>,
 
-    /// TLS: the CA certificate (PEM) that signed the broker's certificate (Kafka:
-    /// ssl.ca.location).
-    #[arg(
-        long,
-        value_name = "FILE",
-        help_heading = "Broker TLS and authentication"
-    )]
-    broker_ca: Option<PathBuf>,
-    /// TLS: a client certificate (PEM) for brokers that require one, with --broker-key
-    /// (Kafka: ssl.certificate.location).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "broker_key",
-        help_heading = "Broker TLS and authentication"
-    )]
-    broker_cert: Option<PathBuf>,
-    /// TLS: the client certificate's private key (PEM) (Kafka: ssl.key.location).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "broker_cert",
-        help_heading = "Broker TLS and authentication"
-    )]
-    broker_key: Option<PathBuf>,
-    /// NATS: a user's credentials file (JWT and NKey seed, from nsc).
-    #[arg(
-        long,
-        value_name = "FILE",
-        requires = "nats",
-        conflicts_with = "nats_nkey",
-        help_heading = "Broker TLS and authentication"
-    )]
-    nats_creds: Option<PathBuf>,
-    /// NATS: a user's NKey seed (SU...).
-    #[arg(
-        long,
-        value_name = "SEED",
-        env = "TXOUTBOX_NATS_NKEY",
-        hide_env_values = true,
-        requires = "nats",
-        help_heading = "Broker TLS and authentication"
-    )]
-    nats_nkey: Option<String>,
-    /// MQTT: the user name, with --mqtt-password.
-    #[arg(
-        long,
-        value_name = "USER",
-        requires = "mqtt",
-        help_heading = "Broker TLS and authentication"
-    )]
-    mqtt_user: Option<String>,
-    /// MQTT: the password of --mqtt-user.
-    #[arg(
-        long,
-        value_name = "PASSWORD",
-        env = "TXOUTBOX_MQTT_PASSWORD",
-        hide_env_values = true,
-        requires = "mqtt_user",
-        help_heading = "Broker TLS and authentication"
-    )]
-    mqtt_password: Option<String>,
-
-    /// Send each message as a CloudEvent from this source (a URI reference, for example
-    /// /shop/orders): binary content mode unless --cloudevents-structured; type = the
-    /// outbox topic unless --cloudevents-type.
-    #[arg(long, value_name = "SOURCE", help_heading = "CloudEvents")]
-    cloudevents: Option<String>,
-    /// CloudEvents: every event's type (default: the outbox topic).
-    #[arg(
-        long,
-        value_name = "TYPE",
-        requires = "cloudevents",
-        help_heading = "CloudEvents"
-    )]
-    cloudevents_type: Option<String>,
-    /// CloudEvents: structured content mode (the JSON event as the body).
-    #[arg(long, requires = "cloudevents", help_heading = "CloudEvents")]
-    cloudevents_structured: bool,
+    #[command(flatten)]
+    access: Access,
+    #[command(flatten)]
+    events: EventOptions,
 
     /// Broker topic = this prefix + the outbox topic: the Kafka topic, NATS subject,
     /// AMQP routing key, Redis stream or MQTT topic (default: the outbox topic as is).

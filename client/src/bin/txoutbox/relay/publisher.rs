@@ -34,22 +34,8 @@ pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError
     unreachable!("clap requires one broker")
 }
 
-/// `--broker-ca`, `--broker-cert` and `--broker-key`.
-#[cfg(any(
-    feature = "nats",
-    feature = "amqp",
-    feature = "webhook",
-    feature = "redis",
-    feature = "mqtt"
-))]
-fn tls_files(args: &Args) -> txoutbox_client::brokers::TlsFiles {
-    txoutbox_client::brokers::TlsFiles {
-        ca: args.broker_ca.clone(),
-        client: args.broker_cert.clone().zip(args.broker_key.clone()),
-    }
-}
-
-/// The TLS files and the CloudEvents option, which every builder but Kafka's takes alike.
+/// The TLS files (`--broker-ca`, `--broker-cert`, `--broker-key`) and the CloudEvents
+/// option, which every builder but Kafka's takes alike.
 #[cfg(any(
     feature = "nats",
     feature = "amqp",
@@ -59,7 +45,15 @@ fn tls_files(args: &Args) -> txoutbox_client::brokers::TlsFiles {
 ))]
 macro_rules! with_tls_and_events {
     ($builder:expr, $args:expr) => {{
-        let builder = $builder.tls(tls_files($args));
+        let files = txoutbox_client::brokers::TlsFiles {
+            ca: $args.access.broker_ca.clone(),
+            client: $args
+                .access
+                .broker_cert
+                .clone()
+                .zip($args.access.broker_key.clone()),
+        };
+        let builder = $builder.tls(files);
         match cloudevents($args) {
             Some(events) => builder.cloudevents(events),
             None => builder,
@@ -70,11 +64,11 @@ macro_rules! with_tls_and_events {
 /// `--cloudevents` and its options.
 #[cfg(feature = "cloudevents")]
 fn cloudevents(args: &Args) -> Option<txoutbox_client::brokers::CloudEvents> {
-    let mut events = txoutbox_client::brokers::CloudEvents::new(args.cloudevents.clone()?);
-    if let Some(event_type) = &args.cloudevents_type {
+    let mut events = txoutbox_client::brokers::CloudEvents::new(args.events.cloudevents.clone()?);
+    if let Some(event_type) = &args.events.cloudevents_type {
         events = events.event_type(event_type.clone());
     }
-    if args.cloudevents_structured {
+    if args.events.cloudevents_structured {
         events = events.structured();
     }
     Some(events)
@@ -115,9 +109,9 @@ fn kafka(brokers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     }
     // librdkafka's own names for the TLS files; -X given after them wins.
     let files = [
-        ("ssl.ca.location", &args.broker_ca),
-        ("ssl.certificate.location", &args.broker_cert),
-        ("ssl.key.location", &args.broker_key),
+        ("ssl.ca.location", &args.access.broker_ca),
+        ("ssl.certificate.location", &args.access.broker_cert),
+        ("ssl.key.location", &args.access.broker_key),
     ];
     for (name, path) in files {
         if let Some(path) = path {
@@ -150,10 +144,10 @@ fn nats(servers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.msg_id_prefix {
         nats = nats.msg_id_prefix(prefix.clone());
     }
-    if let Some(creds) = &args.nats_creds {
+    if let Some(creds) = &args.access.nats_creds {
         nats = nats.credentials_file(creds.clone());
     }
-    if let Some(seed) = &args.nats_nkey {
+    if let Some(seed) = &args.access.nats_nkey {
         nats = nats.nkey(seed.clone());
     }
     Ok(Arc::new(with_tls_and_events!(nats, args).build()?))
@@ -239,7 +233,7 @@ fn mqtt(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.topic_prefix {
         mqtt = mqtt.topic_prefix(prefix.clone());
     }
-    if let (Some(user), password) = (&args.mqtt_user, &args.mqtt_password) {
+    if let (Some(user), password) = (&args.access.mqtt_user, &args.access.mqtt_password) {
         mqtt = mqtt.credentials(user.clone(), password.clone().unwrap_or_default());
     }
     Ok(Arc::new(with_tls_and_events!(mqtt, args).build()?))
