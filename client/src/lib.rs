@@ -9,13 +9,16 @@
 //!   held back; slow publishes kept leased; reconnection with backoff; graceful stop.
 //! - [`Worker`]: one round at a time over the unary calls ([`Worker::run_once`]), for
 //!   cron jobs.
-//! - `producer` (features `postgres`, `mysql` and `sqlite`): insert outbox rows inside
-//!   your own sqlx transaction, so they commit with your data.
-//! - `kafka` (feature `kafka`): `KafkaPublisher`, an idempotent rdkafka producer that
-//!   confirms delivery before the row is acked; likewise `nats` (`NatsPublisher`,
-//!   JetStream), `amqp` (`AmqpPublisher`, RabbitMQ), `webhook` (`WebhookPublisher`, signed
-//!   HTTP POSTs) and `redis_stream` (`RedisStreamPublisher`), each behind the feature of
-//!   its name (`redis` for Redis); [`broker`] holds what they share.
+//! - [`producer`] (features `postgres`, `mysql` and `sqlite`): insert outbox
+//!   rows inside your own sqlx transaction, so they commit with your data.
+//! - [`brokers`]: the ready-made publishers. `brokers::kafka` (feature `kafka`):
+//!   `KafkaPublisher`, an idempotent rdkafka producer that confirms delivery before the
+//!   row is acked; likewise `nats` (`NatsPublisher`, JetStream), `amqp` (`AmqpPublisher`,
+//!   RabbitMQ), `webhook` (`WebhookPublisher`, signed HTTP POSTs) and `redis_stream`
+//!   (`RedisStreamPublisher`) and `mqtt` (`MqttPublisher`, MQTT 5 at QoS 1), each behind
+//!   the feature of its name (`redis` for Redis).
+//!   The publishers and their modules are also at the crate's root
+//!   (`txoutbox_client::KafkaPublisher`, `txoutbox_client::kafka`).
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
 //!   [`proto`] for the admin calls and the raw protocol.
 //!
@@ -91,46 +94,40 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-#[cfg(feature = "amqp")]
-pub mod amqp;
-pub mod broker;
+pub mod brokers;
 mod connect;
 mod error;
 pub mod events;
-#[cfg(feature = "kafka")]
-pub mod kafka;
 pub mod message;
 #[cfg(feature = "prometheus")]
 pub mod metrics;
-#[cfg(feature = "nats")]
-pub mod nats;
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub mod producer;
 pub mod publisher;
-#[cfg(feature = "redis")]
-pub mod redis_stream;
 pub mod subscriber;
 mod trace_context;
-#[cfg(feature = "webhook")]
-pub mod webhook;
 pub mod worker;
 
+// The publishers' modules and types where they were before `brokers/` gathered them.
+pub use brokers as broker;
 #[cfg(feature = "amqp")]
-pub use amqp::AmqpPublisher;
+pub use brokers::amqp::{self, AmqpPublisher};
+#[cfg(feature = "kafka")]
+pub use brokers::kafka::{self, KafkaPublisher};
+#[cfg(feature = "mqtt")]
+pub use brokers::mqtt::{self, MqttPublisher};
+#[cfg(feature = "nats")]
+pub use brokers::nats::{self, NatsPublisher};
+#[cfg(feature = "redis")]
+pub use brokers::redis_stream::{self, RedisStreamPublisher};
+#[cfg(feature = "webhook")]
+pub use brokers::webhook::{self, WebhookPublisher};
 pub use connect::{connect, connect_with, BearerToken, Connection, Credentials};
 pub use error::ClientError;
 pub use events::{CounterSnapshot, Counters, Event};
-#[cfg(feature = "kafka")]
-pub use kafka::KafkaPublisher;
 pub use message::Message;
-#[cfg(feature = "nats")]
-pub use nats::NatsPublisher;
 pub use publisher::{PublishError, Publisher};
-#[cfg(feature = "redis")]
-pub use redis_stream::RedisStreamPublisher;
 pub use subscriber::{Subscriber, SubscriberBuilder, SubscriberHandle};
-#[cfg(feature = "webhook")]
-pub use webhook::WebhookPublisher;
 pub use worker::{default_worker_id, RoundResult, Worker, WorkerBuilder};
 
 /// The generated protocol stubs (`txoutbox.v1`), for the admin calls and anything the

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::sync::Mutex;
 
+use crate::pki::TlsFiles;
 use crate::{eventually, free_port, DEADLINE};
 
 pub struct BrokerProcess {
@@ -62,6 +63,66 @@ impl BrokerProcess {
             ]
             .map(str::to_owned)
             .to_vec()
+        })
+        .await
+    }
+
+    /// `redis-server` with TLS only, on 127.0.0.1: the server certificate of `tls`,
+    /// clients must present a certificate of its CA (`tls-auth-clients yes`), and the
+    /// password `password`.
+    pub async fn redis_tls(tls: &TlsFiles, password: &str) -> Self {
+        let file = |name: &str| tls.path(name).display().to_string();
+        let (cert, key, ca) = (file("server.pem"), file("server.key"), file("ca.pem"));
+        let password = password.to_owned();
+        Self::start_new("redis-server", move |dir, port| {
+            [
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cert-file",
+                &cert,
+                "--tls-key-file",
+                &key,
+                "--tls-ca-cert-file",
+                &ca,
+                "--tls-auth-clients",
+                "yes",
+                "--requirepass",
+                &password,
+                "--dir",
+                &dir.display().to_string(),
+                "--save",
+                "",
+                "--logfile",
+                &dir.join("redis.log").display().to_string(),
+            ]
+            .map(str::to_owned)
+            .to_vec()
+        })
+        .await
+    }
+
+    /// `nats-server -c FILE` with the configuration `config(dir, port)` returns (it should
+    /// listen on 127.0.0.1:port and log to `dir/nats.log`).
+    pub async fn nats_configured(config: impl Fn(&Path, u16) -> String) -> Self {
+        Self::start_new("nats-server", |dir, port| {
+            let file = dir.join("nats.conf");
+            std::fs::write(&file, config(dir, port)).unwrap();
+            vec!["-c".into(), file.display().to_string()]
+        })
+        .await
+    }
+
+    /// `mosquitto -c FILE` with the configuration `config(port)` returns (it should
+    /// have its listener on 127.0.0.1:port).
+    pub async fn mosquitto(config: impl Fn(u16) -> String) -> Self {
+        Self::start_new("mosquitto", |dir, port| {
+            let file = dir.join("mosquitto.conf");
+            std::fs::write(&file, config(port)).unwrap();
+            vec!["-c".into(), file.display().to_string()]
         })
         .await
     }

@@ -23,7 +23,7 @@ pub fn binary() -> PathBuf {
         .join("txoutbox");
     assert!(
         binary.exists(),
-        "{} is missing: run the tests with `cargo nextest run --workspace` (or `cargo build -p txoutbox-client --features kafka,nats,amqp,webhook,redis --bin txoutbox`)",
+        "{} is missing: run the tests with `cargo nextest run --workspace` (or `cargo build -p txoutbox-client --features kafka,nats,amqp,webhook,redis,mqtt --bin txoutbox`)",
         binary.display()
     );
     binary

@@ -14,10 +14,14 @@ mod kafka_common;
 mod bench_quick;
 #[path = "broker_amqp.rs"]
 mod broker_amqp;
+#[path = "broker_mqtt.rs"]
+mod broker_mqtt;
 #[path = "broker_nats.rs"]
 mod broker_nats;
 #[path = "broker_redis.rs"]
 mod broker_redis;
+#[path = "broker_tls.rs"]
+mod broker_tls;
 #[path = "broker_webhook.rs"]
 mod broker_webhook;
 #[path = "broker_webhook_batch.rs"]
@@ -40,6 +44,8 @@ mod client_restart;
 mod client_run_once;
 #[path = "client_stop.rs"]
 mod client_stop;
+#[path = "cloudevents.rs"]
+mod cloudevents;
 #[path = "database_passwords.rs"]
 mod database_passwords;
 #[path = "deploy.rs"]

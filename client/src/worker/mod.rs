@@ -1,6 +1,7 @@
 //! One round at a time over the unary calls, for cron jobs and scripts: claim a batch,
 //! publish it (per key in order, keys concurrently), answer every message, return what
-//! happened. The seed's `Relay.run_once`, with the server doing the bookkeeping.
+//! happened: a relay loop's `run_once`, with the server doing the bookkeeping (leases,
+//! retries, dead letters), so a cron job needs no state of its own.
 
 mod round;
 

@@ -56,6 +56,30 @@ impl Record {
     }
 }
 
+/// The first record of partition 0 of `topic`, whatever its headers; 30s at most.
+pub fn first_record(bootstrap: &str, topic: &str) -> Record {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "txoutbox-tests")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut assignment = TopicPartitionList::new();
+    assignment
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&assignment).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(message)) => return Record::of(&message),
+            Some(Err(error)) => panic!("consuming {topic}: {error}"),
+            None => {}
+        }
+    }
+    panic!("no record in {topic} within 30s")
+}
+
 /// Reads every partition of `topic` from the beginning until `distinct` different outbox
 /// ids arrived (and a short quiet period after, so duplicates show), or 30s passed.
 /// Records come in the order each partition holds them.

@@ -1,4 +1,4 @@
-//! `txoutbox relay --kafka|--nats|--amqp|--webhook|--redis ...`: the subscriber runtime
+//! `txoutbox relay --kafka|--nats|--amqp|--webhook|--redis|--mqtt ...`: the subscriber runtime
 //! with one of the client's ready-made publishers, until SIGINT/SIGTERM (graceful:
 //! in-flight publishes finish and are acked, the rest is given back untried; a second
 //! signal stops at once).
@@ -6,6 +6,7 @@
 //! The options are here; `publisher.rs` makes the publisher of the chosen broker (each
 //! behind its cargo feature).
 
+mod access;
 mod publisher;
 
 use std::time::Duration;
@@ -13,6 +14,7 @@ use std::time::Duration;
 use txoutbox_client::Subscriber;
 
 use super::{CliError, Context};
+use access::{Access, EventOptions};
 
 const EXAMPLES: &str = "\
 Examples:
@@ -23,16 +25,21 @@ Examples:
   txoutbox --outbox orders relay --webhook https://example.com/hooks/orders --webhook-secret \"$SECRET\"
   txoutbox --outbox orders relay --webhook https://example.com/hooks/orders --webhook-batch 16 --webhook-batch-wait 20ms
   txoutbox --outbox orders relay --redis redis://127.0.0.1:6379 --topic-prefix outbox: --max-len 100000
+  txoutbox --outbox orders relay --mqtt mqtts://broker:8883 --broker-ca ca.pem --mqtt-user relay --key-in-topic
+  txoutbox --outbox orders relay --kafka b1:9093 -X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 \\
+      -X sasl.username=relay -X sasl.password=\"$KAFKA_PASSWORD\" --broker-ca ca.pem
+  txoutbox --outbox orders relay --nats tls://nats:4222 --nats-creds relay.creds --cloudevents /shop/orders
 
 Each message is acked only once the broker confirmed it: Kafka's delivery report (idempotent
 producer, acks=all), JetStream's PubAck, RabbitMQ's publisher confirm (mandatory, persistent),
-a 2xx answer, Redis' XADD reply. The message id travels as txoutbox-id (Nats-Msg-Id on NATS,
-message_id on AMQP, field id on Redis): deduplicate on it. A message the broker can never take
+a 2xx answer, Redis' XADD reply, MQTT's PUBACK (QoS 1). The message id travels as txoutbox-id (Nats-Msg-Id on NATS,
+message_id on AMQP, field id on Redis, user property txoutbox-id on MQTT; with
+--cloudevents, the event's id): deduplicate on it. A message the broker can never take
 is dead-lettered; anything else is nacked and retried with the outbox's backoff.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
-#[command(group(clap::ArgGroup::new("broker").required(true).args(["kafka", "nats", "amqp", "webhook", "redis"])))]
+#[command(group(clap::ArgGroup::new("broker").required(true).args(["kafka", "nats", "amqp", "webhook", "redis", "mqtt"])))]
 pub struct Args {
     /// Kafka bootstrap servers, host:port[,host:port...] (feature `kafka`).
     #[arg(long, value_name = "BROKERS", help_heading = "Broker (one of)")]
@@ -52,12 +59,22 @@ pub struct Args {
     /// An HTTP endpoint to POST each message to (feature `webhook`).
     #[arg(long, value_name = "URL", help_heading = "Broker (one of)")]
     webhook: Option<String>,
-    /// Redis, redis://host:6379[/db]: XADD to a stream per topic (feature `redis`).
+    /// Redis, redis://host:6379[/db] or rediss:// for TLS: XADD to a stream per topic
+    /// (feature `redis`).
     #[arg(long, value_name = "URL", help_heading = "Broker (one of)")]
     redis: Option<String>,
+    /// An MQTT 5 broker, mqtt://host:1883 or mqtts://host:8883: QoS 1 publishes (feature
+    /// `mqtt`).
+    #[arg(long, value_name = "URL", help_heading = "Broker (one of)")]
+    mqtt: Option<String>,
+
+    #[command(flatten)]
+    access: Access,
+    #[command(flatten)]
+    events: EventOptions,
 
     /// Broker topic = this prefix + the outbox topic: the Kafka topic, NATS subject,
-    /// AMQP routing key or Redis stream (default: the outbox topic as is).
+    /// AMQP routing key, Redis stream or MQTT topic (default: the outbox topic as is).
     #[arg(long, value_name = "PREFIX", conflicts_with = "webhook")]
     topic_prefix: Option<String>,
     /// Only relay these outbox topics (repeatable; default: every topic).
@@ -121,6 +138,9 @@ pub struct Args {
     /// Redis: trim each stream to about this many entries (XADD MAXLEN ~).
     #[arg(long, value_name = "N", requires = "redis")]
     max_len: Option<u64>,
+    /// MQTT: append /KEY to the topic of keyed messages (the key must be a topic level).
+    #[arg(long, requires = "mqtt")]
+    key_in_topic: bool,
 
     /// Subscriber name, in the server's logs.
     #[arg(long, default_value = "txoutbox-relay")]

@@ -4,6 +4,9 @@
 //!
 //! One file per command, dispatched by [`Command`]; [`Context`] holds what every command
 //! shares (the servers, the outbox, the output format); `exit.rs` holds the exit codes.
+//! The binary is built with the crate's `cli` feature and talks to txoutboxd only through
+//! the library's public API, like any other user of it; `relay` uses the publishers of
+//! `txoutbox_client::brokers`.
 
 mod blocked;
 mod command_line;
@@ -163,7 +166,7 @@ enum Command {
     Relay(Box<relay::Args>),
 }
 
-pub fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,

@@ -15,6 +15,11 @@
 //! it is in memory: whether it survives a restart is Redis' persistence setting
 //! (`appendonly yes`, `appendfsync`), not this publisher's.
 //!
+//! TLS: a `rediss://` URL, with [`RedisStreamPublisherBuilder::tls_ca`] for a private CA
+//! and [`RedisStreamPublisherBuilder::tls_client_cert`] for a Redis that requires client
+//! certificates (`tls-auth-clients yes`); a password goes in the URL
+//! (`rediss://:PASSWORD@host:6380` or `rediss://USER:PASSWORD@...` for an ACL user).
+//!
 //! Errors (`classify`, the one place they are sorted): a key that holds something other
 //! than a stream (`WRONGTYPE`) is permanent; everything else (connection refused or lost,
 //! no answer within `response_timeout`, default 5s, `OOM`, a replica that is read-only,
@@ -44,7 +49,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::OnceCell;
 
-use crate::broker::TopicMapping;
+use crate::brokers::{Binding, CloudEvents, TlsFiles, TopicMapping};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// The redis crate itself.
@@ -61,10 +66,14 @@ pub struct RedisStreamPublisherBuilder {
     topics: TopicMapping,
     max_len: Option<u64>,
     response_timeout: Duration,
+    tls: TlsFiles,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl RedisStreamPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
+    crate::brokers::tls_methods!();
+    crate::brokers::cloudevents_method!();
 
     /// Trims each stream to about `max_len` entries on every append (`MAXLEN ~`).
     pub fn max_len(mut self, max_len: u64) -> Self {
@@ -81,18 +90,41 @@ impl RedisStreamPublisherBuilder {
     /// Checks the URL. The connection is made by the first publish: an unreachable Redis
     /// means nacked publishes, not an error here.
     pub fn build(self) -> Result<RedisStreamPublisher, ClientError> {
-        let client = redis::Client::open(self.url.as_str()).map_err(|error| {
+        let invalid = |error: redis::RedisError| {
             ClientError::Config(format!(
-                "invalid Redis URL `{}`: {error}; use for example redis://127.0.0.1:6379",
+                "invalid Redis URL `{}`: {error}; use for example redis://127.0.0.1:6379, or \
+                 rediss://127.0.0.1:6380 for TLS",
                 self.url
             ))
-        })?;
+        };
+        let client = if self.tls.is_set() {
+            if !self.url.starts_with("rediss://") {
+                return Err(ClientError::Config(format!(
+                    "TLS files are set but the Redis URL `{}` is not rediss://; use rediss://",
+                    self.url
+                )));
+            }
+            let pem = self.tls.read()?;
+            let certificates = redis::TlsCertificates {
+                client_tls: pem
+                    .client
+                    .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                        client_cert,
+                        client_key,
+                    }),
+                root_cert: pem.ca,
+            };
+            redis::Client::build_with_tls(self.url.as_str(), certificates).map_err(invalid)?
+        } else {
+            redis::Client::open(self.url.as_str()).map_err(invalid)?
+        };
         Ok(RedisStreamPublisher {
             client,
             connection: OnceCell::new(),
             topics: self.topics,
             max_len: self.max_len,
             response_timeout: self.response_timeout,
+            cloudevents: self.cloudevents,
         })
     }
 }
@@ -106,6 +138,7 @@ pub struct RedisStreamPublisher {
     topics: TopicMapping,
     max_len: Option<u64>,
     response_timeout: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for RedisStreamPublisher {
@@ -125,6 +158,8 @@ impl RedisStreamPublisher {
             topics: TopicMapping::Same,
             max_len: None,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            tls: TlsFiles::default(),
+            cloudevents: None,
         }
     }
 
@@ -144,7 +179,16 @@ impl RedisStreamPublisher {
         if let Some(key) = &message.key {
             command.arg("key").arg(key);
         }
-        command.arg("payload").arg(&message.payload[..]);
+        match &self.cloudevents {
+            Some(events) => {
+                let envelope = events.envelope(message, Binding::Redis);
+                command.arg("payload").arg(&envelope.body[..]);
+                command.arg("content-type").arg(envelope.content_type);
+            }
+            None => {
+                command.arg("payload").arg(&message.payload[..]);
+            }
+        }
         if !message.headers.is_empty() {
             let headers = serde_json::to_string(&message.headers).expect("strings serialize");
             command.arg("headers").arg(headers);

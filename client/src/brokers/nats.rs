@@ -22,6 +22,12 @@
 //! | no PubAck within `ack_timeout` (default 5s), a lost connection, too many unacknowledged publishes | retried |
 //! | the stream is full (`discard new`) or the server lacks resources, no leader, JetStream disabled | retried |
 //!
+//! TLS and authentication, as NATS configures them: `tls://` addresses (or any TLS file)
+//! require TLS; [`NatsPublisherBuilder::tls_ca`] for a private CA,
+//! [`NatsPublisherBuilder::tls_client_cert`] for a server that verifies client
+//! certificates (`verify: true`); a user's credentials file (`.creds`, a JWT and its NKey
+//! seed, from `nsc`), an NKey seed (`SU...`), a user and password, or a token.
+//!
 //! The client reconnects on its own (async-nats): publishes during an outage time out,
 //! are nacked and retried once the server is back.
 //!
@@ -42,6 +48,7 @@
 //! ```
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use async_nats::jetstream::context::{
@@ -51,7 +58,7 @@ use async_nats::jetstream::{self, ErrorCode};
 use async_nats::{ConnectOptions, HeaderMap, ServerAddr};
 use tokio::sync::OnceCell;
 
-use crate::broker::{carried_headers, TopicMapping};
+use crate::brokers::{carried_headers, Binding, CloudEvents, TlsFiles, TopicMapping};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// async-nats itself, for [`NatsPublisher::from_client`] (TLS, credentials, ...).
@@ -72,10 +79,56 @@ pub struct NatsPublisherBuilder {
     ack_timeout: Duration,
     msg_id_prefix: String,
     name: String,
+    tls: TlsFiles,
+    auth: Auth,
+    cloudevents: Option<CloudEvents>,
+}
+
+/// How the connection authenticates.
+#[derive(Default)]
+enum Auth {
+    #[default]
+    None,
+    CredentialsFile(PathBuf),
+    NKey(String),
+    UserPassword(String, String),
+    Token(String),
 }
 
 impl NatsPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
+    crate::brokers::tls_methods!();
+    crate::brokers::cloudevents_method!();
+
+    /// Authenticates with a user's credentials file (the user's JWT and NKey seed, as
+    /// `nsc generate creds` writes it), read by `build()`.
+    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.auth = Auth::CredentialsFile(path.into());
+        self
+    }
+
+    /// Authenticates with an NKey: the user's seed (`SU...`); the server lists its public
+    /// key (`U...`).
+    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
+        self.auth = Auth::NKey(seed.into());
+        self
+    }
+
+    /// Authenticates with a user and password.
+    pub fn user_and_password(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.auth = Auth::UserPassword(user.into(), password.into());
+        self
+    }
+
+    /// Authenticates with a token.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.auth = Auth::Token(token.into());
+        self
+    }
 
     /// How long a publish waits for the stream's PubAck (default 5s) before the row is
     /// nacked and retried. Keep it below the subscriber's `publish_timeout` (default 10s).
@@ -116,14 +169,65 @@ impl NatsPublisherBuilder {
             .connection_timeout(Duration::from_secs(5))
             // A connection that went silent (a dead link) is noticed within seconds.
             .ping_interval(Duration::from_secs(5));
+        let options = authenticate(options, self.auth)?;
+        let options = with_tls(options, &self.tls, &self.servers)?;
         Ok(NatsPublisher {
             jetstream: OnceCell::new(),
             connect: Some((addresses, options)),
             topics: self.topics,
             ack_timeout: self.ack_timeout,
             msg_id_prefix: self.msg_id_prefix,
+            cloudevents: self.cloudevents,
         })
     }
+}
+
+fn authenticate(options: ConnectOptions, auth: Auth) -> Result<ConnectOptions, ClientError> {
+    Ok(match auth {
+        Auth::None => options,
+        Auth::CredentialsFile(path) => {
+            let creds = std::fs::read_to_string(&path).map_err(|error| {
+                ClientError::Config(format!(
+                    "cannot read the NATS credentials file {}: {error}",
+                    path.display()
+                ))
+            })?;
+            options.credentials(&creds).map_err(|error| {
+                ClientError::Config(format!(
+                    "the NATS credentials file {} is not a user's JWT and seed: {error}",
+                    path.display()
+                ))
+            })?
+        }
+        Auth::NKey(seed) => {
+            nkeys::KeyPair::from_seed(&seed).map_err(|error| {
+                ClientError::Config(format!(
+                    "invalid NATS NKey seed: {error}; give the user's seed (SU...), not its public key"
+                ))
+            })?;
+            options.nkey(seed)
+        }
+        Auth::UserPassword(user, password) => options.user_and_password(user, password),
+        Auth::Token(token) => options.token(token),
+    })
+}
+
+/// TLS is required once any file is set or an address is `tls://`; the files are checked
+/// here, and read again by the client each time it connects.
+fn with_tls(
+    mut options: ConnectOptions,
+    tls: &TlsFiles,
+    servers: &str,
+) -> Result<ConnectOptions, ClientError> {
+    tls.read()?;
+    if let Some(ca) = &tls.ca {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let Some((cert, key)) = &tls.client {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
+    let tls_scheme = servers.split(',').any(|s| s.trim().starts_with("tls://"));
+    Ok(options.require_tls(tls.is_set() || tls_scheme))
 }
 
 /// Publishes outbox messages to NATS JetStream, returning once the stream acknowledged
@@ -136,6 +240,7 @@ pub struct NatsPublisher {
     topics: TopicMapping,
     ack_timeout: Duration,
     msg_id_prefix: String,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -157,6 +262,9 @@ impl NatsPublisher {
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             msg_id_prefix: String::new(),
             name: "txoutbox".to_owned(),
+            tls: TlsFiles::default(),
+            auth: Auth::None,
+            cloudevents: None,
         }
     }
 
@@ -170,6 +278,7 @@ impl NatsPublisher {
             topics,
             ack_timeout: DEFAULT_ACK_TIMEOUT,
             msg_id_prefix: String::new(),
+            cloudevents: None,
         }
     }
 
@@ -216,12 +325,23 @@ impl Publisher for NatsPublisher {
             )));
         }
         let jetstream = self.jetstream().await?;
+        let mut headers = self.headers(message);
+        let mut payload = message.payload.clone();
+        if let Some(events) = &self.cloudevents {
+            let envelope = events.envelope(message, Binding::Nats);
+            if envelope.replaces_headers {
+                headers = HeaderMap::new();
+                let msg_id = format!("{}{}", self.msg_id_prefix, message.id);
+                headers.insert(MSG_ID_HEADER, msg_id.as_str());
+            }
+            for (name, value) in &envelope.headers {
+                headers.insert(name.as_str(), value.as_str());
+            }
+            headers.insert("content-type", envelope.content_type.as_str());
+            payload = envelope.body;
+        }
         let sent = jetstream
-            .publish_with_headers(
-                subject.to_string(),
-                self.headers(message),
-                message.payload.clone(),
-            )
+            .publish_with_headers(subject.to_string(), headers, payload)
             .await;
         let ack = match sent {
             Ok(ack) => ack.await,

@@ -1,5 +1,10 @@
-//! What every ready-made publisher shares: where a message goes ([`TopicMapping`]) and
-//! which headers it carries ([`carried_headers`]).
+//! The ready-made publishers, one module per broker, each behind the feature of its name,
+//! and what they share: where a message goes ([`TopicMapping`]) and which headers it
+//! carries ([`carried_headers`]).
+//!
+//! They live beside the [`subscriber`](crate::subscriber) runtime rather than in it: the
+//! runtime knows only the [`Publisher`](crate::Publisher) trait, and a publisher knows
+//! nothing of the runtime, so an application can bring its own of either.
 //!
 //! Every publisher of this crate has the same shape:
 //!
@@ -12,7 +17,7 @@
 //!   next publish;
 //! - [`Publisher::publish`](crate::Publisher::publish) returns `Ok` only once the broker
 //!   confirmed the message (Kafka's delivery report, JetStream's PubAck, RabbitMQ's
-//!   publisher confirm, a 2xx answer, Redis' XADD reply);
+//!   publisher confirm, a 2xx answer, Redis' XADD reply, MQTT's PUBACK);
 //! - one function per publisher, `classify`, turns the broker's errors into
 //!   [`PublishError`](crate::PublishError)s: permanent (dead-letter the row) only for a
 //!   message the broker will never take, retried for everything an operator or time can
@@ -25,12 +30,38 @@
 //! | RabbitMQ | `amqp` | `amqp` | header `txoutbox-key` | `message_id` and `txoutbox-id` |
 //! | HTTP webhook | `webhook` | `webhook` | header `txoutbox-key` | header `txoutbox-id` |
 //! | Redis Streams | `redis` | `redis_stream` | field `key` | field `id` |
+//! | MQTT 5 | `mqtt` | `mqtt` | user property `txoutbox-key` (or a topic level) | user property `txoutbox-id` |
+
+#[cfg(feature = "amqp")]
+pub mod amqp;
+#[cfg(feature = "cloudevents")]
+pub mod cloudevents;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+#[cfg(feature = "mqtt")]
+pub mod mqtt;
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "redis")]
+pub mod redis_stream;
+mod tls;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
 use crate::Message;
+
+#[cfg(feature = "cloudevents")]
+pub use cloudevents::CloudEvents;
+#[cfg(feature = "cloudevents")]
+#[allow(unused_imports)] // used by the publishers' modules, each behind its feature
+pub(crate) use cloudevents::{cloudevents_method, Binding};
+pub use tls::TlsFiles;
+#[allow(unused_imports)] // used by the publishers' modules, each behind its feature
+pub(crate) use tls::{tls_methods, TlsPem};
 
 /// Header (or field) carrying the outbox message id (decimal): the deduplication key for
 /// consumers.
@@ -45,7 +76,7 @@ pub const KEY_HEADER: &str = "txoutbox-key";
 /// message goes to.
 ///
 /// ```
-/// use txoutbox_client::broker::TopicMapping;
+/// use txoutbox_client::brokers::TopicMapping;
 /// use txoutbox_client::Message;
 ///
 /// let message = Message::new(1, "orders.paid", "{}");
@@ -101,7 +132,7 @@ impl fmt::Debug for TopicMapping {
 /// those names is left out, so a consumer can trust them.
 ///
 /// ```
-/// use txoutbox_client::broker::carried_headers;
+/// use txoutbox_client::brokers::carried_headers;
 /// use txoutbox_client::Message;
 ///
 /// let message = Message::new(7, "orders.paid", "{}")
@@ -151,13 +182,13 @@ macro_rules! topic_mapping_methods {
         /// Sends every message to the broker topic of its outbox topic's name (the
         /// default).
         pub fn same_topic(mut self) -> Self {
-            self.topics = $crate::broker::TopicMapping::Same;
+            self.topics = $crate::brokers::TopicMapping::Same;
             self
         }
 
         /// Sends each message to `prefix` followed by its outbox topic.
         pub fn topic_prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.topics = $crate::broker::TopicMapping::prefix(prefix);
+            self.topics = $crate::brokers::TopicMapping::prefix(prefix);
             self
         }
 
@@ -166,12 +197,12 @@ macro_rules! topic_mapping_methods {
             mut self,
             f: impl Fn(&$crate::Message) -> String + Send + Sync + 'static,
         ) -> Self {
-            self.topics = $crate::broker::TopicMapping::function(f);
+            self.topics = $crate::brokers::TopicMapping::function(f);
             self
         }
 
         /// Sets the topic mapping.
-        pub fn topics(mut self, topics: $crate::broker::TopicMapping) -> Self {
+        pub fn topics(mut self, topics: $crate::brokers::TopicMapping) -> Self {
             self.topics = topics;
             self
         }

@@ -45,12 +45,13 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::util::Timeout;
 
+use crate::brokers::{Binding, CloudEvents};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// rdkafka itself, for [`KafkaPublisher::from_producer`] and the error types.
 pub use rdkafka;
 
-pub use crate::broker::{TopicMapping, ID_HEADER, TOPIC_HEADER};
+pub use crate::brokers::{TopicMapping, ID_HEADER, TOPIC_HEADER};
 
 /// Default `message.timeout.ms`: below the subscriber's default `publish_timeout` (10s),
 /// so a broker outage comes back as Kafka's own error rather than a timeout.
@@ -65,10 +66,12 @@ pub struct KafkaPublisherBuilder {
     config: ClientConfig,
     topics: TopicMapping,
     queue_timeout: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl KafkaPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
+    crate::brokers::cloudevents_method!();
 
     /// How long librdkafka keeps trying to deliver one record (`message.timeout.ms`,
     /// default 8s) before the publish fails and the row is nacked for a later retry.
@@ -102,6 +105,7 @@ impl KafkaPublisherBuilder {
             config: Some(self.config),
             topics: self.topics,
             queue_timeout: self.queue_timeout,
+            cloudevents: self.cloudevents,
         })
     }
 }
@@ -140,6 +144,7 @@ pub struct KafkaPublisher {
     config: Option<ClientConfig>,
     topics: TopicMapping,
     queue_timeout: Duration,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for KafkaPublisher {
@@ -169,6 +174,7 @@ impl KafkaPublisher {
             config,
             topics: TopicMapping::Same,
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+            cloudevents: None,
         }
     }
 
@@ -179,6 +185,7 @@ impl KafkaPublisher {
             config: None,
             topics,
             queue_timeout: DEFAULT_QUEUE_TIMEOUT,
+            cloudevents: None,
         }
     }
 
@@ -242,9 +249,32 @@ impl KafkaPublisher {
 impl Publisher for KafkaPublisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         let topic = self.topics.topic_for(message);
+        let envelope = self
+            .cloudevents
+            .as_ref()
+            .map(|events| events.envelope(message, Binding::Kafka));
+        let mut headers = match &envelope {
+            Some(envelope) if envelope.replaces_headers => OwnedHeaders::new(),
+            _ => Self::headers(message),
+        };
+        if let Some(envelope) = &envelope {
+            let content_type = ("content-type", &envelope.content_type);
+            for (name, value) in envelope
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v))
+                .chain([content_type])
+            {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            }
+        }
+        let body = envelope.as_ref().map_or(&message.payload, |e| &e.body);
         let mut record = FutureRecord::<str, [u8]>::to(&topic)
-            .payload(&message.payload[..])
-            .headers(Self::headers(message));
+            .payload(&body[..])
+            .headers(headers);
         if let Some(key) = &message.key {
             record = record.key(key.as_str());
         }

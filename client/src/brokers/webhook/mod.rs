@@ -44,6 +44,10 @@
 //! In a batch, the one answer applies to every message: a 2xx acks them all, a retried
 //! answer nacks them all (honouring `Retry-After`), a permanent one dead-letters them all.
 //!
+//! TLS: an `https://` URL; [`WebhookPublisherBuilder::tls_ca`] trusts a private CA (then
+//! only it), [`WebhookPublisherBuilder::tls_client_cert`] presents a client certificate to
+//! an endpoint that requires one.
+//!
 //! The endpoint must be idempotent on `txoutbox-id` (on each element's `id` in a batch):
 //! a message whose answer was lost is sent again.
 //!
@@ -64,7 +68,10 @@
 //! ```
 
 mod batch;
+mod builder;
 pub mod signature;
+
+pub use builder::WebhookPublisherBuilder;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -77,8 +84,8 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 
-use crate::broker::{carried_headers, is_reserved};
-use crate::{ClientError, Message, PublishError, Publisher};
+use crate::brokers::{carried_headers, is_reserved, Binding, CloudEvents, TlsFiles};
+use crate::{Message, PublishError, Publisher};
 use batch::{BatchLimits, Batcher, SendBatch};
 
 /// reqwest itself, for [`WebhookPublisher::from_client`].
@@ -90,134 +97,6 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(8);
 const ERROR_BODY_LIMIT: usize = 200;
 /// Header of a batch request: how many messages its body holds.
 pub const BATCH_SIZE_HEADER: &str = "txoutbox-batch-size";
-
-/// Configures a [`WebhookPublisher`]; start with [`WebhookPublisher::builder`].
-#[must_use]
-pub struct WebhookPublisherBuilder {
-    url: String,
-    secret: Option<Vec<u8>>,
-    timeout: Duration,
-    headers: Vec<(String, String)>,
-    retried_statuses: BTreeSet<u16>,
-    client: Option<reqwest::Client>,
-    batch: Option<BatchLimits>,
-}
-
-impl WebhookPublisherBuilder {
-    /// Signs every request with this shared secret (header `txoutbox-signature`).
-    /// Without one, requests are not signed.
-    pub fn secret(mut self, secret: impl Into<Vec<u8>>) -> Self {
-        self.secret = Some(secret.into());
-        self
-    }
-
-    /// How long a request may take, connecting included (default 8s), before the row is
-    /// nacked and retried. Keep it below the subscriber's `publish_timeout` (10s).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// A header sent with every request (for example `authorization`); a row's header of
-    /// the same name wins.
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-
-    /// Retries a 4xx status that would otherwise dead-letter the message (for example
-    /// 404 while the endpoint is being deployed, or 409).
-    pub fn retry_status(mut self, status: u16) -> Self {
-        self.retried_statuses.insert(status);
-        self
-    }
-
-    /// Sends the messages published at about the same time as one POST whose body is a
-    /// JSON array (see the [module documentation](self)): a batch leaves when it holds
-    /// `max_messages`, or `max_wait` after its first message, whichever comes first. Every
-    /// message of a batch gets the POST's outcome.
-    ///
-    /// A batch holds at most one message per key and at most as many as the subscribers
-    /// publish at once: give them a `concurrency` of at least `max_messages`. A publish
-    /// now takes up to `max_wait` longer: keep `max_wait + timeout` below the
-    /// subscriber's `publish_timeout`.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use txoutbox_client::webhook::WebhookPublisher;
-    ///
-    /// # fn demo() -> Result<(), txoutbox_client::ClientError> {
-    /// let hook = WebhookPublisher::builder("https://example.com/hooks/orders")
-    ///     .secret("whsec-...")
-    ///     .batch(50, Duration::from_millis(20))
-    ///     .build()?;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn batch(mut self, max_messages: usize, max_wait: Duration) -> Self {
-        self.batch = Some(BatchLimits {
-            max_messages,
-            max_wait,
-        });
-        self
-    }
-
-    /// Checks the URL and the headers and makes the HTTP client (no connection yet).
-    pub fn build(self) -> Result<WebhookPublisher, ClientError> {
-        let url = Url::parse(&self.url)
-            .ok()
-            .filter(|url| matches!(url.scheme(), "http" | "https"))
-            .ok_or_else(|| {
-                ClientError::Config(format!(
-                    "invalid webhook URL `{}`: use for example https://example.com/hooks/orders",
-                    self.url
-                ))
-            })?;
-        let mut headers = HeaderMap::new();
-        for (name, value) in &self.headers {
-            let (name, value) = header(name, value).map_err(ClientError::Config)?;
-            headers.insert(name, value);
-        }
-        let client = match self.client {
-            Some(client) => client,
-            None => reqwest::Client::builder()
-                .timeout(self.timeout)
-                .connect_timeout(self.timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .user_agent(concat!("txoutbox/", env!("CARGO_PKG_VERSION")))
-                .build()
-                .map_err(|error| {
-                    ClientError::Config(format!("cannot make the HTTP client: {error}"))
-                })?,
-        };
-        if let Some(limits) = &self.batch {
-            if limits.max_messages == 0 || limits.max_wait.is_zero() {
-                return Err(ClientError::Config(format!(
-                    "webhook batch of at most {} messages within {}ms: both must be positive, \
-                     for example 50 messages within 20ms",
-                    limits.max_messages,
-                    limits.max_wait.as_millis()
-                )));
-            }
-        }
-        let endpoint = Arc::new(Endpoint {
-            url,
-            secret: self.secret,
-            headers,
-            retried_statuses: self.retried_statuses,
-            client,
-        });
-        let batcher = self.batch.map(|limits| {
-            let endpoint = Arc::clone(&endpoint);
-            let send: SendBatch = Arc::new(move |messages| {
-                let endpoint = Arc::clone(&endpoint);
-                Box::pin(async move { endpoint.post_batch(&messages).await })
-            });
-            Batcher::new(limits, send)
-        });
-        Ok(WebhookPublisher { endpoint, batcher })
-    }
-}
 
 /// POSTs outbox messages to one URL, signed; see the [module documentation](self) for the
 /// request and how answers are sorted.
@@ -234,6 +113,7 @@ struct Endpoint {
     headers: HeaderMap,
     retried_statuses: BTreeSet<u16>,
     client: reqwest::Client,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl fmt::Debug for WebhookPublisher {
@@ -257,6 +137,8 @@ impl WebhookPublisher {
             retried_statuses: BTreeSet::new(),
             client: None,
             batch: None,
+            tls: TlsFiles::default(),
+            cloudevents: None,
         }
     }
 
@@ -272,16 +154,36 @@ impl WebhookPublisher {
     /// The headers of the request for `message`, signed at `timestamp` (Unix seconds).
     /// A row header that is not a valid HTTP header is a permanent error.
     pub fn headers(&self, message: &Message, timestamp: u64) -> Result<HeaderMap, PublishError> {
-        self.endpoint.headers(message, timestamp)
+        Ok(self.endpoint.request(message, timestamp)?.0)
     }
 }
 
 impl Endpoint {
-    fn headers(&self, message: &Message, timestamp: u64) -> Result<HeaderMap, PublishError> {
+    /// The headers and body of the request for `message`.
+    fn request(
+        &self,
+        message: &Message,
+        timestamp: u64,
+    ) -> Result<(HeaderMap, Bytes), PublishError> {
         let mut headers = self.headers.clone();
-        for (name, value) in carried_headers(message) {
-            let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
-            headers.insert(name, value);
+        let envelope = self
+            .cloudevents
+            .as_ref()
+            .map(|events| events.envelope(message, Binding::Http));
+        if !envelope.as_ref().is_some_and(|e| e.replaces_headers) {
+            for (name, value) in carried_headers(message) {
+                let (name, value) = header(name, &value).map_err(PublishError::permanent)?;
+                headers.insert(name, value);
+            }
+        }
+        let mut body = message.payload.clone();
+        if let Some(envelope) = envelope {
+            let content_type = ("content-type".to_owned(), envelope.content_type);
+            for (name, value) in envelope.headers.into_iter().chain([content_type]) {
+                let (name, value) = header(&name, &value).map_err(PublishError::permanent)?;
+                headers.insert(name, value);
+            }
+            body = envelope.body;
         }
         if !headers.contains_key(CONTENT_TYPE) {
             headers.insert(
@@ -289,8 +191,8 @@ impl Endpoint {
                 HeaderValue::from_static("application/octet-stream"),
             );
         }
-        self.sign(&mut headers, timestamp, &message.payload);
-        Ok(headers)
+        self.sign(&mut headers, timestamp, &body);
+        Ok((headers, body))
     }
 
     fn sign(&self, headers: &mut HeaderMap, timestamp: u64, body: &[u8]) {
@@ -305,8 +207,8 @@ impl Endpoint {
 
     /// POSTs one message.
     async fn post_one(&self, message: &Message) -> Result<(), PublishError> {
-        let headers = self.headers(message, signature::unix_now())?;
-        self.post(headers, message.payload.clone(), "").await?;
+        let (headers, body) = self.request(message, signature::unix_now())?;
+        self.post(headers, body, "").await?;
         tracing::trace!(id = message.id, "accepted by the webhook");
         Ok(())
     }

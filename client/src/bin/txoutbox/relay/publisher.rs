@@ -9,7 +9,7 @@ use txoutbox_client::Publisher;
 #[cfg(any(feature = "kafka", feature = "webhook"))]
 use super::name_value;
 use super::Args;
-use crate::cli::CliError;
+use crate::exit::CliError;
 
 /// The publisher, and where it publishes (for the log).
 pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError> {
@@ -28,7 +28,50 @@ pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError
     if let Some(url) = &args.redis {
         return Ok((redis(url, args)?, "redis".to_owned()));
     }
+    if let Some(url) = &args.mqtt {
+        return Ok((mqtt(url, args)?, format!("mqtt {url}")));
+    }
     unreachable!("clap requires one broker")
+}
+
+/// The TLS files (`--broker-ca`, `--broker-cert`, `--broker-key`) and the CloudEvents
+/// option, which every builder but Kafka's takes alike.
+#[cfg(any(
+    feature = "nats",
+    feature = "amqp",
+    feature = "webhook",
+    feature = "redis",
+    feature = "mqtt"
+))]
+macro_rules! with_tls_and_events {
+    ($builder:expr, $args:expr) => {{
+        let files = txoutbox_client::brokers::TlsFiles {
+            ca: $args.access.broker_ca.clone(),
+            client: $args
+                .access
+                .broker_cert
+                .clone()
+                .zip($args.access.broker_key.clone()),
+        };
+        let builder = $builder.tls(files);
+        match cloudevents($args) {
+            Some(events) => builder.cloudevents(events),
+            None => builder,
+        }
+    }};
+}
+
+/// `--cloudevents` and its options.
+#[cfg(feature = "cloudevents")]
+fn cloudevents(args: &Args) -> Option<txoutbox_client::brokers::CloudEvents> {
+    let mut events = txoutbox_client::brokers::CloudEvents::new(args.events.cloudevents.clone()?);
+    if let Some(event_type) = &args.events.cloudevents_type {
+        events = events.event_type(event_type.clone());
+    }
+    if args.events.cloudevents_structured {
+        events = events.structured();
+    }
+    Some(events)
 }
 
 /// How long a webhook batch waits for more messages, when batching is on.
@@ -47,7 +90,8 @@ pub(super) fn batch_wait(args: &Args) -> Duration {
     feature = "nats",
     feature = "amqp",
     feature = "webhook",
-    feature = "redis"
+    feature = "redis",
+    feature = "mqtt"
 )))]
 fn missing(feature: &str) -> CliError {
     CliError::Usage(format!(
@@ -63,9 +107,23 @@ fn kafka(brokers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.topic_prefix {
         kafka = kafka.topic_prefix(prefix.clone());
     }
+    // librdkafka's own names for the TLS files; -X given after them wins.
+    let files = [
+        ("ssl.ca.location", &args.access.broker_ca),
+        ("ssl.certificate.location", &args.access.broker_cert),
+        ("ssl.key.location", &args.access.broker_key),
+    ];
+    for (name, path) in files {
+        if let Some(path) = path {
+            kafka = kafka.set(name, path.display().to_string());
+        }
+    }
     for property in &args.kafka_properties {
         let (name, value) = name_value("-X", property, "compression.type=zstd")?;
         kafka = kafka.set(name, value);
+    }
+    if let Some(events) = cloudevents(args) {
+        kafka = kafka.cloudevents(events);
     }
     Ok(Arc::new(kafka.build()?))
 }
@@ -86,7 +144,13 @@ fn nats(servers: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.msg_id_prefix {
         nats = nats.msg_id_prefix(prefix.clone());
     }
-    Ok(Arc::new(nats.build()?))
+    if let Some(creds) = &args.access.nats_creds {
+        nats = nats.credentials_file(creds.clone());
+    }
+    if let Some(seed) = &args.access.nats_nkey {
+        nats = nats.nkey(seed.clone());
+    }
+    Ok(Arc::new(with_tls_and_events!(nats, args).build()?))
 }
 
 #[cfg(not(feature = "nats"))]
@@ -103,7 +167,7 @@ fn amqp(uri: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(prefix) = &args.topic_prefix {
         amqp = amqp.topic_prefix(prefix.clone());
     }
-    Ok(Arc::new(amqp.build()?))
+    Ok(Arc::new(with_tls_and_events!(amqp, args).build()?))
 }
 
 #[cfg(not(feature = "amqp"))]
@@ -135,7 +199,7 @@ fn webhook(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
         }
         hook = hook.batch(max_messages, batch_wait(args));
     }
-    Ok(Arc::new(hook.build()?))
+    Ok(Arc::new(with_tls_and_events!(hook, args).build()?))
 }
 
 #[cfg(not(feature = "webhook"))]
@@ -153,10 +217,29 @@ fn redis(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     if let Some(max_len) = args.max_len {
         redis = redis.max_len(max_len);
     }
-    Ok(Arc::new(redis.build()?))
+    Ok(Arc::new(with_tls_and_events!(redis, args).build()?))
 }
 
 #[cfg(not(feature = "redis"))]
 fn redis(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     Err(missing("redis"))
+}
+
+#[cfg(feature = "mqtt")]
+fn mqtt(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let mut mqtt = txoutbox_client::MqttPublisher::builder(url)
+        .ack_timeout(args.delivery_timeout)
+        .key_in_topic(args.key_in_topic);
+    if let Some(prefix) = &args.topic_prefix {
+        mqtt = mqtt.topic_prefix(prefix.clone());
+    }
+    if let (Some(user), password) = (&args.access.mqtt_user, &args.access.mqtt_password) {
+        mqtt = mqtt.credentials(user.clone(), password.clone().unwrap_or_default());
+    }
+    Ok(Arc::new(with_tls_and_events!(mqtt, args).build()?))
+}
+
+#[cfg(not(feature = "mqtt"))]
+fn mqtt(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("mqtt"))
 }

@@ -36,6 +36,12 @@
 //! connects again. A missing exchange is retried rather than dead-lettered, as Kafka's
 //! missing topic is: it is the operator's setting, not the message, that is wrong.
 //!
+//! TLS: an `amqps://` URI (port 5671 by default), with [`AmqpPublisherBuilder::tls_ca`]
+//! for a private CA and [`AmqpPublisherBuilder::tls_client_cert`] for a listener that
+//! verifies peers (`ssl_options.verify = verify_peer`, `fail_if_no_peer_cert = true`). The
+//! user and password stay in the URI; with RabbitMQ's `rabbitmq_auth_mechanism_ssl`
+//! plugin, `?auth_mechanism=external` makes the certificate the identity instead.
+//!
 //! ```no_run
 //! use txoutbox_client::amqp::AmqpPublisher;
 //! use txoutbox_client::Subscriber;
@@ -56,11 +62,12 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Confirmation, Connection, ConnectionProperties, ErrorKind};
 use tokio::sync::Mutex;
 
-use crate::broker::{carried_headers, TopicMapping};
+use crate::brokers::{carried_headers, Binding, CloudEvents, TlsFiles, TopicMapping};
 use crate::{ClientError, Message, PublishError, Publisher};
 
 /// lapin itself, for its error and property types.
@@ -83,10 +90,14 @@ pub struct AmqpPublisherBuilder {
     topics: TopicMapping,
     confirm_timeout: Duration,
     retry_unroutable: bool,
+    tls: TlsFiles,
+    cloudevents: Option<CloudEvents>,
 }
 
 impl AmqpPublisherBuilder {
-    crate::broker::topic_mapping_methods!();
+    crate::brokers::topic_mapping_methods!();
+    crate::brokers::tls_methods!();
+    crate::brokers::cloudevents_method!();
 
     /// How long a publish waits for the broker's confirm (default 5s) before the row is
     /// nacked and retried. Keep it below the subscriber's `publish_timeout` (default 10s).
@@ -115,8 +126,16 @@ impl AmqpPublisherBuilder {
                 "the AMQP exchange name is longer than 255 bytes".to_owned(),
             ));
         }
+        let pem = self.tls.read()?;
+        let tls = OwnedTLSConfig {
+            identity: pem
+                .client
+                .map(|(pem, key)| OwnedIdentity::PKCS8 { pem, key }),
+            cert_chain: pem.ca.map(|ca| String::from_utf8_lossy(&ca).into_owned()),
+        };
         Ok(AmqpPublisher {
             builder: self,
+            tls,
             link: Mutex::new(None),
         })
     }
@@ -126,6 +145,8 @@ impl AmqpPublisherBuilder {
 /// [module documentation](self) for the mapping, the ordering setups and the errors.
 pub struct AmqpPublisher {
     builder: AmqpPublisherBuilder,
+    /// The TLS files, read by `build`, for an `amqps://` URI.
+    tls: OwnedTLSConfig,
     /// The connection in use and its generation: a failure replaces only the connection
     /// it happened on, however many publishes saw it.
     link: Mutex<Option<Link>>,
@@ -159,6 +180,8 @@ impl AmqpPublisher {
             topics: TopicMapping::Same,
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             retry_unroutable: false,
+            tls: TlsFiles::default(),
+            cloudevents: None,
         }
     }
 
@@ -196,8 +219,13 @@ impl AmqpPublisher {
         }
         let generation = link.as_ref().map_or(0, |l| l.generation + 1);
         let connect = async {
-            let connection =
-                Connection::connect(&self.builder.uri, ConnectionProperties::default()).await?;
+            let connection = Connection::connect_with_config(
+                &self.builder.uri,
+                ConnectionProperties::default(),
+                self.tls.clone(),
+                lapin::runtime::default_runtime()?,
+            )
+            .await?;
             let channel = connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
@@ -248,13 +276,32 @@ impl AmqpPublisher {
             mandatory: true,
             immediate: false,
         };
+        let mut properties = Self::properties(message);
+        let mut body = message.payload.clone();
+        if let Some(events) = &self.builder.cloudevents {
+            let envelope = events.envelope(message, Binding::Amqp);
+            let mut headers = match envelope.replaces_headers {
+                true => FieldTable::default(),
+                false => properties.headers().clone().unwrap_or_default(),
+            };
+            for (name, value) in &envelope.headers {
+                headers.insert(
+                    ShortString::from(name.as_str()),
+                    AMQPValue::LongString(LongString::from(value.as_bytes())),
+                );
+            }
+            properties = properties
+                .with_headers(headers)
+                .with_content_type(ShortString::from(envelope.content_type));
+            body = envelope.body;
+        }
         let confirm = channel
             .basic_publish(
                 ShortString::from(self.builder.exchange.as_str()),
                 ShortString::from(routing_key),
                 options,
-                &message.payload,
-                Self::properties(message),
+                &body,
+                properties,
             )
             .await
             .map_err(Failure::Broker)?;
