@@ -23,8 +23,11 @@ use crate::security::layer::AuthLayer;
 use crate::security::tls::ReloadingTls;
 use crate::security::{self, Access};
 use crate::storage::columns::Columns;
+use crate::storage::groups::GroupStore;
 use crate::storage::mysql::{self, MySqlStorage};
+use crate::storage::postgres::groups::PostgresGroups;
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
+use crate::storage::sqlite::groups::SqliteGroups;
 use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
 use crate::storage::{Storage, StorageError, TableOptions};
 use crate::telemetry::metrics::{Metrics, PoolUsage};
@@ -139,6 +142,39 @@ fn storages_on(
     Ok(storages)
 }
 
+/// The group tables of every outbox that declares groups, on the relay's pools.
+/// Configuration refuses groups on MySQL.
+fn group_stores_on(
+    config: &Config,
+    pools: &BTreeMap<String, Pools>,
+) -> anyhow::Result<BTreeMap<String, Arc<dyn GroupStore>>> {
+    let mut stores: BTreeMap<String, Arc<dyn GroupStore>> = BTreeMap::new();
+    for (name, outbox) in config.outboxes.iter().filter(|(_, o)| o.has_groups()) {
+        let columns = Columns::from_mapping(&outbox.columns)
+            .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
+        let store: Arc<dyn GroupStore> = match &pools[&outbox.database] {
+            Pools::Postgres(pool) => Arc::new(PostgresGroups::new(
+                pool.clone(),
+                outbox.schema.as_deref(),
+                &outbox.table,
+                &columns,
+                outbox.partitions,
+            )?),
+            Pools::Sqlite(pools) => Arc::new(SqliteGroups::new(
+                pools.clone(),
+                &outbox.table,
+                &columns,
+                outbox.partitions,
+            )?),
+            Pools::MySql(_) => anyhow::bail!(
+                "outboxes.{name}.groups: subscription groups need PostgreSQL or SQLite"
+            ),
+        };
+        stores.insert(name.clone(), store);
+    }
+    Ok(stores)
+}
+
 /// The table settings every backend takes; configuration validation reports a bad
 /// column mapping with its key.
 fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
@@ -146,7 +182,9 @@ fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
         .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
     Ok(TableOptions {
         table: outbox.table.clone(),
-        strict_ordering: outbox.strict_ordering,
+        // Groups keep key order themselves, without the heads trigger that makes a
+        // producer wait for another's commit.
+        strict_ordering: outbox.strict_ordering && !outbox.has_groups(),
         dead_letter_holds_key: outbox.dead_letter_holds_key,
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
@@ -167,8 +205,10 @@ pub fn build_relay(config: &Config, metrics: &Metrics) -> anyhow::Result<Relay> 
         Some(_) => open_storages_for(config, Purpose::Depth)?,
         None => BTreeMap::new(),
     };
+    let mut group_stores = group_stores_on(config, &pools)?;
     let outboxes = storages.into_iter().map(|(name, storage)| {
         let outbox_config = config.outboxes[&name].clone();
+        let group_store = group_stores.remove(&name);
         let health = health.remove(&name).expect("a health storage per outbox");
         let depth = depth.remove(&name);
         let outbox_metrics = metrics.outbox(&name);
@@ -180,6 +220,10 @@ pub fn build_relay(config: &Config, metrics: &Metrics) -> anyhow::Result<Relay> 
         )
         .with_health_storage(health)
         .with_metrics(outbox_metrics);
+        let outbox = match group_store {
+            Some(store) => outbox.with_groups(store),
+            None => outbox,
+        };
         Arc::new(match depth {
             Some(depth) => outbox.with_depth_storage(depth),
             None => outbox,
@@ -261,6 +305,11 @@ pub async fn run(
         None => None,
     };
     let drain = Drain::new(config.server.drain_timeout);
+    for outbox in relay.outboxes() {
+        if let Ok(groups) = outbox.groups() {
+            groups.spawn_retention(&drain);
+        }
+    }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let stop_health = CancellationToken::new();
     let health_task = tokio::spawn(health::watch(

@@ -68,6 +68,11 @@ pub async fn watch(
 /// mapping needs, ensures it and verifies again.
 pub async fn verify_or_ensure_table(outbox: &Outbox, may_alter: bool) -> Result<(), StorageError> {
     let result = outbox.health_storage().verify_table().await;
+    if result.is_ok() {
+        if let Ok(groups) = outbox.groups() {
+            groups.ensure().await?;
+        }
+    }
     let fixable = match result {
         Err(StorageError::MissingTable { .. }) => true,
         Err(StorageError::MismatchedTable { .. }) => may_alter,
@@ -86,7 +91,11 @@ pub async fn verify_or_ensure_table(outbox: &Outbox, may_alter: bool) -> Result<
     } else {
         tracing::info!(outbox = %outbox.name, "created the outbox table");
     }
-    outbox.health_storage().verify_table().await
+    outbox.health_storage().verify_table().await?;
+    if let Ok(groups) = outbox.groups() {
+        groups.ensure().await?;
+    }
+    Ok(())
 }
 
 /// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.

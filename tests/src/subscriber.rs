@@ -32,6 +32,7 @@ impl Subscriber {
         Self::open_with(
             server,
             v1::OpenSubscription {
+                group: String::new(),
                 outbox: "orders".into(),
                 subscriber: name.into(),
                 topics: vec![],

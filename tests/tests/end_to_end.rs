@@ -56,6 +56,8 @@ mod docs;
 mod e2e;
 #[path = "faults.rs"]
 mod faults;
+#[path = "groups.rs"]
+mod groups;
 #[path = "hostile_input.rs"]
 mod hostile_input;
 #[path = "hostile_limits.rs"]

@@ -41,6 +41,7 @@ fn insert(topic: &str, key: Option<&str>, headers: &[(&str, &str)]) -> v1::Inser
 
 fn open(subscriber: &str, topics: &[&str]) -> v1::OpenSubscription {
     v1::OpenSubscription {
+        group: String::new(),
         outbox: "orders".into(),
         subscriber: subscriber.into(),
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),

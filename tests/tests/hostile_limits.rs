@@ -24,6 +24,7 @@ fn claim(worker: &str, batch_size: u32) -> v1::ClaimRequest {
 
 fn open(name: &str, topics: &[&str], window: u32) -> v1::OpenSubscription {
     v1::OpenSubscription {
+        group: String::new(),
         outbox: "orders".into(),
         subscriber: name.into(),
         topics: topics.iter().map(|t| (*t).to_owned()).collect(),

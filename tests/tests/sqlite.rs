@@ -138,6 +138,7 @@ async fn with_no_configuration_it_serves_a_sqlite_outbox_in_the_working_director
     let mut sub = Subscriber::open_with(
         &server,
         OpenSubscription {
+            group: String::new(),
             outbox: "default".into(),
             subscriber: "newcomer".into(),
             topics: vec![],

@@ -251,6 +251,7 @@ async fn bad_requests_get_the_right_status_and_a_message_to_act_on() {
     );
 
     let open = |outbox: &str, window: u32| v1::OpenSubscription {
+        group: String::new(),
         outbox: outbox.into(),
         subscriber: "s".into(),
         topics: vec![],

@@ -19,6 +19,8 @@ pub(crate) struct Config {
     pub outbox: String,
     pub name: String,
     pub topics: Vec<String>,
+    /// The subscription group to join; empty for an outbox without groups.
+    pub group: String,
     pub max_in_flight: u32,
     /// `None`: the outbox's configured lease.
     pub lease: Option<Duration>,
@@ -68,6 +70,7 @@ impl SubscriberBuilder {
                 outbox,
                 name: "txoutbox-rust".to_owned(),
                 topics: Vec::new(),
+                group: String::new(),
                 max_in_flight: 100,
                 lease: None,
                 concurrency: 10,
@@ -114,6 +117,21 @@ impl SubscriberBuilder {
         S: Into<String>,
     {
         self.config.topics = topics.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Join this subscription group of the outbox (required when the outbox declares
+    /// groups): the group receives every row, shared among its subscribers by key, in
+    /// key order, each group independently of the others.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let subscriber = txoutbox_client::Subscriber::builder(["http://127.0.0.1:7411"], "orders")
+    ///     .group("search-indexer");
+    /// # Ok(()) }
+    /// ```
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.config.group = group.into();
         self
     }
 

@@ -14,6 +14,7 @@
 
 mod database;
 mod embedded;
+pub mod group;
 mod outbox;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 pub use self::database::{redact, Backend, DatabaseConfig, DatabaseUrl};
 use self::embedded::{environment_declares_outboxes, sqlite_url};
 pub use self::embedded::{EMBEDDED_DEFAULT, EMBEDDED_NAME};
+pub use self::group::{GroupConfig, GroupOrdering, GroupSettings, GroupStart};
 pub use self::outbox::{BackoffConfig, OutboxConfig, PollConfig};
 pub use crate::storage::postgres::SynchronousCommit;
 

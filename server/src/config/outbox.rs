@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::group::{self, GroupConfig};
 use super::{check_duration, DatabaseConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident;
@@ -56,6 +57,15 @@ pub struct OutboxConfig {
     /// Column names of an existing table ("bring your own table"); each defaults to the
     /// relay's own name. See [`ColumnMapping`].
     pub columns: ColumnMapping,
+    /// Subscription groups: each receives every row (see `docs/groups.md`). An outbox with
+    /// groups is delivered by them only; per-row claims refuse it.
+    pub groups: BTreeMap<String, GroupConfig>,
+    /// How many partitions the groups spread keys over; fixed once groups exist (the
+    /// read index is built for it).
+    pub partitions: u32,
+    /// With groups: a row every group has passed is purged once it is this old.
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
 }
 
 impl Default for OutboxConfig {
@@ -78,6 +88,9 @@ impl Default for OutboxConfig {
             poll: PollConfig::default(),
             create_schema: false,
             columns: ColumnMapping::default(),
+            groups: BTreeMap::new(),
+            partitions: 16,
+            retention: Duration::from_secs(24 * 60 * 60),
         }
     }
 }
@@ -170,6 +183,17 @@ impl OutboxConfig {
         if let Err(mapping_problems) = Columns::from_mapping(&self.columns) {
             problems.extend(mapping_problems.into_iter().map(|p| format!("{key}.{p}")));
         }
+        let backend = databases
+            .get(&self.database)
+            .and_then(|database| database.url.backend_if_known());
+        group::validate(
+            &key,
+            &self.groups,
+            self.partitions,
+            self.retention,
+            backend,
+            problems,
+        );
         // Keys that mean something else, or nothing, on the database's backend.
         if let Some(database) = databases.get(&self.database) {
             if let Some(backend) = database.url.backend_if_known() {

@@ -54,10 +54,16 @@ impl v1::admin_server::Admin for AdminService {
             Ok(pauses) => pauses,
             Err(_) => outbox.pauses().await,
         };
+        let (groups, frontier_delay) = super::groups::stats(outbox).await?;
         let extras = convert::StatsExtras {
             pauses,
-            delivered_last_minute: outbox.delivered_last_minute().await?,
+            delivered_last_minute: match outbox.has_groups() {
+                true => None,
+                false => outbox.delivered_last_minute().await?,
+            },
             fenced_answers: outbox.fenced_count(),
+            groups,
+            frontier_delay,
         };
         Ok(Response::new(convert::stats(stats, extras)))
     }
@@ -79,7 +85,15 @@ impl v1::admin_server::Admin for AdminService {
             })?;
             let older_than = Duration::try_from(older_than)
                 .map_err(|_| Status::invalid_argument("older_than must not be negative"))?;
-            let deleted = outbox.purge(older_than).await?;
+            // With groups, only what every group has passed goes.
+            let deleted = match outbox.groups() {
+                Ok(groups) => groups
+                    .store
+                    .purge(older_than)
+                    .await
+                    .map_err(crate::relay::RelayError::from)?,
+                Err(_) => outbox.purge(older_than).await?,
+            };
             tracing::info!(outbox = %outbox.name, deleted, older_than = %humantime::format_duration(older_than), "purged delivered rows");
             Ok(v1::PurgeResponse { deleted })
         }
@@ -213,6 +227,16 @@ impl v1::admin_server::Admin for AdminService {
             keys: keys.into_iter().map(convert::blocked_key).collect(),
             next_after_id,
         }))
+    }
+
+    async fn seek_group(
+        &self,
+        request: Request<v1::SeekGroupRequest>,
+    ) -> Result<Response<v1::SeekGroupResponse>, Status> {
+        let caller = Caller::of(&request)?;
+        super::groups::seek(&self.relay, &caller, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     async fn list_subscribers(

@@ -117,6 +117,17 @@ pub fn outbox_info(outbox: &Outbox, pauses: Pauses) -> v1::OutboxInfo {
         max_batch_size: config.max_batch_size,
         paused_since: pauses.outbox.map(timestamp),
         paused_topics: paused_topics(&pauses),
+        groups: config.groups.keys().cloned().collect(),
+        retention_ms: if config.has_groups() {
+            millis(config.retention)
+        } else {
+            0
+        },
+        partitions: if config.has_groups() {
+            config.partitions
+        } else {
+            0
+        },
     }
 }
 
@@ -162,6 +173,8 @@ pub struct StatsExtras {
     pub pauses: Pauses,
     pub delivered_last_minute: Option<u64>,
     pub fenced_answers: u64,
+    pub groups: Vec<v1::GroupStats>,
+    pub frontier_delay: Option<prost_types::Duration>,
 }
 
 pub fn stats(stats: Stats, extras: StatsExtras) -> v1::StatsResponse {
@@ -172,6 +185,8 @@ pub fn stats(stats: Stats, extras: StatsExtras) -> v1::StatsResponse {
         paused_topics: paused_topics(&extras.pauses),
         delivered_last_minute: extras.delivered_last_minute,
         fenced_answers: extras.fenced_answers,
+        groups: extras.groups,
+        frontier_delay: extras.frontier_delay,
     }
 }
 

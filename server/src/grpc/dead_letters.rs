@@ -81,6 +81,9 @@ pub async fn list(
     caller: &Caller,
     request: v1::ListDeadLettersRequest,
 ) -> Result<v1::ListDeadLettersResponse, Status> {
+    if !request.group.is_empty() {
+        return super::groups::list_dead(relay, caller, request).await;
+    }
     let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
     let filter = filter(request.selector)?;
     let rows = outbox
@@ -123,6 +126,19 @@ pub async fn redrive(
     caller: &Caller,
     request: v1::RedriveDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
+    if !request.group.is_empty() {
+        return super::groups::change_dead(
+            relay,
+            caller,
+            &request.outbox,
+            &request.group,
+            request.selector,
+            request.limit,
+            request.dry_run,
+            true,
+        )
+        .await;
+    }
     let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
     let outcome = async {
         let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
@@ -151,6 +167,19 @@ pub async fn discard(
     caller: &Caller,
     request: v1::DiscardDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
+    if !request.group.is_empty() {
+        return super::groups::change_dead(
+            relay,
+            caller,
+            &request.outbox,
+            &request.group,
+            request.selector,
+            request.limit,
+            request.dry_run,
+            false,
+        )
+        .await;
+    }
     let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
     let outcome = async {
         let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;

@@ -4,5 +4,6 @@
 pub mod admin_service;
 pub mod convert;
 pub mod dead_letters;
+pub mod groups;
 pub mod relay_service;
 pub mod status;

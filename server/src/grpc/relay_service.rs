@@ -16,6 +16,7 @@ use super::status::to_status;
 use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
+use crate::relay::groups;
 use crate::relay::pause::ClaimScope;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
@@ -29,6 +30,13 @@ const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Events buffered towards the subscriber (batches among them are bounded by the
 /// subscription itself: it claims only once the previous batch was taken).
 const EVENT_BUFFER: usize = 32;
+
+/// How a stream is served: per-row claims (with the outbox's idle poll for its topic
+/// filter), or as a member of a subscription group.
+enum Delivery {
+    Rows(Arc<crate::relay::idle::PollGroup>),
+    Group(Arc<groups::Groups>, String),
+}
 
 pub struct RelayService {
     relay: Arc<Relay>,
@@ -80,8 +88,29 @@ impl v1::relay_server::Relay for RelayService {
                 open.max_in_flight
             )));
         }
+        let group = match open.group.as_str() {
+            "" => {
+                outbox.per_row()?;
+                None
+            }
+            name => {
+                let groups = Arc::clone(outbox.groups()?);
+                groups.settings(name)?;
+                if !open.topics.is_empty() {
+                    return Err(Status::invalid_argument(
+                        "topics: a group receives every row of its outbox; subscribe without a \
+                         topic filter and filter in the publisher",
+                    ));
+                }
+                Some((groups, name.to_owned()))
+            }
+        };
+        let lease = match (&group, open.lease_ms) {
+            (Some((groups, name)), 0) => groups.settings(name)?.lease,
+            _ => outbox.lease(Duration::from_millis(open.lease_ms))?,
+        };
         let spec = SubscriptionSpec {
-            lease: outbox.lease(Duration::from_millis(open.lease_ms))?,
+            lease,
             subscriber: open.subscriber,
             topics: open.topics,
             max_in_flight: open.max_in_flight,
@@ -102,7 +131,10 @@ impl v1::relay_server::Relay for RelayService {
                     .hold_filter(&identity.name, &outbox.name, &spec.topics)
             })
             .transpose()?;
-        let idle = outbox.idle_poll(&spec.topics)?;
+        let delivery = match group {
+            None => Delivery::Rows(outbox.idle_poll(&spec.topics)?),
+            Some((groups, name)) => Delivery::Group(groups, name),
+        };
         let window = match caller.identity() {
             Some(identity) => Some(Arc::new(
                 identity
@@ -116,14 +148,18 @@ impl v1::relay_server::Relay for RelayService {
         tokio::spawn(read_answers(inbound, answers_tx, window.clone()));
         let span =
             tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = ?spec.subscriber);
-        let subscription = subscription::run(
-            outbox,
-            spec,
-            idle,
-            answers_rx,
-            events_tx,
-            self.drain.clone(),
-        );
+        let drain = self.drain.clone();
+        let subscription = async move {
+            match delivery {
+                Delivery::Group(groups, name) => {
+                    groups::runner::run(outbox, groups, name, spec, answers_rx, events_tx, drain)
+                        .await
+                }
+                Delivery::Rows(idle) => {
+                    subscription::run(outbox, spec, idle, answers_rx, events_tx, drain).await
+                }
+            }
+        };
         self.drain.spawn(
             async move {
                 subscription.await;
@@ -145,6 +181,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
         // An identity's max_bytes_in_flight: the claim gets what its streams leave (see
         // `IdentityLimits::max_bytes_in_flight`), and is not counted once it returns.
@@ -190,6 +227,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let (acked, fenced) = outbox.ack(&request.worker_id, &request.ids).await?;
         Ok(Response::new(v1::AckResponse { acked, fenced }))
     }
@@ -201,6 +239,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let delay = request.retry_delay_ms.map(Duration::from_millis);
         let result = outbox
             .nack(&request.worker_id, request.id, &request.error, delay)
@@ -232,6 +271,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
         let (released, fenced) = outbox
             .release(&request.worker_id, &request.ids, delay)
@@ -246,6 +286,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let dead_lettered = outbox
             .dead_letter(&request.worker_id, request.id, &request.error)
             .await?;
@@ -259,6 +300,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
+        outbox.per_row()?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
         let (extended, fenced) = outbox
             .extend_lease(&request.worker_id, &request.ids, lease)

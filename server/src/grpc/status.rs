@@ -7,7 +7,10 @@ use crate::storage::StorageError;
 
 pub fn to_status(error: RelayError) -> Status {
     match error {
-        RelayError::UnknownOutbox { .. } => Status::not_found(error.to_string()),
+        RelayError::UnknownOutbox { .. } | RelayError::UnknownGroup { .. } => {
+            Status::not_found(error.to_string())
+        }
+        RelayError::WrongMode(_) => Status::failed_precondition(error.to_string()),
         RelayError::InvalidArgument(_) | RelayError::Storage(StorageError::InvalidMessage(_)) => {
             Status::invalid_argument(error.to_string())
         }
@@ -58,6 +61,14 @@ mod tests {
         assert_eq!(to_status(read_only).code(), Code::FailedPrecondition);
         let flood = RelayError::ResourceExhausted("answers".into());
         assert_eq!(to_status(flood).code(), Code::ResourceExhausted);
+        let group = RelayError::UnknownGroup {
+            outbox: "o".into(),
+            name: "x".into(),
+            configured: vec!["a".into()],
+        };
+        assert_eq!(to_status(group).code(), Code::NotFound);
+        let mode = RelayError::WrongMode("groups".into());
+        assert_eq!(to_status(mode).code(), Code::FailedPrecondition);
         let refused = RelayError::Storage(StorageError::InvalidMessage("NUL".into()));
         assert_eq!(to_status(refused).code(), Code::InvalidArgument);
     }

@@ -11,6 +11,7 @@ pub mod dead_letters;
 pub mod drain;
 #[cfg(test)]
 mod fake;
+pub mod groups;
 pub mod idle;
 pub mod limits;
 pub mod pause;
@@ -48,6 +49,17 @@ pub enum RelayError {
     },
     #[error("{0}")]
     InvalidArgument(String),
+    /// A group the outbox does not declare; `name` already passed through [`limits::echo`].
+    #[error("outbox {outbox} has no group {name}; configured: {}", configured.join(", "))]
+    UnknownGroup {
+        outbox: String,
+        name: String,
+        configured: Vec<String>,
+    },
+    /// A call the outbox's delivery mode does not take: a group-less call on an outbox
+    /// with groups, or a group on one without.
+    #[error("{0}")]
+    WrongMode(String),
     /// A caller went past a per-stream bound (answers waiting to be applied).
     #[error("{0}")]
     ResourceExhausted(String),
@@ -121,6 +133,8 @@ pub struct Outbox {
     subscribers: Arc<subscribers::Subscribers>,
     /// What this outbox counts for Prometheus (unscraped unless [`Outbox::with_metrics`]).
     metrics: OutboxMetrics,
+    /// The outbox's subscription groups, when it declares any: then they alone deliver it.
+    groups: Option<Arc<groups::Groups>>,
 }
 
 impl Outbox {
@@ -151,6 +165,45 @@ impl Outbox {
             pause: pause::PauseView::default(),
             fenced: AtomicU64::new(0),
             subscribers: Arc::default(),
+            groups: None,
+        }
+    }
+
+    /// Delivers the outbox through `groups` (see [`groups`]).
+    pub fn with_groups(mut self, store: Arc<dyn crate::storage::groups::GroupStore>) -> Self {
+        self.groups = Some(Arc::new(groups::Groups::new(
+            &self.name,
+            &self.config,
+            store,
+        )));
+        self
+    }
+
+    /// The outbox's groups; refuses an outbox without.
+    pub fn groups(&self) -> RelayResult<&Arc<groups::Groups>> {
+        self.groups.as_ref().ok_or_else(|| {
+            RelayError::WrongMode(format!(
+                "outbox {} has no subscription groups: subscribe without a group, or declare \
+                 [outboxes.{}.groups.NAME]",
+                self.name, self.name
+            ))
+        })
+    }
+
+    pub fn has_groups(&self) -> bool {
+        self.groups.is_some()
+    }
+
+    /// Refuses a per-row call (unary claims and answers, a group-less stream) on an
+    /// outbox delivered by groups: its rows are never claimed, so it would see nothing.
+    pub fn per_row(&self) -> RelayResult<()> {
+        match &self.groups {
+            None => Ok(()),
+            Some(groups) => Err(RelayError::WrongMode(format!(
+                "outbox {} is delivered by subscription groups ({}): subscribe with a group",
+                self.name,
+                groups.names().collect::<Vec<_>>().join(", ")
+            ))),
         }
     }
 

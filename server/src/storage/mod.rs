@@ -17,6 +17,7 @@
 pub mod blocked;
 pub mod columns;
 pub mod dead;
+pub mod groups;
 pub mod ident;
 pub mod ids;
 pub mod inserts;

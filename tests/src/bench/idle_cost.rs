@@ -272,6 +272,7 @@ struct IdleStream {
 fn open_request(name: String, topics: Vec<String>, window: u32) -> SubscribeRequest {
     SubscribeRequest {
         request: Some(Request::Open(OpenSubscription {
+            group: String::new(),
             outbox: OUTBOX.to_owned(),
             subscriber: name,
             topics,

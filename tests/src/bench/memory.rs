@@ -93,6 +93,7 @@ async fn open(url: String, i: usize) -> anyhow::Result<IdleStream> {
     requests
         .send(SubscribeRequest {
             request: Some(Request::Open(OpenSubscription {
+                group: String::new(),
                 outbox: OUTBOX.to_owned(),
                 subscriber: format!("idle-{i}"),
                 topics: vec![],

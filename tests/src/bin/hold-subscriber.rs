@@ -19,6 +19,7 @@ async fn main() -> anyhow::Result<()> {
     let mut client = RelayClient::connect(url.clone()).await?;
     let (tx, rx) = mpsc::channel(4);
     let open = OpenSubscription {
+        group: String::new(),
         outbox: outbox.clone(),
         subscriber: "hold".into(),
         topics: vec![],

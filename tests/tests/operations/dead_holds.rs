@@ -114,6 +114,7 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(db: impl Outbo
     };
     let redriven = admin
         .redrive_dead_letters(v1::RedriveDeadLettersRequest {
+            group: String::new(),
             outbox: "orders".into(),
             selector: selector(p[0]),
             limit: 10,
@@ -134,6 +135,7 @@ pub async fn a_dead_row_holds_its_key_until_redriven_or_discarded(db: impl Outbo
 
     let discarded = admin
         .discard_dead_letters(v1::DiscardDeadLettersRequest {
+            group: String::new(),
             outbox: "orders".into(),
             selector: selector(q[0]),
             limit: 10,

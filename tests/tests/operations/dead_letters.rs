@@ -61,6 +61,7 @@ fn list(
     limit: u32,
 ) -> v1::ListDeadLettersRequest {
     v1::ListDeadLettersRequest {
+        group: String::new(),
         outbox: "orders".into(),
         selector,
         after_id,
@@ -184,6 +185,7 @@ pub async fn dead_letters_are_listed_counted_and_discarded(db: impl OutboxDb) {
 
     // A dry run changes nothing; a discard is bounded, and idempotent.
     let discard = |ids: Vec<i64>, limit: u32, dry_run: bool| v1::DiscardDeadLettersRequest {
+        group: String::new(),
         outbox: "orders".into(),
         selector: select(|s| s.ids = ids),
         limit,
@@ -278,6 +280,7 @@ pub async fn redriven_rows_arrive_in_id_order_per_key(db: impl OutboxDb) {
 
     let mut admin = server.admin().await;
     let redrive = |dry_run: bool| v1::RedriveDeadLettersRequest {
+        group: String::new(),
         outbox: "orders".into(),
         selector: None,
         limit: 5,

@@ -21,6 +21,7 @@ async fn listed(server: &Server) -> v1::ListSubscribersResponse {
 /// A stream of `name` on `server` filtering on `topic`.
 async fn open(server: &Server, name: &str, topic: &str) -> Subscriber {
     let open = v1::OpenSubscription {
+        group: String::new(),
         outbox: "orders".into(),
         subscriber: name.into(),
         topics: vec![topic.into()],

@@ -53,6 +53,7 @@ async fn admin_actions_are_audited_with_the_identity() {
     admin
         .redrive_dead_letters(with_token(
             v1::RedriveDeadLettersRequest {
+                group: String::new(),
                 outbox: "orders".into(),
                 selector: None,
                 limit: 5,
@@ -66,6 +67,7 @@ async fn admin_actions_are_audited_with_the_identity() {
     admin
         .discard_dead_letters(with_token(
             v1::DiscardDeadLettersRequest {
+                group: String::new(),
                 outbox: "orders".into(),
                 selector: None,
                 limit: 7,

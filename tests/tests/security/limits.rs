@@ -32,6 +32,7 @@ async fn open_filtered(
     let (tx, rx) = mpsc::channel(4);
     tx.send(v1::SubscribeRequest {
         request: Some(Req::Open(v1::OpenSubscription {
+            group: String::new(),
             outbox: "orders".into(),
             subscriber: "limited".into(),
             topics: topics.iter().map(|t| (*t).to_owned()).collect(),

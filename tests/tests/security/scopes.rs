@@ -17,6 +17,7 @@ async fn every_rpc(
     let (tx, rx) = mpsc::channel(1);
     tx.send(v1::SubscribeRequest {
         request: Some(Req::Open(v1::OpenSubscription {
+            group: String::new(),
             outbox: o(),
             subscriber: "s".into(),
             topics: vec![],
@@ -133,6 +134,7 @@ async fn every_rpc(
         "ListDeadLetters",
         admin.list_dead_letters,
         v1::ListDeadLettersRequest {
+            group: String::new(),
             outbox: o(),
             selector: None,
             after_id: 0,
@@ -151,6 +153,7 @@ async fn every_rpc(
         "RedriveDeadLetters",
         admin.redrive_dead_letters,
         v1::RedriveDeadLettersRequest {
+            group: String::new(),
             outbox: o(),
             selector: None,
             limit: 0,
@@ -162,6 +165,7 @@ async fn every_rpc(
         "DiscardDeadLetters",
         admin.discard_dead_letters,
         v1::DiscardDeadLettersRequest {
+            group: String::new(),
             outbox: o(),
             selector: None,
             limit: 0,

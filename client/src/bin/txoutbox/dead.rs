@@ -145,6 +145,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
             apply,
         } => {
             let request = RedriveDeadLettersRequest {
+                group: String::new(),
                 outbox: outbox.clone(),
                 selector: Some(select.selector()),
                 limit: apply.limit,
@@ -164,6 +165,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
         }
         DeadCommand::Discard { select, apply } => {
             let request = DiscardDeadLettersRequest {
+                group: String::new(),
                 outbox: outbox.clone(),
                 selector: Some(select.selector()),
                 limit: apply.limit,
@@ -191,6 +193,7 @@ async fn list(
         .admin()
         .await?
         .list_dead_letters(ListDeadLettersRequest {
+            group: String::new(),
             outbox: outbox.clone(),
             selector: Some(select.selector()),
             after_id,

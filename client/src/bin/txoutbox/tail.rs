@@ -75,6 +75,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
     let channel = context.channel().await?;
     let (requests, outgoing) = mpsc::unbounded_channel();
     let open = v1::OpenSubscription {
+        group: String::new(),
         outbox,
         subscriber: args.name,
         topics: args.topics,

@@ -42,6 +42,7 @@ pub(in crate::subscriber) async fn open(
         topics: config.topics.clone(),
         max_in_flight: config.max_in_flight,
         lease_ms: config.lease.map_or(0, |lease| lease.as_millis() as u64),
+        group: config.group.clone(),
     };
     let _ = requests.send(SubscribeRequest {
         request: Some(Request::Open(open)),

@@ -20,6 +20,7 @@
 
 mod convert;
 mod floor;
+pub mod groups;
 mod heads;
 mod listen;
 mod ops;

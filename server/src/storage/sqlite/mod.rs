@@ -27,6 +27,7 @@
 //! (SQLite's locks do not work across network file systems).
 
 mod convert;
+pub mod groups;
 mod ops;
 mod sql;
 mod table;

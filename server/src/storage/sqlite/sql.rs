@@ -140,7 +140,7 @@ fn held(c: &Names) -> String {
 /// The message columns under the relay's own names (what [`super::convert`] decodes),
 /// payload as bytes whatever a producer stored (`'hello'` from the `sqlite3` shell is TEXT
 /// in a BLOB column; a TEXT or JSON payload column gives its UTF-8 text).
-fn message(c: &Names) -> String {
+pub(super) fn message(c: &Names) -> String {
     [
         aliased(&c.id, "id"),
         aliased(&c.topic(""), "topic"),

@@ -1,0 +1,233 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+
+use super::*;
+use crate::config::{BackoffConfig, GroupOrdering, GroupStart};
+use crate::storage::OutboxMessage;
+
+fn settings(ordering: GroupOrdering) -> GroupSettings {
+    GroupSettings {
+        name: "g".into(),
+        start: GroupStart::Oldest,
+        ordering,
+        lease: Duration::from_secs(30),
+        max_lease: Duration::from_secs(60),
+        max_attempts: 3,
+        backoff: BackoffConfig {
+            base: Duration::from_secs(1),
+            factor: 2.0,
+            maximum: Duration::from_secs(10),
+            jitter: 0.0,
+        },
+        dead_letter_holds_key: false,
+        partitions: 1,
+    }
+}
+
+fn row(id: i64, key: Option<&str>) -> GroupRow {
+    GroupRow {
+        message: OutboxMessage {
+            id,
+            topic: "t".into(),
+            key: key.map(str::to_owned),
+            payload: vec![],
+            headers: BTreeMap::new(),
+            attempts: 0,
+            created_at: Utc::now(),
+        },
+        partition: 0,
+        position: Position { txid: 0, id },
+    }
+}
+
+/// A member owning partition 0 with `rows` read.
+fn member(ordering: GroupOrdering, rows: &[(i64, Option<&str>)]) -> Member {
+    let mut member = Member::new(settings(ordering));
+    member.take(
+        PartitionLease {
+            partition: 0,
+            epoch: 1,
+            position: Position::START,
+        },
+        Vec::new(),
+    );
+    let read = Read {
+        rows: rows.iter().map(|(id, key)| row(*id, *key)).collect(),
+        ..Read::default()
+    };
+    member.add_read(&[(0, Position::START)], read);
+    member
+}
+
+fn sent(dispatch: &Dispatch) -> Vec<i64> {
+    dispatch
+        .fresh
+        .iter()
+        .map(|r| r.message.id)
+        .chain(dispatch.from_state.iter().copied())
+        .collect()
+}
+
+fn nack(error: &str, delay: Option<Duration>) -> Failure {
+    Failure::Nack {
+        error: error.into(),
+        delay,
+    }
+}
+
+fn later() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+#[test]
+fn the_position_passes_only_settled_rows() {
+    let mut m = member(
+        GroupOrdering::Key,
+        &[(1, Some("a")), (2, Some("b")), (3, Some("c"))],
+    );
+    let d = m.dispatch(10, Utc::now(), later());
+    assert_eq!(sent(&d), vec![1, 2, 3]);
+    let mut outcome = Outcome::default();
+    m.ack(&[2], &mut outcome);
+    assert!(m.take_flushes().is_empty(), "row 1 is still in flight");
+    m.ack(&[1], &mut outcome);
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 2 }));
+    assert_eq!(outcome.acked, vec![2, 1]);
+}
+
+#[test]
+fn the_position_never_passes_a_queued_row() {
+    // Key a's second row waits for its first: rows of other keys go ahead of it, and
+    // the position stops before it.
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
+    m.add_read(
+        &[(0, Position { txid: 0, id: 1 })],
+        Read {
+            rows: vec![row(2, Some("a")), row(3, Some("b"))],
+            ..Read::default()
+        },
+    );
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![3]);
+    let mut outcome = Outcome::default();
+    m.ack(&[3], &mut outcome);
+    m.ack(&[1], &mut outcome);
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 1 }));
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
+}
+
+#[test]
+fn a_failed_key_holds_only_itself() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);
+    m.dispatch(10, Utc::now(), later());
+    let mut outcome = Outcome::default();
+    m.fail(1, nack("down", None), Utc::now(), &mut outcome);
+    assert_eq!(outcome.retried, vec![1]);
+    m.add_read(
+        &[(0, Position { txid: 0, id: 2 })],
+        Read {
+            rows: vec![row(3, Some("a")), row(4, Some("b"))],
+            ..Read::default()
+        },
+    );
+    m.ack(&[2], &mut outcome);
+    // b goes on; a's next row becomes a held state row instead of being sent.
+    let d = m.dispatch(10, Utc::now(), later());
+    assert_eq!(sent(&d), vec![4]);
+    let flushes = m.take_flushes();
+    let kinds: Vec<(i64, StateKind)> = flushes[0].upserts.iter().map(|r| (r.id, r.kind)).collect();
+    assert_eq!(kinds, vec![(1, StateKind::Retry), (3, StateKind::Held)]);
+    // Both are written with the position that passes them.
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 3 }));
+}
+
+#[test]
+fn a_due_retry_goes_first_then_its_held_rows_in_order() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("a"))]);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1, 2]);
+    let mut outcome = Outcome::default();
+    m.fail(
+        1,
+        nack("down", Some(Duration::ZERO)),
+        Utc::now(),
+        &mut outcome,
+    );
+    // The later row of the key this stream held went back behind it.
+    assert_eq!(outcome.released, vec![2]);
+    let d = m.dispatch(10, Utc::now() + chrono::Duration::seconds(1), later());
+    assert_eq!(sent(&d), vec![1], "only the key's first row");
+    assert_eq!(m.attempts_of(1), 2);
+    m.ack(&[1], &mut outcome);
+    let d = m.dispatch(10, Utc::now(), later());
+    assert_eq!(sent(&d), vec![2]);
+    m.ack(&[2], &mut outcome);
+    let deletes: Vec<i64> = m
+        .take_flushes()
+        .into_iter()
+        .flat_map(|f| f.deletes)
+        .collect();
+    assert!(deletes.contains(&1) && deletes.contains(&2));
+}
+
+#[test]
+fn a_key_in_flight_from_an_earlier_batch_waits() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
+    m.add_read(
+        &[(0, Position { txid: 0, id: 1 })],
+        Read {
+            rows: vec![row(2, Some("a"))],
+            ..Read::default()
+        },
+    );
+    assert!(m.dispatch(10, Utc::now(), later()).is_empty());
+    let mut outcome = Outcome::default();
+    m.ack(&[1], &mut outcome);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
+}
+
+#[test]
+fn without_ordering_nothing_is_held() {
+    let mut m = member(GroupOrdering::None, &[(1, Some("a")), (2, Some("a"))]);
+    m.dispatch(1, Utc::now(), later());
+    let mut outcome = Outcome::default();
+    m.fail(1, nack("x", None), Utc::now(), &mut outcome);
+    assert!(outcome.released.is_empty());
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
+}
+
+#[test]
+fn the_last_attempt_dead_letters_and_answers_after_a_loss_are_fenced() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    let mut outcome = Outcome::default();
+    let mut now = Utc::now();
+    for _ in 0..3 {
+        m.dispatch(10, now, later());
+        m.fail(1, nack("down", Some(Duration::ZERO)), now, &mut outcome);
+        now += chrono::Duration::seconds(1);
+    }
+    assert_eq!(outcome.dead_lettered, vec![1]);
+    assert!(m.dispatch(10, now, later()).is_empty());
+    let mut m = member(GroupOrdering::Key, &[(5, None)]);
+    m.dispatch(10, Utc::now(), later());
+    assert_eq!(m.lose(0), vec![5]);
+    let mut outcome = Outcome::default();
+    m.ack(&[5], &mut outcome);
+    assert_eq!(outcome.fenced, vec![5]);
+}
+
+#[test]
+fn an_expired_lease_retries_at_once_keeping_the_attempt() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    m.dispatch(10, Utc::now(), Instant::now());
+    let expired = m.expire(Instant::now() + Duration::from_millis(1), Utc::now());
+    assert_eq!(expired, vec![1]);
+    let d = m.dispatch(10, Utc::now(), later());
+    assert_eq!(sent(&d), vec![1]);
+    assert_eq!(m.attempts_of(1), 2);
+}

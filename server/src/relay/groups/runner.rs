@@ -1,0 +1,544 @@
+//! The loop of one group stream: a member of its group for as long as the stream lasts.
+//!
+//! One task, one loop, storage calls awaited in place, in this order each turn: the
+//! heartbeat when due (membership, partitions lost and taken), lease expiries, a read
+//! when the window has room and a partition has nothing queued, a batch, then a flush
+//! of what answers and dispatch changed, after which the answers' `settled` go out: an
+//! ack is confirmed only once the position or state row that records it is committed.
+//! Then it waits for an answer, a timer (heartbeat, lease, retry due, idle poll), an
+//! insert signal, the drain, or the subscriber going away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+
+use super::member::{Failure, Member, Outcome};
+use super::Groups;
+use crate::relay::drain::Drain;
+use crate::relay::response_size::message_bytes;
+use crate::relay::subscription::{
+    Answer, AnswerReceiver, Batch, Event, Rejection, Settlement, SubscriptionSpec,
+};
+use crate::relay::{Outbox, RelayResult};
+use crate::storage::groups::{GroupRow, Position};
+use crate::storage::{Claimed, MessageId, OutboxMessage, StorageError};
+
+/// Longest wait between heartbeats, whatever the lease.
+const MAX_HEARTBEAT: Duration = Duration::from_secs(5);
+/// Heartbeat while a partition assigned to this member is still owned by another one
+/// (handing it over), so the hand-over is quick.
+const HANDOVER_HEARTBEAT: Duration = Duration::from_millis(250);
+/// Pause after a failed storage call before the next.
+const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
+
+/// Runs one group stream until the subscriber goes away, the drain completes, or an error
+/// ends it; the error (if any) is sent as the last event.
+pub async fn run(
+    outbox: Arc<Outbox>,
+    groups: Arc<Groups>,
+    group: String,
+    spec: SubscriptionSpec,
+    mut answers: AnswerReceiver,
+    events: mpsc::Sender<RelayResult<Event>>,
+    drain: Drain,
+) {
+    let settings = match groups.settings(&group) {
+        Ok(settings) => settings.clone(),
+        Err(error) => {
+            let _ = events.send(Err(error)).await;
+            return;
+        }
+    };
+    let member_id = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple());
+    let _open = outbox.metrics().stream_opened(&spec.subscriber);
+    let registration = outbox.subscribers.register(&spec, &member_id);
+    let mut runner = Runner {
+        insert_signal: outbox.storage().insert_signal(),
+        poll: outbox.config.poll.min,
+        next_poll: Instant::now(),
+        next_heartbeat: Instant::now(),
+        window: spec.max_in_flight,
+        member: Member::new(settings),
+        outbox,
+        groups,
+        group,
+        member_id,
+        spec,
+        events,
+        pending: Vec::new(),
+        draining_until: None,
+        info: Arc::clone(&registration.info),
+    };
+    let result = runner.serve(&mut answers, &drain).await;
+    runner.give_back().await;
+    drop(registration);
+    match result {
+        Err(error) => {
+            tracing::warn!(outbox = %runner.outbox.name, group = %runner.group, member = %runner.member_id, %error, "group stream ended with an error");
+            let _ = runner.events.send(Err(error)).await;
+        }
+        Ok(()) => {
+            tracing::info!(outbox = %runner.outbox.name, group = %runner.group, member = %runner.member_id, "group stream ended")
+        }
+    }
+}
+
+struct Runner {
+    outbox: Arc<Outbox>,
+    groups: Arc<Groups>,
+    group: String,
+    member_id: String,
+    spec: SubscriptionSpec,
+    member: Member,
+    events: mpsc::Sender<RelayResult<Event>>,
+    window: u32,
+    /// Answers applied in memory, waiting for the flush that makes them durable.
+    pending: Vec<(Settlement, std::collections::HashMap<MessageId, u32>)>,
+    insert_signal: Option<tokio::sync::watch::Receiver<crate::storage::Inserts>>,
+    /// The idle poll's current wait, growing while reads find nothing.
+    poll: Duration,
+    next_poll: Instant,
+    next_heartbeat: Instant,
+    draining_until: Option<Instant>,
+    info: Arc<crate::relay::subscribers::StreamInfo>,
+}
+
+impl Runner {
+    async fn send(&self, event: Event) -> bool {
+        self.events.send(Ok(event)).await.is_ok()
+    }
+
+    fn partition_lease(&self) -> Duration {
+        self.member.settings.lease
+    }
+
+    fn heartbeat_every(&self) -> Duration {
+        (self.partition_lease() / 3).min(MAX_HEARTBEAT)
+    }
+
+    async fn serve(&mut self, answers: &mut AnswerReceiver, drain: &Drain) -> RelayResult<()> {
+        tracing::info!(outbox = %self.outbox.name, group = %self.group, member = %self.member_id, window = self.window, "group stream opened");
+        self.send(Event::Subscribed {
+            owner: self.member_id.clone(),
+            lease: self.spec.lease,
+            max_in_flight: self.window,
+            max_attempts: self.member.settings.max_attempts,
+        })
+        .await;
+        loop {
+            if Instant::now() >= self.next_heartbeat {
+                match self.heartbeat().await {
+                    Ok(()) => {}
+                    Err(error) if heals(&error) => {
+                        tracing::warn!(group = %self.group, member = %self.member_id, %error, "group heartbeat failed; trying again");
+                        self.next_heartbeat = Instant::now() + STORAGE_ERROR_DELAY;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            let expired = self.member.expire(Instant::now(), Utc::now());
+            if !expired.is_empty() {
+                tracing::warn!(group = %self.group, member = %self.member_id, count = expired.len(), "leases expired before the subscriber answered");
+                self.send(Event::LeasesExpired(expired)).await;
+            }
+            if self.draining_until.is_none() {
+                self.fill().await?;
+            }
+            self.flush().await?;
+            self.info.set_in_flight(self.member.flights.len());
+            if self.draining_until.is_some() && self.member.flights.is_empty() {
+                return Ok(());
+            }
+            let wake = self.next_wake();
+            tokio::select! {
+                biased;
+                answer = answers.recv() => {
+                    let Some(answer) = answer else { return Ok(()) };
+                    self.apply(answer)?;
+                    while let Some(answer) = answers.try_recv() {
+                        self.apply(answer)?;
+                    }
+                }
+                _ = self.events.closed() => return Ok(()),
+                _ = drain.started(), if self.draining_until.is_none() => {
+                    self.draining_until = Some(Instant::now() + drain.timeout());
+                    let deadline = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
+                    self.send(Event::Draining { deadline }).await;
+                }
+                _ = sleep_until(self.draining_until.unwrap_or_else(Instant::now)), if self.draining_until.is_some() => {
+                    tracing::warn!(group = %self.group, member = %self.member_id, held = self.member.flights.len(), "drain timeout; giving back unanswered messages");
+                    return Ok(());
+                }
+                changed = wait_insert(&mut self.insert_signal) => {
+                    if changed {
+                        self.member.wake();
+                    } else {
+                        self.insert_signal = None;
+                    }
+                }
+                _ = sleep_until(wake) => {
+                    if Instant::now() >= self.next_poll {
+                        self.member.wake();
+                    }
+                }
+            }
+        }
+    }
+
+    fn next_wake(&self) -> Instant {
+        let mut wake = self.next_heartbeat;
+        if let Some(deadline) = self.member.next_deadline() {
+            wake = wake.min(deadline);
+        }
+        if let Some(due) = self.member.next_due() {
+            let wait = (due - Utc::now()).to_std().unwrap_or_default();
+            wake = wake.min(Instant::now() + wait);
+        }
+        if self.member.all_caught_up() {
+            wake = wake.min(self.next_poll);
+        }
+        wake
+    }
+
+    /// Applies one answer in memory; its `settled` goes out after the next flush.
+    fn apply(&mut self, answer: RelayResult<Answer>) -> RelayResult<()> {
+        let answer = answer?;
+        let now = Utc::now();
+        let mut outcome = Outcome::default();
+        let mut settlement = Settlement::default();
+        match answer {
+            Answer::Ack(ids) => self.member.ack(&ids, &mut outcome),
+            Answer::Nack { id, error, delay } => {
+                self.member
+                    .fail(id, Failure::Nack { error, delay }, now, &mut outcome)
+            }
+            Answer::Release { ids, delay } => {
+                for id in ids {
+                    self.member
+                        .fail(id, Failure::Release { delay }, now, &mut outcome);
+                }
+            }
+            Answer::DeadLetter { id, error } => {
+                self.member
+                    .fail(id, Failure::Dead { error }, now, &mut outcome)
+            }
+            Answer::ExtendLease { ids, lease } => {
+                let lease = if lease.is_zero() {
+                    self.spec.lease
+                } else {
+                    lease
+                };
+                if lease > self.member.settings.max_lease {
+                    settlement.rejected = Some(Rejection {
+                        ids,
+                        reason: format!(
+                            "lease of {} exceeds the outbox's max_lease of {}",
+                            humantime::format_duration(lease),
+                            humantime::format_duration(self.member.settings.max_lease)
+                        ),
+                    });
+                } else {
+                    self.member
+                        .extend(&ids, Instant::now() + lease, &mut outcome);
+                    settlement.lease_expires_at = Some(now + super::member::chrono_of(lease));
+                }
+            }
+            Answer::SetWindow(window) => {
+                self.window = window;
+                self.info.set_window(window);
+            }
+        }
+        let counted = outcome.acked.len() as u64;
+        self.outbox.metrics().acked.inc_by(counted);
+        settlement.acked = outcome.acked;
+        settlement.retried = outcome.retried;
+        settlement.dead_lettered = outcome.dead_lettered;
+        settlement.released = outcome.released;
+        settlement.extended = outcome.extended;
+        settlement.fenced = outcome.fenced;
+        settlement.retry_at = outcome.retry_at;
+        self.pending.push((settlement, outcome.partitions));
+        Ok(())
+    }
+
+    /// Reads and sends what the window has room for.
+    async fn fill(&mut self) -> RelayResult<()> {
+        let room = (self.window as usize).saturating_sub(self.member.flights.len());
+        if room == 0 {
+            return Ok(());
+        }
+        let batch = self.outbox.config.max_batch_size.max(1) as usize;
+        let cursors = self.member.read_cursors(batch.min(room).max(1));
+        if !cursors.is_empty() {
+            match self
+                .groups
+                .store
+                .read(&cursors, batch.min(1000) as u32)
+                .await
+            {
+                Ok(read) => {
+                    let found = !read.rows.is_empty();
+                    self.member.add_read(&cursors, read);
+                    if found {
+                        self.poll = self.outbox.config.poll.min;
+                    } else if self.member.all_caught_up() {
+                        self.poll = self
+                            .poll
+                            .mul_f64(self.outbox.config.poll.factor)
+                            .min(self.outbox.config.poll.max);
+                    }
+                    self.next_poll = Instant::now() + self.poll;
+                }
+                Err(error) if heals(&error) => {
+                    tracing::warn!(group = %self.group, %error, "group read failed; trying again");
+                    self.next_poll = Instant::now() + STORAGE_ERROR_DELAY;
+                    return Ok(());
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        let deadline = Instant::now() + self.spec.lease;
+        let dispatch = self.member.dispatch(room.min(batch), Utc::now(), deadline);
+        if dispatch.is_empty() {
+            return Ok(());
+        }
+        let mut messages: Vec<OutboxMessage> = dispatch
+            .fresh
+            .into_iter()
+            .map(|row: GroupRow| row.message)
+            .collect();
+        if !dispatch.from_state.is_empty() {
+            let fetched = match self.groups.store.fetch(&dispatch.from_state).await {
+                Ok(rows) => rows,
+                Err(error) => {
+                    // Nothing was sent: give the rows back as they were.
+                    self.member.give_back(&dispatch.from_state, Utc::now());
+                    if heals(&error) {
+                        return Ok(());
+                    }
+                    return Err(error.into());
+                }
+            };
+            for id in &dispatch.from_state {
+                match fetched.iter().find(|row| row.message.id == *id) {
+                    Some(row) => {
+                        let mut message = row.message.clone();
+                        message.attempts = self.member.attempts_of(*id);
+                        messages.push(message);
+                    }
+                    // Purged by hand meanwhile: nothing left to deliver.
+                    None => self.member.vanished(*id),
+                }
+            }
+        }
+        // In log order within each partition; one response at most `max_message_bytes`.
+        let positions: std::collections::HashMap<MessageId, Position> = self
+            .member
+            .flights
+            .iter()
+            .map(|(id, f)| (*id, f.position))
+            .collect();
+        messages.sort_by_key(|m| positions.get(&m.id).copied().unwrap_or_default());
+        let limit = self.outbox.max_message_bytes;
+        let lease_expires_at = Utc::now() + super::member::chrono_of(self.spec.lease);
+        let mut batch: Vec<OutboxMessage> = Vec::new();
+        let mut bytes = 0;
+        for message in messages {
+            let size = message_bytes(&message);
+            if size > limit {
+                let mut outcome = Outcome::default();
+                let error = format!(
+                    "row of {size} bytes exceeds server.max_message_bytes = {limit}; it cannot be delivered in one response"
+                );
+                self.member.fail(
+                    message.id,
+                    Failure::Dead { error },
+                    Utc::now(),
+                    &mut outcome,
+                );
+                continue;
+            }
+            if bytes + size > limit && !batch.is_empty() {
+                self.send_batch(std::mem::take(&mut batch), lease_expires_at)
+                    .await;
+                bytes = 0;
+            }
+            bytes += size;
+            batch.push(message);
+        }
+        if !batch.is_empty() {
+            self.send_batch(batch, lease_expires_at).await;
+        }
+        Ok(())
+    }
+
+    async fn send_batch(
+        &self,
+        messages: Vec<OutboxMessage>,
+        lease_expires_at: chrono::DateTime<Utc>,
+    ) {
+        self.outbox.metrics().claimed.inc_by(messages.len() as u64);
+        self.send(Event::Batch(Batch::from(Claimed {
+            messages,
+            lease_expires_at,
+            exhausted: Vec::new(),
+        })))
+        .await;
+    }
+
+    /// Writes what changed, then sends the settlements it made durable.
+    async fn flush(&mut self) -> RelayResult<()> {
+        let flushes = self.member.take_flushes();
+        let mut lost = Vec::new();
+        if !flushes.is_empty() {
+            let mut attempt = 0;
+            loop {
+                match self
+                    .groups
+                    .store
+                    .flush(&self.group, &self.member_id, &flushes)
+                    .await
+                {
+                    Ok(fenced) => {
+                        lost = fenced;
+                        break;
+                    }
+                    Err(error) if heals(&error) && attempt < 5 => {
+                        attempt += 1;
+                        tracing::warn!(group = %self.group, %error, "group flush failed; trying again");
+                        tokio::time::sleep(STORAGE_ERROR_DELAY).await;
+                    }
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+        for partition in &lost {
+            tracing::warn!(group = %self.group, member = %self.member_id, partition, "partition taken by another member; its answers are fenced");
+            let ids = self.member.lose(*partition);
+            if !ids.is_empty() {
+                self.send(Event::LeasesExpired(ids)).await;
+            }
+        }
+        let fenced_partitions: std::collections::HashSet<u32> = lost.into_iter().collect();
+        for (mut settlement, partitions) in std::mem::take(&mut self.pending) {
+            if !fenced_partitions.is_empty() {
+                // The partition moved before the write: nothing of it was applied.
+                let moved = |id: &MessageId| {
+                    partitions
+                        .get(id)
+                        .is_some_and(|p| fenced_partitions.contains(p))
+                };
+                for ids in [
+                    &mut settlement.acked,
+                    &mut settlement.retried,
+                    &mut settlement.dead_lettered,
+                    &mut settlement.released,
+                    &mut settlement.extended,
+                ] {
+                    let (fenced, kept): (Vec<_>, Vec<_>) = ids.drain(..).partition(moved);
+                    *ids = kept;
+                    settlement.fenced.extend(fenced);
+                }
+            }
+            self.info.settled(std::slice::from_ref(&settlement));
+            self.send(Event::Settled(settlement)).await;
+        }
+        Ok(())
+    }
+
+    /// Renews membership and partitions, lets go of what is handed over, takes what is
+    /// assigned and free.
+    async fn heartbeat(&mut self) -> Result<(), StorageError> {
+        let store = Arc::clone(&self.groups.store);
+        let lease = self.partition_lease();
+        let beat = store.heartbeat(&self.group, &self.member_id, lease).await?;
+        self.next_heartbeat = Instant::now() + self.heartbeat_every();
+        // Partitions another member took (our lease ran out, or a seek): forget them.
+        let owned: Vec<u32> = self.member.parts.keys().copied().collect();
+        for partition in owned {
+            let still = beat.partitions.iter().any(|v| {
+                v.partition == partition
+                    && v.owner.as_deref() == Some(self.member_id.as_str())
+                    && Some(v.epoch) == self.member.parts.get(&partition).map(|p| p.epoch)
+            });
+            if !still {
+                tracing::warn!(group = %self.group, member = %self.member_id, partition, "partition lost");
+                let ids = self.member.lose(partition);
+                if !ids.is_empty() {
+                    self.send(Event::LeasesExpired(ids)).await;
+                }
+            }
+        }
+        let members = beat.members;
+        let me = members.iter().position(|m| *m == self.member_id);
+        let assigned = |partition: u32| match me {
+            Some(_) => members[partition as usize % members.len()] == self.member_id,
+            None => false,
+        };
+        for (partition, part) in self.member.parts.iter_mut() {
+            part.leaving = !assigned(*partition) || self.draining_until.is_some();
+        }
+        let quiet = self.member.quiet_leaving();
+        if !quiet.is_empty() {
+            store.release(&self.group, &self.member_id, &quiet).await?;
+            for partition in quiet {
+                self.member.parts.remove(&partition);
+            }
+        }
+        if self.draining_until.is_some() {
+            return Ok(());
+        }
+        let mut waiting = false;
+        for view in &beat.partitions {
+            if !assigned(view.partition) || self.member.parts.contains_key(&view.partition) {
+                continue;
+            }
+            if view.owner.is_some() && !view.expired {
+                waiting = true;
+                continue;
+            }
+            if let Some(lease) = store
+                .acquire(&self.group, &self.member_id, view.partition, lease)
+                .await?
+            {
+                let state = store.load_state(&self.group, view.partition).await?;
+                tracing::debug!(group = %self.group, member = %self.member_id, partition = view.partition, epoch = lease.epoch, "partition taken");
+                self.member.take(lease, state);
+            }
+        }
+        if waiting {
+            self.next_heartbeat = Instant::now() + HANDOVER_HEARTBEAT.min(self.heartbeat_every());
+        }
+        Ok(())
+    }
+
+    /// However the stream ends: what it holds becomes retries due now, the positions are
+    /// written, and its partitions are free for the others at once.
+    async fn give_back(&mut self) {
+        let held: Vec<MessageId> = self.member.flights.keys().copied().collect();
+        self.member.give_back(&held, Utc::now());
+        if let Err(error) = self.flush().await {
+            tracing::warn!(group = %self.group, member = %self.member_id, %error, "final group flush failed; the partitions' leases will run out");
+        }
+        if let Err(error) = self.groups.store.leave(&self.group, &self.member_id).await {
+            tracing::warn!(group = %self.group, member = %self.member_id, %error, "leaving the group failed; its partitions free up when their lease runs out");
+        }
+    }
+}
+
+/// Whether a storage error may heal by waiting (the database down or busy).
+fn heals(error: &StorageError) -> bool {
+    matches!(error, StorageError::Unavailable(_))
+}
+
+async fn wait_insert(
+    signal: &mut Option<tokio::sync::watch::Receiver<crate::storage::Inserts>>,
+) -> bool {
+    match signal {
+        Some(signal) => signal.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
