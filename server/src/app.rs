@@ -16,7 +16,7 @@ use txoutbox_proto::v1::relay_server::RelayServer;
 use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
-use crate::health;
+use crate::health::{self, Readiness};
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
 use crate::security::layer::AuthLayer;
@@ -262,10 +262,12 @@ pub async fn run(
     };
     let drain = Drain::new(config.server.drain_timeout);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let readiness = Arc::new(Readiness::new(relay.outboxes().map(|o| o.name.as_str())));
     let stop_health = CancellationToken::new();
     let health_task = tokio::spawn(health::watch(
         Arc::clone(&relay),
         health_reporter.clone(),
+        Arc::clone(&readiness),
         config.server.health_interval,
         stop_health.clone(),
     ));
@@ -327,8 +329,10 @@ pub async fn run(
             ));
             let stopped = stop_metrics.clone().cancelled_owned();
             let metrics = Arc::clone(&metrics);
+            let readiness = Arc::clone(&readiness);
             tokio::spawn(async move {
-                if let Err(error) = metrics_http::serve(listener, metrics, stopped).await {
+                if let Err(error) = metrics_http::serve(listener, metrics, readiness, stopped).await
+                {
                     tracing::error!(%error, "the metrics listener failed");
                 }
             });
@@ -361,7 +365,10 @@ pub async fn run(
     }
 
     tracing::info!(timeout = %humantime::format_duration(drain.timeout()), "draining");
-    health::mark_draining(&relay, &health_reporter).await;
+    // The watch first: a pass of it still running would set the outboxes SERVING again.
+    stop_health.cancel();
+    let _ = health_task.await;
+    health::mark_draining(&relay, &health_reporter, &readiness).await;
     metrics.set_draining();
     drain.start();
     if tokio::time::timeout(drain.timeout() + GIVE_BACK_GRACE, drain.finished())
@@ -372,9 +379,7 @@ pub async fn run(
             "some subscriptions did not finish in time; their leases expire on their own"
         );
     }
-    stop_health.cancel();
     stop_serving.cancel();
-    let _ = health_task.await;
     server
         .await
         .context("server task")?

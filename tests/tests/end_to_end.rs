@@ -78,6 +78,8 @@ mod observability;
 mod operations;
 #[path = "printed_hints.rs"]
 mod printed_hints;
+#[path = "probes.rs"]
+mod probes;
 #[path = "python_client.rs"]
 mod python_client;
 #[path = "replica_stall.rs"]
