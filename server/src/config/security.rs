@@ -86,9 +86,29 @@ pub enum Scope {
     Subscribe,
     /// `Admin.InsertMessage`.
     Insert,
-    /// Every other `Admin` call: `Stats`, `Purge`, `Schema`, the dead-letter calls,
-    /// `Pause`, `Resume`, `ListBlockedKeys`, and any added later (see `security::layer`).
+    /// The `Admin` calls that change nothing: `Stats`, `Schema`, `ListDeadLetters` (which
+    /// reads payloads, and is audited), `CountDeadLetters`, `ListBlockedKeys`,
+    /// `ListSubscribers`.
+    Read,
+    /// Every other `Admin` call: `Purge`, re-drive and discard of dead letters, `Pause`,
+    /// `Resume`, and any added later (see `security::layer`). Includes `read`.
     Admin,
+}
+
+impl Scope {
+    /// Whether holding `self` allows a call that needs `needed`: `admin` includes `read`,
+    /// so an operator's existing grants keep every call they allowed.
+    pub fn allows(self, needed: Scope) -> bool {
+        self == needed || (self == Scope::Admin && needed == Scope::Read)
+    }
+
+    /// What a refusal adds after the scope's name, so the operator sees both ways in.
+    pub fn included_by(self) -> &'static str {
+        match self {
+            Scope::Read => " (or `admin`, which includes it)",
+            _ => "",
+        }
+    }
 }
 
 impl std::fmt::Display for Scope {
@@ -96,6 +116,7 @@ impl std::fmt::Display for Scope {
         f.write_str(match self {
             Scope::Subscribe => "subscribe",
             Scope::Insert => "insert",
+            Scope::Read => "read",
             Scope::Admin => "admin",
         })
     }
@@ -262,7 +283,7 @@ impl IdentityConfig {
             }
             if scopes.is_empty() {
                 problems.push(format!(
-                    "{key}.grants.{outbox}: no scope; use subscribe, insert and/or admin"
+                    "{key}.grants.{outbox}: no scope; use subscribe, insert, read and/or admin"
                 ));
             }
         }

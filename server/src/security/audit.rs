@@ -68,6 +68,7 @@ fn admin_action(path: &str) -> Option<&'static str> {
         "/txoutbox.v1.Admin/Purge" => Some("purge"),
         "/txoutbox.v1.Admin/InsertMessage" => Some("insert"),
         "/txoutbox.v1.Admin/Schema" => Some("schema"),
+        "/txoutbox.v1.Admin/ListDeadLetters" => Some("read_dead_letters"),
         "/txoutbox.v1.Admin/RedriveDeadLetters" => Some("redrive"),
         "/txoutbox.v1.Admin/DiscardDeadLetters" => Some("discard"),
         "/txoutbox.v1.Admin/Pause" => Some("pause"),

@@ -148,12 +148,15 @@ impl Identity {
         [outbox, EVERY_OUTBOX].iter().any(|name| {
             self.grants
                 .get(*name)
-                .is_some_and(|scopes| scopes.contains(&scope))
+                .is_some_and(|scopes| scopes.iter().any(|held| held.allows(scope)))
         })
     }
 
     pub(crate) fn holds_anywhere(&self, scope: Scope) -> bool {
-        self.grants.values().any(|scopes| scopes.contains(&scope))
+        self.grants
+            .values()
+            .flatten()
+            .any(|held| held.allows(scope))
     }
 
     fn sees(&self, outbox: &str) -> bool {
@@ -175,8 +178,9 @@ impl Caller {
             Caller::Identity(identity) if identity.may(scope, name) => {}
             Caller::Identity(identity) => {
                 return Err(Status::permission_denied(format!(
-                    "identity `{}` needs scope `{scope}` on outbox {} (see server.auth.identities.{}.grants)",
+                    "identity `{}` needs scope `{scope}`{} on outbox {} (see server.auth.identities.{}.grants)",
                     identity.name,
+                    scope.included_by(),
                     crate::relay::limits::echo(name),
                     identity.name
                 )))
