@@ -26,6 +26,7 @@ use crate::storage::columns::Columns;
 use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
 use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
+use crate::storage::timed::Timed;
 use crate::storage::{Storage, StorageError, TableOptions};
 use crate::telemetry::metrics::{Metrics, PoolUsage};
 use crate::telemetry::{depth, http as metrics_http};
@@ -78,12 +79,17 @@ fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<Stri
             Purpose::Health | Purpose::Depth => 1,
         };
         let url = database.url.expose();
+        let timeouts = database.timeouts();
         let pool = match database.url.backend() {
+            // A file: no link to lose, and its writers queue for the write lock longer
+            // than a server's acquire timeout (see `sqlite::lazy_pools`); the call
+            // deadline of `Timed` still applies.
             Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
-            Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
+            Backend::MySql => mysql::lazy_pool_with(url, size, timeouts).map(Pools::MySql),
             Backend::Postgres => {
                 let synchronous_commit = database.synchronous_commit.unwrap_or_default();
-                postgres::lazy_pool(url, size, synchronous_commit).map(Pools::Postgres)
+                postgres::lazy_pool_with(url, size, synchronous_commit, timeouts)
+                    .map(Pools::Postgres)
             }
         }
         .with_context(|| format!("databases.{name}"))?;
@@ -134,7 +140,8 @@ fn storages_on(
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
-        storages.insert(name.clone(), storage);
+        let storage = Timed::new(storage, &outbox.database, database.timeouts());
+        storages.insert(name.clone(), Arc::new(storage));
     }
     Ok(storages)
 }

@@ -92,6 +92,8 @@ mod setup_script;
 mod sqlite;
 #[path = "subscribe.rs"]
 mod subscribe;
+#[path = "timeouts.rs"]
+mod timeouts;
 #[path = "traces.rs"]
 mod traces;
 #[path = "unary_and_admin.rs"]
