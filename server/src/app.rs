@@ -259,6 +259,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // The credentials first: a wrong one stops the start before any database is reached.
+    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let metrics = Arc::new(Metrics::new());
     let relay = Arc::new(build_relay(&config, &metrics)?);
     check_tables(&relay).await?;
@@ -286,7 +288,6 @@ pub async fn run(
         .context("building the reflection service")?;
 
     let address = listener.local_addr()?;
-    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let tls = config
         .server
         .tls

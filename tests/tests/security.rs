@@ -8,6 +8,8 @@
 mod audit;
 #[path = "security/limits.rs"]
 mod limits;
+#[path = "security/refusals.rs"]
+mod refusals;
 #[path = "security/scopes.rs"]
 mod scopes;
 #[path = "security/tls.rs"]

@@ -192,6 +192,7 @@ pub(super) fn validate(
     for (name, identity) in &auth.identities {
         identity.validate(name, tls, outboxes, max_message_bytes, problems);
     }
+    shared_certificate_names(auth, problems);
     let reachable_from_elsewhere = !listen.ip().is_loopback();
     if reachable_from_elsewhere && !allow_insecure && (tls.is_none() || auth.identities.is_empty())
     {
@@ -205,6 +206,26 @@ pub(super) fn validate(
              configure [server.tls] and [server.auth.identities.NAME] (see docs/security.md), \
              listen on 127.0.0.1, or set server.allow_insecure = true to serve it anyway"
         ));
+    }
+}
+
+/// A certificate name listed by two identities: a certificate carrying it would name
+/// either. (One token on two identities is found once the tokens are read, at start.)
+fn shared_certificate_names(auth: &AuthConfig, problems: &mut Vec<String>) {
+    let identities: Vec<(&String, &IdentityConfig)> = auth.identities.iter().collect();
+    for (i, (first, first_config)) in identities.iter().enumerate() {
+        for (second, second_config) in &identities[i + 1..] {
+            for name in &first_config.certificate_names {
+                if second_config.certificate_names.contains(name) {
+                    problems.push(format!(
+                        "server.auth.identities.{first}.certificate_names and \
+                         server.auth.identities.{second}.certificate_names both list {name:?}: \
+                         a certificate carrying it would name either; list each name under \
+                         one identity"
+                    ));
+                }
+            }
+        }
     }
 }
 

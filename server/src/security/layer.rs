@@ -14,7 +14,7 @@ use tonic::Status;
 use tower::{Layer, Service};
 
 use super::limits::StreamSlot;
-use super::{Access, Caller, Identity};
+use super::{refusals, Access, Caller, Identity};
 use crate::config::Scope;
 
 const SUBSCRIBE: &str = "/txoutbox.v1.Relay/Subscribe";
@@ -226,17 +226,20 @@ where
         // The clone is ready only if polled; the polled one goes with this call.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
+        let peer = refusals::peer_of(&request);
         match self.access.admit(&request) {
             Err(Refusal { status, identity }) => {
                 let path = request.uri().path();
                 let identity = identity.as_ref().map(|identity| identity.name.as_str());
-                tracing::debug!(path, identity, %status, "call refused");
-                super::audit::record_refused_call(path, identity, &status);
+                if refusals::may_log(peer) {
+                    refusals::log(peer, identity, path, &status);
+                    super::audit::record_refused_call(path, identity, peer, &status);
+                }
                 Box::pin(async move { Ok(status.into_http()) })
             }
             Ok((caller, slot)) => {
                 request.extensions_mut().insert(caller);
-                Box::pin(async move {
+                Box::pin(refusals::serving(peer, async move {
                     let response = inner.call(request).await?;
                     Ok(match slot {
                         // Held until the stream's response body ends.
@@ -245,7 +248,7 @@ where
                         }
                         None => response,
                     })
-                })
+                }))
             }
         }
     }
