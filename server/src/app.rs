@@ -16,7 +16,7 @@ use txoutbox_proto::v1::relay_server::RelayServer;
 use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
-use crate::health;
+use crate::health::{self, Readiness};
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
 use crate::security::layer::AuthLayer;
@@ -29,6 +29,7 @@ use crate::storage::postgres::groups::PostgresGroups;
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
 use crate::storage::sqlite::groups::SqliteGroups;
 use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
+use crate::storage::timed::Timed;
 use crate::storage::{Storage, StorageError, TableOptions};
 use crate::telemetry::metrics::{Metrics, PoolUsage};
 use crate::telemetry::{depth, http as metrics_http};
@@ -81,12 +82,17 @@ fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<Stri
             Purpose::Health | Purpose::Depth => 1,
         };
         let url = database.url.expose();
+        let timeouts = database.timeouts();
         let pool = match database.url.backend() {
+            // A file: no link to lose, and its writers queue for the write lock longer
+            // than a server's acquire timeout (see `sqlite::lazy_pools`); the call
+            // deadline of `Timed` still applies.
             Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
-            Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
+            Backend::MySql => mysql::lazy_pool_with(url, size, timeouts).map(Pools::MySql),
             Backend::Postgres => {
                 let synchronous_commit = database.synchronous_commit.unwrap_or_default();
-                postgres::lazy_pool(url, size, synchronous_commit).map(Pools::Postgres)
+                postgres::lazy_pool_with(url, size, synchronous_commit, timeouts)
+                    .map(Pools::Postgres)
             }
         }
         .with_context(|| format!("databases.{name}"))?;
@@ -104,7 +110,7 @@ fn storages_on(
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
-        let options = table_options(outbox)?;
+        let options = table_options(outbox, config.server.max_message_bytes)?;
         let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
             Pools::Postgres(pool) => {
                 let extras = PostgresExtras {
@@ -137,7 +143,8 @@ fn storages_on(
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
-        storages.insert(name.clone(), storage);
+        let storage = Timed::new(storage, &outbox.database, database.timeouts());
+        storages.insert(name.clone(), Arc::new(storage));
     }
     Ok(storages)
 }
@@ -159,12 +166,14 @@ fn group_stores_on(
                 &outbox.table,
                 &columns,
                 outbox.partitions,
+                config.server.max_message_bytes as u64,
             )?),
             Pools::Sqlite(pools) => Arc::new(SqliteGroups::new(
                 pools.clone(),
                 &outbox.table,
                 &columns,
                 outbox.partitions,
+                config.server.max_message_bytes as u64,
             )?),
             Pools::MySql(_) => anyhow::bail!(
                 "outboxes.{name}.groups: subscription groups need PostgreSQL or SQLite"
@@ -177,7 +186,7 @@ fn group_stores_on(
 
 /// The table settings every backend takes; configuration validation reports a bad
 /// column mapping with its key.
-fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
+fn table_options(outbox: &OutboxConfig, max_message_bytes: usize) -> anyhow::Result<TableOptions> {
     let columns = Columns::from_mapping(&outbox.columns)
         .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
     Ok(TableOptions {
@@ -189,6 +198,7 @@ fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
         columns,
+        max_row_bytes: max_message_bytes as u64,
     })
 }
 
@@ -295,6 +305,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // The credentials first: a wrong one stops the start before any database is reached.
+    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let metrics = Arc::new(Metrics::new());
     let relay = Arc::new(build_relay(&config, &metrics)?);
     check_tables(&relay).await?;
@@ -311,10 +323,12 @@ pub async fn run(
         }
     }
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let readiness = Arc::new(Readiness::new(relay.outboxes().map(|o| o.name.as_str())));
     let stop_health = CancellationToken::new();
     let health_task = tokio::spawn(health::watch(
         Arc::clone(&relay),
         health_reporter.clone(),
+        Arc::clone(&readiness),
         config.server.health_interval,
         stop_health.clone(),
     ));
@@ -325,7 +339,6 @@ pub async fn run(
         .context("building the reflection service")?;
 
     let address = listener.local_addr()?;
-    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let tls = config
         .server
         .tls
@@ -376,8 +389,10 @@ pub async fn run(
             ));
             let stopped = stop_metrics.clone().cancelled_owned();
             let metrics = Arc::clone(&metrics);
+            let readiness = Arc::clone(&readiness);
             tokio::spawn(async move {
-                if let Err(error) = metrics_http::serve(listener, metrics, stopped).await {
+                if let Err(error) = metrics_http::serve(listener, metrics, readiness, stopped).await
+                {
                     tracing::error!(%error, "the metrics listener failed");
                 }
             });
@@ -410,7 +425,10 @@ pub async fn run(
     }
 
     tracing::info!(timeout = %humantime::format_duration(drain.timeout()), "draining");
-    health::mark_draining(&relay, &health_reporter).await;
+    // The watch first: a pass of it still running would set the outboxes SERVING again.
+    stop_health.cancel();
+    let _ = health_task.await;
+    health::mark_draining(&relay, &health_reporter, &readiness).await;
     metrics.set_draining();
     drain.start();
     if tokio::time::timeout(drain.timeout() + GIVE_BACK_GRACE, drain.finished())
@@ -421,9 +439,7 @@ pub async fn run(
             "some subscriptions did not finish in time; their leases expire on their own"
         );
     }
-    stop_health.cancel();
     stop_serving.cancel();
-    let _ = health_task.await;
     server
         .await
         .context("server task")?

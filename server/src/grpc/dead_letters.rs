@@ -64,6 +64,8 @@ fn describe(filter: &DeadFilter) -> String {
 pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
     let message = row.message;
     v1::DeadLetter {
+        payload_omitted: message.too_large.is_some(),
+        stored_bytes: message.too_large.unwrap_or(0),
         id: message.id,
         topic: message.topic,
         key: message.key,
@@ -76,6 +78,8 @@ pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
     }
 }
 
+/// `ListDeadLetters`, audited: it hands out payloads, which may hold what a `read`
+/// holder should be seen reading.
 pub async fn list(
     relay: &Relay,
     caller: &Caller,
@@ -84,20 +88,77 @@ pub async fn list(
     if !request.group.is_empty() {
         return super::groups::list_dead(relay, caller, request).await;
     }
-    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
-    let filter = filter(request.selector)?;
-    let rows = outbox
-        .list_dead(&filter, request.after_id, request.limit)
-        .await?;
-    let page = crate::relay::dead_letters::limit(request.limit)?;
-    let next_after_id = match rows.last() {
-        Some(last) if rows.len() == page as usize => last.message.id,
-        _ => 0,
-    };
-    Ok(v1::ListDeadLettersResponse {
-        dead_letters: rows.into_iter().map(dead_letter).collect(),
-        next_after_id,
-    })
+    let mut arguments = format!("after_id={} limit={}", request.after_id, request.limit);
+    let outcome = async {
+        let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
+        let filter = filter(request.selector)?;
+        arguments = format!("{arguments} {}", describe(&filter));
+        let rows = outbox
+            .list_dead(&filter, request.after_id, request.limit)
+            .await?;
+        let page = crate::relay::dead_letters::limit(request.limit)?;
+        let full = rows.len() == page as usize;
+        let (dead_letters, truncated) = within(rows, outbox.response_budget());
+        let next_after_id = match dead_letters.last() {
+            Some(last) if full || truncated => last.id,
+            _ => 0,
+        };
+        Ok(v1::ListDeadLettersResponse {
+            dead_letters,
+            next_after_id,
+            truncated,
+        })
+    }
+    .await;
+    if let Ok(response) = &outcome {
+        let bytes: usize = response.dead_letters.iter().map(|d| d.payload.len()).sum();
+        arguments = format!(
+            "{arguments} rows={} payload_bytes={bytes}",
+            response.dead_letters.len()
+        );
+    }
+    audit::record(
+        caller,
+        "read_dead_letters",
+        &request.outbox,
+        arguments.trim(),
+        &outcome,
+    );
+    outcome
+}
+
+/// The id-ordered prefix of `rows` that fits in `budget` bytes on the wire, and whether
+/// rows were left out for it. A row too large on its own goes without its payload and
+/// headers (the database may already have left them out), so a page always moves on.
+pub(super) fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
+    use prost::Message as _;
+    // The element's tag and length prefix in the repeated field.
+    const FRAMING: usize = 6;
+    let mut kept = Vec::new();
+    let mut used = 0;
+    for row in rows {
+        let mut row = dead_letter(row);
+        if row.encoded_len() + FRAMING > budget {
+            row.stored_bytes = (row.payload.len()
+                + row
+                    .headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+                + row.topic.len()
+                + row.key.as_ref().map_or(0, String::len)) as u64;
+            row.payload_omitted = true;
+            row.payload = Vec::new();
+            row.headers.clear();
+        }
+        let bytes = row.encoded_len() + FRAMING;
+        if !kept.is_empty() && used + bytes > budget {
+            return (kept, true);
+        }
+        used += bytes;
+        kept.push(row);
+    }
+    (kept, false)
 }
 
 pub async fn count(
@@ -105,7 +166,7 @@ pub async fn count(
     caller: &Caller,
     request: v1::CountDeadLettersRequest,
 ) -> Result<v1::CountDeadLettersResponse, Status> {
-    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+    let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
     let counts = outbox.count_dead(&filter(request.selector)?).await?;
     Ok(v1::CountDeadLettersResponse {
         counts: counts

@@ -5,7 +5,6 @@ use chrono::{DateTime, Utc};
 use tonic::Status;
 use txoutbox_proto::v1;
 
-use super::dead_letters::dead_letter;
 use crate::config::Scope;
 use crate::relay::dead_letters::limit;
 use crate::relay::limits::echo;
@@ -112,32 +111,51 @@ pub async fn list_dead(
     caller: &Caller,
     request: v1::ListDeadLettersRequest,
 ) -> Result<v1::ListDeadLettersResponse, Status> {
-    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
-    let groups = outbox.groups()?;
-    groups.settings(&request.group)?;
-    let page = limit(request.limit)?;
-    let rows = groups
-        .store
-        .list_dead(&request.group, request.after_id, page)
-        .await
-        .map_err(crate::relay::RelayError::from)?;
-    let next_after_id = match rows.last() {
-        Some(last) if rows.len() == page as usize => last.message.id,
-        _ => 0,
-    };
-    Ok(v1::ListDeadLettersResponse {
-        dead_letters: rows
+    let arguments = format!(
+        "group={} after_id={} limit={}",
+        echo(&request.group),
+        request.after_id,
+        request.limit
+    );
+    let outcome = async {
+        let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
+        let groups = outbox.groups()?;
+        groups.settings(&request.group)?;
+        let page = limit(request.limit)?;
+        let rows = groups
+            .store
+            .list_dead(&request.group, request.after_id, page)
+            .await
+            .map_err(crate::relay::RelayError::from)?;
+        let full = rows.len() == page as usize;
+        let rows: Vec<DeadLetter> = rows
             .into_iter()
-            .map(|row| {
-                dead_letter(DeadLetter {
-                    message: row.message,
-                    last_error: row.error.unwrap_or_default(),
-                    died_at: Some(row.dead_at),
-                })
+            .map(|row| DeadLetter {
+                message: row.message,
+                last_error: row.error.unwrap_or_default(),
+                died_at: Some(row.dead_at),
             })
-            .collect(),
-        next_after_id,
-    })
+            .collect();
+        let (dead_letters, truncated) = super::dead_letters::within(rows, outbox.response_budget());
+        let next_after_id = match dead_letters.last() {
+            Some(last) if full || truncated => last.id,
+            _ => 0,
+        };
+        Ok(v1::ListDeadLettersResponse {
+            dead_letters,
+            next_after_id,
+            truncated,
+        })
+    }
+    .await;
+    audit::record(
+        caller,
+        "read_dead_letters",
+        &request.outbox,
+        &arguments,
+        &outcome,
+    );
+    outcome
 }
 
 /// Re-drives (`redrive`) or discards a group's dead letters; audited.

@@ -29,6 +29,7 @@ pub mod pauses;
 pub mod postgres;
 pub mod rows;
 pub mod sqlite;
+pub mod timed;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -50,8 +51,8 @@ pub use self::pauses::{Pauses, TopicClause, TopicFilter};
 pub type MessageId = i64;
 
 /// How long an operation waits for a pooled connection before the database counts as
-/// unreachable. Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
-pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// unreachable, unless `databases.NAME.acquire_timeout` says otherwise.
+pub const ACQUIRE_TIMEOUT: Duration = timed::DEFAULT_ACQUIRE_TIMEOUT;
 
 /// Rows deleted per statement by `purge`, so it never holds a long transaction (or, on
 /// SQLite, the file's write lock) for long.
@@ -73,6 +74,10 @@ pub struct OutboxMessage {
     /// Claims so far, including the current one.
     pub attempts: u32,
     pub created_at: DateTime<Utc>,
+    /// The row's stored size (payload, headers, topic and key), when it is larger than the
+    /// table's [`TableOptions::max_row_bytes`]: the database did not send its payload
+    /// and headers (empty here), since no response could hold them.
+    pub too_large: Option<u64>,
 }
 
 /// A row to insert (tests, demos, the CLI; producers insert in their own transaction).

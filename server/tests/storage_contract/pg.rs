@@ -578,9 +578,12 @@ async fn plans_made_on_a_small_table_probe_its_indexes_once_it_is_large() {
                  INSERT INTO {table} (topic, key, payload) \
                  SELECT 't', 'stuck', 'x' FROM generate_series(1, {stuck}) g; \
                  UPDATE {table} SET leased_by = 'other', available_at = now() + interval '1 hour' \
-                 WHERE key = 'stuck'"
+                 WHERE key = 'stuck'; \
+                 SELECT pg_stat_force_next_flush()"
             ))
             .await;
+        // The statistics count every session's scans: this setup's own (its update may
+        // scan) are flushed before the count starts, or they could land inside it.
         let before = scans_of(&pool, &backend).await;
         for n in 10..15 {
             round(n).await;
@@ -629,4 +632,33 @@ async fn a_claim_ahead_follows_the_owners_own_rows() {
         3,
         "the key's two rows after the owner's, and the keyless row: {got:?}"
     );
+}
+
+/// `databases.NAME.statement_timeout` is the sessions' own `statement_timeout`: the
+/// database ends a statement past it, and the relay reads that as UNAVAILABLE.
+#[tokio::test]
+async fn sessions_end_a_statement_past_the_configured_statement_timeout() {
+    let timeouts = txoutbox_server::storage::timed::Timeouts {
+        acquire: Duration::from_secs(3),
+        statement: Duration::from_millis(300),
+    };
+    let pool = txoutbox_server::storage::postgres::lazy_pool_with(
+        &url(),
+        1,
+        SynchronousCommit::default(),
+        timeouts,
+    )
+    .unwrap();
+    let shown: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(shown, "300ms");
+    let error = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let code = error.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("57014"), "{error}");
+    pool.close().await;
 }

@@ -347,8 +347,10 @@ impl Runner {
         let mut batch: Vec<OutboxMessage> = Vec::new();
         let mut bytes = 0;
         for message in messages {
-            let size = message_bytes(&message);
-            if size > limit {
+            let size = message
+                .too_large
+                .map_or_else(|| message_bytes(&message), |stored| stored as usize);
+            if message.too_large.is_some() || size > limit {
                 let mut outcome = Outcome::default();
                 let error = format!(
                     "row of {size} bytes exceeds server.max_message_bytes = {limit}; it cannot be delivered in one response"

@@ -56,9 +56,11 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
             // "server gone" codes, seen when a proxy passes them on. 1290/1792/1836:
             // read-only server or transaction, a replica answering after a failover,
             // until the pool reaches the new primary. 1205/1213: a lock conflict that
-            // persisted after one retry (see `is_lock_conflict`).
+            // persisted after one retry (see `is_lock_conflict`). 1969 (MariaDB) and 3024
+            // (MySQL): a statement ended by the session's statement limit (see
+            // `lazy_pool_with`): the database is busy or something holds the table.
             Some(
-                1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836
+                1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836 | 1969 | 3024
                 | LOCK_WAIT_TIMEOUT | DEADLOCK,
             ) => unavailable(&err),
             // The server refused the connection: 1045 wrong user or password, 1044 and 1698
@@ -104,16 +106,24 @@ fn required_text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
 
 /// A candidate row of a claim, as the message it becomes once leased (attempt counted).
 pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
+    let stored_attempts: i64 = row.try_get("attempts")?;
+    message(row, attempts(stored_attempts.saturating_add(1)))
+}
+
+/// The message columns of `Statements::message`, with `attempts` as the caller counts them.
+fn message(row: &MySqlRow, attempts: u32) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
     let headers: Option<Vec<u8>> = row.try_get("headers")?;
-    let stored_attempts: i64 = row.try_get("attempts")?;
+    let payload: Option<Vec<u8>> = row.try_get("payload")?;
+    let stored_bytes: i64 = row.try_get("stored_bytes")?;
     Ok(OutboxMessage {
         id: row.try_get("id")?,
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
-        payload: row.try_get("payload")?,
+        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
+        payload: payload.unwrap_or_default(),
         headers: headers_from_text(headers.as_deref()),
-        attempts: attempts(stored_attempts.saturating_add(1)),
+        attempts,
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
     })
 }
@@ -137,18 +147,9 @@ pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> 
 
 /// A row of `sql::dead_list`.
 pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
-    let headers: Option<Vec<u8>> = row.try_get("headers")?;
     let stored_attempts: i64 = row.try_get("attempts")?;
     Ok(DeadLetter {
-        message: OutboxMessage {
-            id: row.try_get("id")?,
-            topic: required_text(row, "topic")?,
-            key: text(row, "key")?,
-            payload: row.try_get("payload")?,
-            headers: headers_from_text(headers.as_deref()),
-            attempts: attempts(stored_attempts),
-            created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-        },
+        message: message(row, attempts(stored_attempts))?,
         last_error: required_text(row, "last_error")?,
         died_at: row.try_get::<Option<DateTime<Utc>>, _>("died_at")?,
     })

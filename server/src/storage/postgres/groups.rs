@@ -61,6 +61,7 @@ impl PostgresGroups {
         table: &str,
         columns: &Columns,
         partitions: u32,
+        max_row_bytes: u64,
     ) -> anyhow::Result<Self> {
         let table_ident = Ident::new(table)?;
         let qualify = |name: &str| -> String {
@@ -83,7 +84,7 @@ impl PostgresGroups {
             messages: qualify(&format!("{table}_group_messages")),
             row: format!(
                 "{}, {part}::int4 AS partition, o.txid::text::int8 AS txid",
-                message(&n, "o")
+                message(&n, "o", max_row_bytes)
             ),
             ddl: String::new(),
             lock_key: format!("{}.{table}", schema.unwrap_or("")),

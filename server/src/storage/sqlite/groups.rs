@@ -53,6 +53,7 @@ impl SqliteGroups {
         table: &str,
         columns: &Columns,
         partitions: u32,
+        max_row_bytes: u64,
     ) -> anyhow::Result<Self> {
         let n = Names::new(columns, &DIALECT);
         let t = quote(table);
@@ -104,7 +105,7 @@ CREATE TABLE IF NOT EXISTS {messages} (
             pools,
             place,
             partitions,
-            message: message(&n),
+            message: message(&n, max_row_bytes),
             table: t,
             groups,
             parts,

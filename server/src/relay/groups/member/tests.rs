@@ -37,6 +37,7 @@ fn row(id: i64, key: Option<&str>) -> GroupRow {
             headers: BTreeMap::new(),
             attempts: 0,
             created_at: Utc::now(),
+            too_large: None,
         },
         partition: 0,
         position: Position { txid: 0, id },
