@@ -455,3 +455,89 @@ async fn cli_speaks_tls_with_a_token_or_a_client_certificate() {
     assert!(stderr(&output).contains("https://"), "{}", stderr(&output));
     db.drop().await;
 }
+
+/// One outbox, two groups, from the command line: each `tail --group` consumes every
+/// row, `stats` shows the groups, `seek` replays (a dry run first), `dead --group` lists.
+#[tokio::test]
+async fn groups_tail_stats_seek_and_dead_letters() {
+    let db = TestDb::new().await;
+    let config = db.config(
+        "partitions = 2\n[outboxes.orders.groups.kafka]\n[outboxes.orders.groups.search]\n",
+    );
+    let server = Server::start_serving(&config).await;
+    let url = server.url();
+    for i in 0..3 {
+        db.insert("orders.paid", Some("k"), format!("{i}").as_bytes())
+            .await;
+    }
+    for group in ["kafka", "search"] {
+        let output = txoutbox(&url, &["tail", "--group", group, "--ack", "--count", "3"]).await;
+        assert!(output.status.success(), "{output:?}");
+        let payloads: Vec<Value> = json_lines(&output)
+            .iter()
+            .map(|line| line["payload"].clone())
+            .collect();
+        assert_eq!(payloads, ["0", "1", "2"], "group {group} in order");
+    }
+    let no_group = txoutbox(&url, &["tail", "--count", "1"]).await;
+    assert!(!no_group.status.success());
+    assert!(
+        stderr(&no_group).contains("subscribe with a group"),
+        "{no_group:?}"
+    );
+
+    let stats = eventually("both groups caught up", DEADLINE, || {
+        let url = url.clone();
+        async move {
+            let stats = json(&txoutbox(&url, &["stats", "--format", "json"]).await);
+            let groups = stats["groups"].as_array().cloned().unwrap_or_default();
+            (groups.len() == 2 && groups.iter().all(|g| g["lag_rows"] == 0)).then_some(stats)
+        }
+    })
+    .await;
+    assert_eq!(stats["groups"][0]["group"], "kafka");
+    let table = stdout(&txoutbox(&url, &["stats"]).await);
+    assert!(
+        table.contains("GROUP") && table.contains("search"),
+        "{table}"
+    );
+
+    let dry = txoutbox(
+        &url,
+        &["seek", "--group", "search", "--to", "oldest", "--dry-run"],
+    )
+    .await;
+    assert!(stdout(&dry).contains("would deliver 3 rows"), "{dry:?}");
+    let moved = json(
+        &txoutbox(
+            &url,
+            &[
+                "seek", "--group", "search", "--to", "oldest", "--format", "json",
+            ],
+        )
+        .await,
+    );
+    assert_eq!(moved["rows_ahead"], 3);
+    let replay = txoutbox(
+        &url,
+        &["tail", "--group", "search", "--ack", "--count", "3"],
+    )
+    .await;
+    assert_eq!(json_lines(&replay).len(), 3, "{replay:?}");
+    let bad = txoutbox(&url, &["seek", "--group", "search", "--to", "yesterday"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{bad:?}");
+
+    let dead = json(
+        &txoutbox(
+            &url,
+            &["dead", "list", "--group", "kafka", "--format", "json"],
+        )
+        .await,
+    );
+    assert_eq!(
+        dead["dead_letters"].as_array().map(Vec::len),
+        Some(0),
+        "{dead}"
+    );
+    db.drop().await;
+}

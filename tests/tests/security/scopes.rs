@@ -120,6 +120,16 @@ async fn every_rpc(
     );
     call!("Schema", admin.schema, v1::SchemaRequest { outbox: o() });
     call!(
+        "SeekGroup",
+        admin.seek_group,
+        v1::SeekGroupRequest {
+            outbox: o(),
+            group: "g".into(),
+            to: Some(v1::seek_group_request::To::ToNow(true)),
+            dry_run: true
+        }
+    );
+    call!(
         "InsertMessage",
         admin.insert_message,
         v1::InsertMessageRequest {
@@ -203,6 +213,16 @@ async fn every_rpc(
             limit: 0
         }
     );
+    // These outboxes have no groups: a SeekGroup that passed its scope check is refused
+    // after it, for that reason, which counts as allowed here.
+    for (rpc, code, message) in &mut results {
+        if *rpc == "SeekGroup"
+            && *code == Code::FailedPrecondition
+            && message.contains("has no subscription groups")
+        {
+            *code = Code::Ok;
+        }
+    }
     let called: BTreeSet<&str> = results.iter().map(|(rpc, _, _)| *rpc).collect();
     assert_eq!(
         called,

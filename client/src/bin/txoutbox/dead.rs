@@ -77,6 +77,9 @@ enum DeadCommand {
 /// Which dead rows: every given option must match.
 #[derive(Debug, clap::Args)]
 struct Select {
+    /// The dead letters of this subscription group (with a group, only --ids selects).
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
     /// Only these ids (comma-separated).
     #[arg(long, value_delimiter = ',', value_name = "ID,...")]
     ids: Vec<i64>,
@@ -145,7 +148,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
             apply,
         } => {
             let request = RedriveDeadLettersRequest {
-                group: String::new(),
+                group: select.group.clone().unwrap_or_default(),
                 outbox: outbox.clone(),
                 selector: Some(select.selector()),
                 limit: apply.limit,
@@ -165,7 +168,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
         }
         DeadCommand::Discard { select, apply } => {
             let request = DiscardDeadLettersRequest {
-                group: String::new(),
+                group: select.group.clone().unwrap_or_default(),
                 outbox: outbox.clone(),
                 selector: Some(select.selector()),
                 limit: apply.limit,
@@ -193,7 +196,7 @@ async fn list(
         .admin()
         .await?
         .list_dead_letters(ListDeadLettersRequest {
-            group: String::new(),
+            group: select.group.clone().unwrap_or_default(),
             outbox: outbox.clone(),
             selector: Some(select.selector()),
             after_id,
@@ -226,6 +229,12 @@ async fn list(
 }
 
 async fn count(context: &mut Context, outbox: String, select: Select) -> Result<(), CliError> {
+    if let Some(group) = &select.group {
+        return Err(CliError::Usage(format!(
+            "dead count takes no --group; the group's figures are in `txoutbox stats`, its \
+             rows in `txoutbox dead list --group {group}`"
+        )));
+    }
     let counts = context
         .admin()
         .await?

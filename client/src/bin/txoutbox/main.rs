@@ -19,6 +19,7 @@ mod pause;
 mod purge;
 mod relay;
 mod schema;
+mod seek;
 mod stats;
 mod subscribers;
 mod tail;
@@ -135,6 +136,9 @@ enum Command {
     Stats,
     /// Delete delivered rows older than a duration.
     Purge(purge::Args),
+    /// Move a subscription group to the oldest row, now, a row id or a time: replay from
+    /// there, or skip a backlog.
+    Seek(seek::Args),
     /// Dead-lettered rows: list, count, re-drive (in id order per key) or discard them.
     Dead(dead::Args),
     /// Stop every replica handing out rows of the outbox, or of some topics (`--topic`),
@@ -224,6 +228,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Tail(args) => tail::run(&mut context, args).await,
         Command::Stats => stats::run(&mut context).await,
         Command::Purge(args) => purge::run(&mut context, args).await,
+        Command::Seek(args) => seek::run(&mut context, args).await,
         Command::Dead(args) => dead::run(&mut context, args).await,
         Command::Pause(args) => pause::run(&mut context, args, true).await,
         Command::Resume(args) => pause::run(&mut context, args, false).await,

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use txoutbox_client::proto::v1::{StatsRequest, TopicStats};
+use txoutbox_client::proto::v1::{GroupStats, StatsRequest, TopicStats};
 
 use super::output::{print_json, print_table, Format};
 use super::{CliError, Context};
@@ -30,6 +30,8 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
             "fenced_answers": stats.fenced_answers,
             "total": topic_json(&total),
             "topics": stats.topics.iter().map(topic_json).collect::<Vec<_>>(),
+            "groups": stats.groups.iter().map(group_json).collect::<Vec<_>>(),
+            "frontier_delay_ms": stats.frontier_delay.as_ref().map(millis),
         })),
         Format::Table => {
             let mut rows: Vec<Vec<String>> = stats.topics.iter().map(topic_row).collect();
@@ -60,6 +62,28 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
                 "answers fenced by this replica since it started: {}",
                 stats.fenced_answers
             );
+            if !stats.groups.is_empty() {
+                let rows: Vec<Vec<String>> = stats.groups.iter().map(group_row).collect();
+                print_table(
+                    &[
+                        "GROUP",
+                        "LAG ROWS",
+                        "LAG",
+                        "RETRYING",
+                        "HELD",
+                        "DEAD",
+                        "HELD KEYS",
+                        "STREAMS",
+                    ],
+                    &rows,
+                )?;
+                if let Some(delay) = &stats.frontier_delay {
+                    println!(
+                        "oldest open writing transaction (rows after its start wait): {}",
+                        human_age(Duration::from_millis(millis(delay)))
+                    );
+                }
+            }
             Ok(())
         }
     }
@@ -71,6 +95,46 @@ fn oldest(stats: &TopicStats) -> Option<Duration> {
         u64::try_from(age.seconds).unwrap_or(0),
         u32::try_from(age.nanos).unwrap_or(0),
     ))
+}
+
+fn millis(duration: &txoutbox_client::proto::prost_types::Duration) -> u64 {
+    u64::try_from(duration.seconds).unwrap_or(0) * 1000
+        + u64::try_from(duration.nanos).unwrap_or(0) / 1_000_000
+}
+
+fn group_json(group: &GroupStats) -> serde_json::Value {
+    json!({
+        "group": group.group,
+        "lag_rows": group.lag_rows,
+        "lag_ms": group.lag.as_ref().map(millis),
+        "retrying": group.retrying,
+        "held": group.held,
+        "dead": group.dead,
+        "held_keys": group.held_keys,
+        "members": group.members,
+        "partitions": group.partitions.iter().map(|p| json!({
+            "partition": p.partition,
+            "owner": p.owner,
+            "epoch": p.epoch,
+            "position_id": p.position_id,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn group_row(group: &GroupStats) -> Vec<String> {
+    vec![
+        group.group.clone(),
+        group.lag_rows.to_string(),
+        group.lag.as_ref().map_or_else(
+            || "-".to_owned(),
+            |lag| human_age(Duration::from_millis(millis(lag))),
+        ),
+        group.retrying.to_string(),
+        group.held.to_string(),
+        group.dead.to_string(),
+        group.held_keys.to_string(),
+        group.members.to_string(),
+    ]
 }
 
 fn topic_json(stats: &TopicStats) -> serde_json::Value {

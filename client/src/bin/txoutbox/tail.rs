@@ -51,8 +51,11 @@ pub struct Args {
     #[arg(long, short = 'n', value_name = "N")]
     count: Option<u64>,
     /// Only these topics (repeatable; default: every topic).
-    #[arg(long = "topic", value_name = "TOPIC")]
+    #[arg(long = "topic", value_name = "TOPIC", conflicts_with = "group")]
     topics: Vec<String>,
+    /// Read as a member of this subscription group (required on an outbox with groups).
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
     /// Subscriber name, in the server's logs.
     #[arg(long, default_value = "txoutbox-tail")]
     name: String,
@@ -75,7 +78,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
     let channel = context.channel().await?;
     let (requests, outgoing) = mpsc::unbounded_channel();
     let open = v1::OpenSubscription {
-        group: String::new(),
+        group: args.group.unwrap_or_default(),
         outbox,
         subscriber: args.name,
         topics: args.topics,

@@ -70,6 +70,7 @@ pub async fn run(
         events,
         pending: Vec::new(),
         draining_until: None,
+        paused: false,
         info: Arc::clone(&registration.info),
     };
     let result = runner.serve(&mut answers, &drain).await;
@@ -103,6 +104,8 @@ struct Runner {
     next_poll: Instant,
     next_heartbeat: Instant,
     draining_until: Option<Instant>,
+    /// The outbox was paused at the last look: nothing is sent until it is resumed.
+    paused: bool,
     info: Arc<crate::relay::subscribers::StreamInfo>,
 }
 
@@ -197,7 +200,7 @@ impl Runner {
             let wait = (due - Utc::now()).to_std().unwrap_or_default();
             wake = wake.min(Instant::now() + wait);
         }
-        if self.member.all_caught_up() {
+        if self.paused || self.member.all_caught_up() {
             wake = wake.min(self.next_poll);
         }
         wake
@@ -268,6 +271,13 @@ impl Runner {
     async fn fill(&mut self) -> RelayResult<()> {
         let room = (self.window as usize).saturating_sub(self.member.flights.len());
         if room == 0 {
+            return Ok(());
+        }
+        // A pause of the whole outbox stops groups too (a topic's pause does not: a key's
+        // order spans topics). Answers still apply.
+        self.paused = self.outbox.pauses().await.outbox.is_some();
+        if self.paused {
+            self.next_poll = Instant::now() + crate::relay::pause::PAUSE_REFRESH;
             return Ok(());
         }
         let batch = self.outbox.config.max_batch_size.max(1) as usize;

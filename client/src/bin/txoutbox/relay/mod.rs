@@ -78,8 +78,13 @@ pub struct Args {
     #[arg(long, value_name = "PREFIX", conflicts_with = "webhook")]
     topic_prefix: Option<String>,
     /// Only relay these outbox topics (repeatable; default: every topic).
-    #[arg(long = "topic", value_name = "TOPIC")]
+    #[arg(long = "topic", value_name = "TOPIC", conflicts_with = "group")]
     topics: Vec<String>,
+    /// Relay as a member of this subscription group of the outbox (required on an
+    /// outbox with groups): each group gets every row, so one outbox feeds several
+    /// brokers, one `txoutbox relay --group` per destination.
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
     /// How long the broker may take to confirm one message before the row is nacked and
     /// retried (Kafka's message.timeout.ms, the PubAck, the publisher confirm, the HTTP
     /// request, Redis' answer).
@@ -163,6 +168,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
     let subscriber = Subscriber::builder(context.servers.clone(), outbox.clone())
         .name(args.name)
         .topics(args.topics)
+        .group(args.group.unwrap_or_default())
         .concurrency(args.concurrency)
         .max_in_flight(args.max_in_flight)
         .credentials(context.credentials.clone())
