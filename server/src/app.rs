@@ -16,7 +16,7 @@ use txoutbox_proto::v1::relay_server::RelayServer;
 use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
-use crate::health;
+use crate::health::{self, Readiness};
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
 use crate::security::layer::AuthLayer;
@@ -26,6 +26,7 @@ use crate::storage::columns::Columns;
 use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
 use crate::storage::sqlite::{self, SqlitePools, SqliteStorage};
+use crate::storage::timed::Timed;
 use crate::storage::{Storage, StorageError, TableOptions};
 use crate::telemetry::metrics::{Metrics, PoolUsage};
 use crate::telemetry::{depth, http as metrics_http};
@@ -78,12 +79,17 @@ fn open_pools(config: &Config, purpose: Purpose) -> anyhow::Result<BTreeMap<Stri
             Purpose::Health | Purpose::Depth => 1,
         };
         let url = database.url.expose();
+        let timeouts = database.timeouts();
         let pool = match database.url.backend() {
+            // A file: no link to lose, and its writers queue for the write lock longer
+            // than a server's acquire timeout (see `sqlite::lazy_pools`); the call
+            // deadline of `Timed` still applies.
             Backend::Sqlite => sqlite::lazy_pools(url, size).map(Pools::Sqlite),
-            Backend::MySql => mysql::lazy_pool(url, size).map(Pools::MySql),
+            Backend::MySql => mysql::lazy_pool_with(url, size, timeouts).map(Pools::MySql),
             Backend::Postgres => {
                 let synchronous_commit = database.synchronous_commit.unwrap_or_default();
-                postgres::lazy_pool(url, size, synchronous_commit).map(Pools::Postgres)
+                postgres::lazy_pool_with(url, size, synchronous_commit, timeouts)
+                    .map(Pools::Postgres)
             }
         }
         .with_context(|| format!("databases.{name}"))?;
@@ -134,7 +140,8 @@ fn storages_on(
                     .with_context(|| format!("outboxes.{name}"))?,
             ),
         };
-        storages.insert(name.clone(), storage);
+        let storage = Timed::new(storage, &outbox.database, database.timeouts());
+        storages.insert(name.clone(), Arc::new(storage));
     }
     Ok(storages)
 }
@@ -251,6 +258,8 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
+    // The credentials first: a wrong one stops the start before any database is reached.
+    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let metrics = Arc::new(Metrics::new());
     let relay = Arc::new(build_relay(&config, &metrics)?);
     check_tables(&relay).await?;
@@ -262,10 +271,12 @@ pub async fn run(
     };
     let drain = Drain::new(config.server.drain_timeout);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    let readiness = Arc::new(Readiness::new(relay.outboxes().map(|o| o.name.as_str())));
     let stop_health = CancellationToken::new();
     let health_task = tokio::spawn(health::watch(
         Arc::clone(&relay),
         health_reporter.clone(),
+        Arc::clone(&readiness),
         config.server.health_interval,
         stop_health.clone(),
     ));
@@ -276,7 +287,6 @@ pub async fn run(
         .context("building the reflection service")?;
 
     let address = listener.local_addr()?;
-    let access = Arc::new(Access::from_config(&config.server.auth)?);
     let tls = config
         .server
         .tls
@@ -327,8 +337,10 @@ pub async fn run(
             ));
             let stopped = stop_metrics.clone().cancelled_owned();
             let metrics = Arc::clone(&metrics);
+            let readiness = Arc::clone(&readiness);
             tokio::spawn(async move {
-                if let Err(error) = metrics_http::serve(listener, metrics, stopped).await {
+                if let Err(error) = metrics_http::serve(listener, metrics, readiness, stopped).await
+                {
                     tracing::error!(%error, "the metrics listener failed");
                 }
             });
@@ -361,7 +373,10 @@ pub async fn run(
     }
 
     tracing::info!(timeout = %humantime::format_duration(drain.timeout()), "draining");
-    health::mark_draining(&relay, &health_reporter).await;
+    // The watch first: a pass of it still running would set the outboxes SERVING again.
+    stop_health.cancel();
+    let _ = health_task.await;
+    health::mark_draining(&relay, &health_reporter, &readiness).await;
     metrics.set_draining();
     drain.start();
     if tokio::time::timeout(drain.timeout() + GIVE_BACK_GRACE, drain.finished())
@@ -372,9 +387,7 @@ pub async fn run(
             "some subscriptions did not finish in time; their leases expire on their own"
         );
     }
-    stop_health.cancel();
     stop_serving.cancel();
-    let _ = health_task.await;
     server
         .await
         .context("server task")?

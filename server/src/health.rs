@@ -5,11 +5,17 @@
 //! ([`Storage::ensure_table`]: DDL), and one that finds a mapped table lacking columns
 //! does so once, so a server started before its database still comes up on its own.
 //!
+//!
+//! The same checks feed [`Readiness`], which the metrics listener's `/readyz` answers
+//! from, so an orchestrator's HTTP probe sees what a gRPC health client sees without a
+//! client certificate or a token, and without a database round trip per probe.
+//!
 //! [`Storage::verify_table`]: crate::storage::Storage::verify_table
 //! [`Storage::ensure_table`]: crate::storage::Storage::ensure_table
 
-use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -19,10 +25,60 @@ use tonic_health::ServingStatus;
 use crate::relay::{Outbox, Relay};
 use crate::storage::StorageError;
 
-/// Checks every outbox now and then every `interval` until `stop`.
+/// Whether the server should be sent work: what `/readyz` answers. Not ready while an
+/// outbox has not been checked yet or its last check failed, and for good once the drain
+/// has started.
+#[derive(Debug)]
+pub struct Readiness {
+    draining: AtomicBool,
+    /// Each outbox's last check: `None` when it passed, else why not.
+    outboxes: Mutex<BTreeMap<String, Option<String>>>,
+}
+
+impl Readiness {
+    /// Every outbox not ready until its first check.
+    pub fn new<'a>(outboxes: impl IntoIterator<Item = &'a str>) -> Self {
+        let outboxes = outboxes
+            .into_iter()
+            .map(|name| (name.to_owned(), Some("not checked yet".to_owned())))
+            .collect();
+        Self {
+            draining: AtomicBool::new(false),
+            outboxes: Mutex::new(outboxes),
+        }
+    }
+
+    fn record(&self, outbox: &str, problem: Option<String>) {
+        let mut outboxes = self.outboxes.lock().expect("readiness lock");
+        outboxes.insert(outbox.to_owned(), problem);
+    }
+
+    fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Why the server is not ready, one line each; empty when it is.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.draining.load(Ordering::SeqCst) {
+            problems.push("draining: shutting down, finishing in-flight work".to_owned());
+        }
+        let outboxes = self.outboxes.lock().expect("readiness lock");
+        for (name, problem) in outboxes.iter() {
+            if let Some(problem) = problem {
+                problems.push(format!("outbox {name} is not serving: {problem}"));
+            }
+        }
+        problems
+    }
+}
+
+/// Checks every outbox now and then every `interval` until `stop`, which also ends a
+/// check under way: once the drain starts nothing may set an outbox SERVING again.
 pub async fn watch(
     relay: Arc<Relay>,
     reporter: HealthReporter,
+    readiness: Arc<Readiness>,
     interval: Duration,
     stop: CancellationToken,
 ) {
@@ -31,35 +87,54 @@ pub async fn watch(
     // interval would not fix a wrong type, only repeat the trigger and backfill work.
     let mut altered: HashSet<String> = HashSet::new();
     loop {
-        for outbox in relay.outboxes() {
-            let may_alter = !altered.contains(&outbox.name);
-            let result = verify_or_ensure_table(outbox, may_alter).await;
-            if matches!(result, Err(StorageError::MismatchedTable { .. })) && may_alter {
-                altered.insert(outbox.name.clone());
-            }
-            let healthy = result.is_ok();
-            outbox.metrics().serving.set(i64::from(healthy));
-            if last.get(&outbox.name) != Some(&healthy) {
-                match &result {
-                    Ok(()) => tracing::info!(outbox = %outbox.name, "outbox is serving"),
-                    // `{:#}`: the whole chain of causes, not only the outer context.
-                    Err(error) => {
-                        tracing::warn!(outbox = %outbox.name, error = format!("{error:#}"), "outbox is not serving")
-                    }
-                }
-                last.insert(outbox.name.clone(), healthy);
-            }
-            let status = if healthy {
-                ServingStatus::Serving
-            } else {
-                ServingStatus::NotServing
-            };
-            reporter.set_service_status(&outbox.name, status).await;
+        let checks = check_all(&relay, &reporter, &readiness, &mut last, &mut altered);
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            () = checks => {}
         }
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(interval) => {}
         }
+    }
+}
+
+/// One pass of [`watch`] over every outbox.
+async fn check_all(
+    relay: &Relay,
+    reporter: &HealthReporter,
+    readiness: &Readiness,
+    last: &mut HashMap<String, bool>,
+    altered: &mut HashSet<String>,
+) {
+    for outbox in relay.outboxes() {
+        let may_alter = !altered.contains(&outbox.name);
+        let result = verify_or_ensure_table(outbox, may_alter).await;
+        if matches!(result, Err(StorageError::MismatchedTable { .. })) && may_alter {
+            altered.insert(outbox.name.clone());
+        }
+        let healthy = result.is_ok();
+        outbox.metrics().serving.set(i64::from(healthy));
+        if last.get(&outbox.name) != Some(&healthy) {
+            match &result {
+                Ok(()) => tracing::info!(outbox = %outbox.name, "outbox is serving"),
+                // `{:#}`: the whole chain of causes, not only the outer context.
+                Err(error) => {
+                    tracing::warn!(outbox = %outbox.name, error = format!("{error:#}"), "outbox is not serving")
+                }
+            }
+            last.insert(outbox.name.clone(), healthy);
+        }
+        readiness.record(
+            &outbox.name,
+            result.as_ref().err().map(|error| format!("{error:#}")),
+        );
+        let status = if healthy {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        reporter.set_service_status(&outbox.name, status).await;
     }
 }
 
@@ -89,8 +164,11 @@ pub async fn verify_or_ensure_table(outbox: &Outbox, may_alter: bool) -> Result<
     outbox.health_storage().verify_table().await
 }
 
-/// Marks every outbox NOT_SERVING, so load balancers stop sending new streams.
-pub async fn mark_draining(relay: &Relay, reporter: &HealthReporter) {
+/// Marks every outbox NOT_SERVING and the server not ready, so load balancers and
+/// orchestrators stop sending new streams. Call it once [`watch`] has returned, or its
+/// next pass sets the outboxes SERVING again.
+pub async fn mark_draining(relay: &Relay, reporter: &HealthReporter, readiness: &Readiness) {
+    readiness.set_draining();
     for outbox in relay.outboxes() {
         outbox.metrics().serving.set(0);
         reporter

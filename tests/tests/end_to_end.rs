@@ -80,6 +80,8 @@ mod observability;
 mod operations;
 #[path = "printed_hints.rs"]
 mod printed_hints;
+#[path = "probes.rs"]
+mod probes;
 #[path = "python_client.rs"]
 mod python_client;
 #[path = "replica_stall.rs"]
@@ -92,6 +94,8 @@ mod setup_script;
 mod sqlite;
 #[path = "subscribe.rs"]
 mod subscribe;
+#[path = "timeouts.rs"]
+mod timeouts;
 #[path = "traces.rs"]
 mod traces;
 #[path = "unary_and_admin.rs"]

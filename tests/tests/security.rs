@@ -8,6 +8,8 @@
 mod audit;
 #[path = "security/limits.rs"]
 mod limits;
+#[path = "security/refusals.rs"]
+mod refusals;
 #[path = "security/scopes.rs"]
 mod scopes;
 #[path = "security/tls.rs"]
@@ -36,6 +38,7 @@ const SUBSCRIBER_TOKEN: &str = "sub-3f9a1c";
 const INSERTER_TOKEN: &str = "ins-77b2e0";
 const OPERATOR_TOKEN: &str = "ops-c41d9a";
 const ORDERS_ADMIN_TOKEN: &str = "orders-ops-5e0b27";
+const READER_TOKEN: &str = "read-9d2e41";
 
 /// Two outboxes, `orders` and `payments`, and `server_extra` appended (TOML tables).
 fn config(db: &TestDb, server_extra: &str) -> String {
@@ -54,8 +57,9 @@ create_schema = true
     )
 }
 
-/// Four identities by token: a subscriber of `orders`, an inserter into `orders`, an
-/// operator with `admin` on every outbox, and one with `insert` and `admin` on `orders`.
+/// Five identities by token: a subscriber of `orders`, an inserter into `orders`, an
+/// operator with `admin` on every outbox, one with `insert` and `admin` on `orders`, and
+/// a watcher with `read` on `orders`.
 fn identities() -> String {
     [
         token_identity(
@@ -70,6 +74,7 @@ fn identities() -> String {
             ORDERS_ADMIN_TOKEN,
             r#"{ orders = ["insert", "admin"] }"#,
         ),
+        token_identity("watcher", READER_TOKEN, r#"{ orders = ["read"] }"#),
     ]
     .concat()
 }

@@ -4,12 +4,14 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use super::OutboxConfig;
 use crate::storage::postgres::SynchronousCommit;
+use crate::storage::timed::Timeouts;
 use crate::storage::{mysql, sqlite};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -24,11 +26,33 @@ pub struct DatabaseConfig {
     /// theirs); `off` when not set (see [`SynchronousCommit`]).
     #[serde(default)]
     pub synchronous_commit: Option<SynchronousCommit>,
+    /// Longest wait for a pooled connection (connecting included); past it the call is
+    /// UNAVAILABLE.
+    #[serde(default = "default_acquire_timeout", with = "humantime_serde")]
+    pub acquire_timeout: Duration,
+    /// Longest a statement of the relay may run: the sessions' own limit on PostgreSQL
+    /// (`statement_timeout`) and MySQL/MariaDB (`max_execution_time` /
+    /// `max_statement_time`), and, with `acquire_timeout`, the deadline of every storage
+    /// call on the server's side, which also ends a call whose database went silent.
+    #[serde(default = "default_statement_timeout", with = "humantime_serde")]
+    pub statement_timeout: Duration,
 }
 
 fn default_max_connections() -> u32 {
     10
 }
+
+fn default_acquire_timeout() -> Duration {
+    Timeouts::default().acquire
+}
+
+fn default_statement_timeout() -> Duration {
+    Timeouts::default().statement
+}
+
+/// Shortest `acquire_timeout` and `statement_timeout`: below it, a busy but healthy
+/// database would turn calls UNAVAILABLE.
+const MIN_DATABASE_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// The database servers and files the relay works with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,12 +221,36 @@ impl DatabaseConfig {
         if self.max_connections == 0 {
             problems.push(format!("{key}.max_connections: must be at least 1"));
         }
+        super::check_duration(
+            problems,
+            &format!("{key}.acquire_timeout"),
+            self.acquire_timeout,
+            MIN_DATABASE_TIMEOUT,
+            "3s",
+        );
+        super::check_duration(
+            problems,
+            &format!("{key}.statement_timeout"),
+            self.statement_timeout,
+            MIN_DATABASE_TIMEOUT,
+            "30s",
+        );
         let postgres = matches!(self.url.backend, Some(Backend::Postgres) | None);
         if self.synchronous_commit.is_some() && !postgres {
             problems.push(format!(
                 "{key}.synchronous_commit: PostgreSQL only (this is not a PostgreSQL URL): \
                  remove it"
             ));
+        }
+    }
+}
+
+impl DatabaseConfig {
+    /// The time bounds of this database's calls.
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            acquire: self.acquire_timeout,
+            statement: self.statement_timeout,
         }
     }
 }

@@ -418,6 +418,28 @@ mod tests {
     }
 
     #[test]
+    fn database_timeouts_have_defaults_and_a_floor() {
+        let config = |settings: &str| {
+            format!(
+                "[databases.main]\nurl = \"postgres://app@db/app\"\n{settings}\n\
+                 [outboxes.orders]\ndatabase = \"main\"\ntable = \"outbox\"\n"
+            )
+        };
+        let defaults = Config::from_toml(&config("")).unwrap().databases["main"].timeouts();
+        assert_eq!(defaults.acquire, Duration::from_secs(3));
+        assert_eq!(defaults.statement, Duration::from_secs(30));
+        let set = config("acquire_timeout = \"1s\"\nstatement_timeout = \"5s\"");
+        let set = Config::from_toml(&set).unwrap().databases["main"].timeouts();
+        assert_eq!(set.call_deadline(), Duration::from_secs(6));
+        let low = config("statement_timeout = \"10ms\"");
+        let error = Config::from_toml(&low).unwrap_err().to_string();
+        assert!(
+            error.contains("databases.main.statement_timeout = 10ms: must be at least 100ms"),
+            "{error}"
+        );
+    }
+
+    #[test]
     fn dead_letter_holds_key_is_off_by_default_and_needs_strict_ordering() {
         let config = Config::from_toml(MINIMAL).unwrap();
         assert!(!config.outboxes["orders"].dead_letter_holds_key);

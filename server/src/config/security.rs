@@ -86,9 +86,29 @@ pub enum Scope {
     Subscribe,
     /// `Admin.InsertMessage`.
     Insert,
-    /// Every other `Admin` call: `Stats`, `Purge`, `Schema`, the dead-letter calls,
-    /// `Pause`, `Resume`, `ListBlockedKeys`, and any added later (see `security::layer`).
+    /// The `Admin` calls that change nothing: `Stats`, `Schema`, `ListDeadLetters` (which
+    /// reads payloads, and is audited), `CountDeadLetters`, `ListBlockedKeys`,
+    /// `ListSubscribers`.
+    Read,
+    /// Every other `Admin` call: `Purge`, re-drive and discard of dead letters, `Pause`,
+    /// `Resume`, and any added later (see `security::layer`). Includes `read`.
     Admin,
+}
+
+impl Scope {
+    /// Whether holding `self` allows a call that needs `needed`: `admin` includes `read`,
+    /// so an operator's existing grants keep every call they allowed.
+    pub fn allows(self, needed: Scope) -> bool {
+        self == needed || (self == Scope::Admin && needed == Scope::Read)
+    }
+
+    /// What a refusal adds after the scope's name, so the operator sees both ways in.
+    pub fn included_by(self) -> &'static str {
+        match self {
+            Scope::Read => " (or `admin`, which includes it)",
+            _ => "",
+        }
+    }
 }
 
 impl std::fmt::Display for Scope {
@@ -96,6 +116,7 @@ impl std::fmt::Display for Scope {
         f.write_str(match self {
             Scope::Subscribe => "subscribe",
             Scope::Insert => "insert",
+            Scope::Read => "read",
             Scope::Admin => "admin",
         })
     }
@@ -171,6 +192,7 @@ pub(super) fn validate(
     for (name, identity) in &auth.identities {
         identity.validate(name, tls, outboxes, max_message_bytes, problems);
     }
+    shared_certificate_names(auth, problems);
     let reachable_from_elsewhere = !listen.ip().is_loopback();
     if reachable_from_elsewhere && !allow_insecure && (tls.is_none() || auth.identities.is_empty())
     {
@@ -184,6 +206,26 @@ pub(super) fn validate(
              configure [server.tls] and [server.auth.identities.NAME] (see docs/security.md), \
              listen on 127.0.0.1, or set server.allow_insecure = true to serve it anyway"
         ));
+    }
+}
+
+/// A certificate name listed by two identities: a certificate carrying it would name
+/// either. (One token on two identities is found once the tokens are read, at start.)
+fn shared_certificate_names(auth: &AuthConfig, problems: &mut Vec<String>) {
+    let identities: Vec<(&String, &IdentityConfig)> = auth.identities.iter().collect();
+    for (i, (first, first_config)) in identities.iter().enumerate() {
+        for (second, second_config) in &identities[i + 1..] {
+            for name in &first_config.certificate_names {
+                if second_config.certificate_names.contains(name) {
+                    problems.push(format!(
+                        "server.auth.identities.{first}.certificate_names and \
+                         server.auth.identities.{second}.certificate_names both list {name:?}: \
+                         a certificate carrying it would name either; list each name under \
+                         one identity"
+                    ));
+                }
+            }
+        }
     }
 }
 
@@ -262,7 +304,7 @@ impl IdentityConfig {
             }
             if scopes.is_empty() {
                 problems.push(format!(
-                    "{key}.grants.{outbox}: no scope; use subscribe, insert and/or admin"
+                    "{key}.grants.{outbox}: no scope; use subscribe, insert, read and/or admin"
                 ));
             }
         }

@@ -48,7 +48,7 @@ impl v1::admin_server::Admin for AdminService {
         request: Request<v1::StatsRequest>,
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let caller = Caller::of(&request)?;
-        let outbox = caller.outbox(&self.relay, Scope::Admin, &request.get_ref().outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Read, &request.get_ref().outbox)?;
         let stats = outbox.stats().await?;
         let pauses = match outbox.pauses_now().await {
             Ok(pauses) => pauses,
@@ -94,11 +94,12 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::SchemaResponse>, Status> {
         let caller = Caller::of(&request)?;
         let name = &request.get_ref().outbox;
-        let outcome = caller
-            .outbox(&self.relay, Scope::Admin, name)
-            .map(|outbox| v1::SchemaResponse {
-                sql: outbox.storage().schema_sql(),
-            });
+        let outcome =
+            caller
+                .outbox(&self.relay, Scope::Read, name)
+                .map(|outbox| v1::SchemaResponse {
+                    sql: outbox.storage().schema_sql(),
+                });
         audit::record(&caller, "schema", name, "", &outcome);
         outcome.map(Response::new)
     }
@@ -202,7 +203,7 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::ListBlockedKeysResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Admin, &request.outbox)?;
+        let outbox = caller.outbox(&self.relay, Scope::Read, &request.outbox)?;
         let keys = outbox.blocked_keys(request.after_id, request.limit).await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
         let next_after_id = match keys.last() {
@@ -232,7 +233,7 @@ impl AdminService {
         caller: &Caller,
         name: &str,
     ) -> Result<v1::ListSubscribersResponse, Status> {
-        let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
+        let outbox = caller.outbox(&self.relay, Scope::Read, name)?;
         let lease_holders = outbox.lease_holders().await?;
         Ok(v1::ListSubscribersResponse {
             connected: outbox

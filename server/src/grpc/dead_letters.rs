@@ -76,25 +76,47 @@ pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
     }
 }
 
+/// `ListDeadLetters`, audited: it hands out payloads, which may hold what a `read`
+/// holder should be seen reading.
 pub async fn list(
     relay: &Relay,
     caller: &Caller,
     request: v1::ListDeadLettersRequest,
 ) -> Result<v1::ListDeadLettersResponse, Status> {
-    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
-    let filter = filter(request.selector)?;
-    let rows = outbox
-        .list_dead(&filter, request.after_id, request.limit)
-        .await?;
-    let page = crate::relay::dead_letters::limit(request.limit)?;
-    let next_after_id = match rows.last() {
-        Some(last) if rows.len() == page as usize => last.message.id,
-        _ => 0,
-    };
-    Ok(v1::ListDeadLettersResponse {
-        dead_letters: rows.into_iter().map(dead_letter).collect(),
-        next_after_id,
-    })
+    let mut arguments = format!("after_id={} limit={}", request.after_id, request.limit);
+    let outcome = async {
+        let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
+        let filter = filter(request.selector)?;
+        arguments = format!("{arguments} {}", describe(&filter));
+        let rows = outbox
+            .list_dead(&filter, request.after_id, request.limit)
+            .await?;
+        let page = crate::relay::dead_letters::limit(request.limit)?;
+        let next_after_id = match rows.last() {
+            Some(last) if rows.len() == page as usize => last.message.id,
+            _ => 0,
+        };
+        Ok(v1::ListDeadLettersResponse {
+            dead_letters: rows.into_iter().map(dead_letter).collect(),
+            next_after_id,
+        })
+    }
+    .await;
+    if let Ok(response) = &outcome {
+        let bytes: usize = response.dead_letters.iter().map(|d| d.payload.len()).sum();
+        arguments = format!(
+            "{arguments} rows={} payload_bytes={bytes}",
+            response.dead_letters.len()
+        );
+    }
+    audit::record(
+        caller,
+        "read_dead_letters",
+        &request.outbox,
+        arguments.trim(),
+        &outcome,
+    );
+    outcome
 }
 
 pub async fn count(
@@ -102,7 +124,7 @@ pub async fn count(
     caller: &Caller,
     request: v1::CountDeadLettersRequest,
 ) -> Result<v1::CountDeadLettersResponse, Status> {
-    let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
+    let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
     let counts = outbox.count_dead(&filter(request.selector)?).await?;
     Ok(v1::CountDeadLettersResponse {
         counts: counts

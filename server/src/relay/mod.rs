@@ -10,7 +10,7 @@ pub mod bytes_in_flight;
 pub mod dead_letters;
 pub mod drain;
 #[cfg(test)]
-mod fake;
+pub(crate) mod fake;
 pub mod idle;
 pub mod limits;
 pub mod pause;

@@ -1,11 +1,14 @@
 //! Admin actions as structured events on their own tracing target, `txoutbox::audit`,
-//! so they can be routed apart (`RUST_LOG=txoutbox::audit=info`, a JSON log shipper
-//! filtering on `target`). One event per action, after it ran: who, on which outbox,
-//! with which arguments, and how it ended.
+//! so they can be routed apart (a JSON log shipper filtering on `target`). The target is
+//! kept at `info` whatever `RUST_LOG` filters, unless `RUST_LOG` names it (see
+//! `telemetry::logging`). One event per action, after it ran: who, from which peer
+//! address, on which outbox, with which arguments, and how it ended.
+
+use std::net::SocketAddr;
 
 use tonic::Status;
 
-use super::Caller;
+use super::{refusals, Caller};
 
 pub const TARGET: &str = "txoutbox::audit";
 
@@ -21,6 +24,7 @@ pub fn record<T>(
         Ok(_) => tracing::info!(
             target: TARGET,
             identity = caller.name(),
+            peer = refusals::current_peer(),
             action,
             outbox = crate::relay::limits::echo(outbox),
             arguments,
@@ -30,6 +34,7 @@ pub fn record<T>(
         Err(status) => tracing::warn!(
             target: TARGET,
             identity = caller.name(),
+            peer = refusals::current_peer(),
             action,
             outbox = crate::relay::limits::echo(outbox),
             arguments,
@@ -45,13 +50,19 @@ pub fn record<T>(
 /// the credential named one (it holds the scope on no outbox, or is past a limit), `?`
 /// when there was no credential or a wrong one. The outbox is not known there (it travels
 /// inside the message, which the layer does not decode).
-pub fn record_refused_call(path: &str, identity: Option<&str>, status: &Status) {
+pub fn record_refused_call(
+    path: &str,
+    identity: Option<&str>,
+    peer: Option<SocketAddr>,
+    status: &Status,
+) {
     let Some(action) = admin_action(path) else {
         return;
     };
     tracing::warn!(
         target: TARGET,
         identity = identity.unwrap_or("?"),
+        peer = refusals::shown(peer),
         action,
         outbox = "?",
         arguments = "",
@@ -68,6 +79,7 @@ fn admin_action(path: &str) -> Option<&'static str> {
         "/txoutbox.v1.Admin/Purge" => Some("purge"),
         "/txoutbox.v1.Admin/InsertMessage" => Some("insert"),
         "/txoutbox.v1.Admin/Schema" => Some("schema"),
+        "/txoutbox.v1.Admin/ListDeadLetters" => Some("read_dead_letters"),
         "/txoutbox.v1.Admin/RedriveDeadLetters" => Some("redrive"),
         "/txoutbox.v1.Admin/DiscardDeadLetters" => Some("discard"),
         "/txoutbox.v1.Admin/Pause" => Some("pause"),

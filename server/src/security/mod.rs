@@ -8,7 +8,8 @@
 //! - the handlers reach an outbox only through [`Caller::outbox`], which checks the scope
 //!   on that outbox (the outbox name travels inside the protobuf message, which the layer
 //!   does not decode);
-//! - [`limits`]: per-identity bounds; [`audit`]: admin actions as structured events.
+//! - [`limits`]: per-identity bounds; [`audit`]: admin actions as structured events;
+//!   [`refusals`]: refused calls logged with the peer address, rate-limited per peer.
 //!
 //! With no identity configured every caller may do everything: the embedded default and
 //! a relay listening on `127.0.0.1` (configuration refuses other addresses without TLS and
@@ -17,6 +18,7 @@
 pub mod audit;
 pub mod layer;
 pub mod limits;
+pub mod refusals;
 pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -58,11 +60,15 @@ pub enum Caller {
 impl Access {
     /// Reads the tokens of `token_file` and `token_env` (validation checked they exist).
     pub fn from_config(auth: &AuthConfig) -> anyhow::Result<Self> {
-        let identities = auth
+        let identities: Vec<Arc<Identity>> = auth
             .identities
             .iter()
             .map(|(name, identity)| Identity::from_config(name, identity).map(Arc::new))
             .collect::<anyhow::Result<_>>()?;
+        let shared = shared_tokens(&identities);
+        if !shared.is_empty() {
+            anyhow::bail!("{}", shared.join("\n"));
+        }
         Ok(Self {
             identities,
             public_health: auth.public_health,
@@ -104,6 +110,26 @@ impl Access {
             })
             .cloned()
     }
+}
+
+/// Tokens that would name two identities, whatever each came from (a file, a variable,
+/// a digest): the token would log in as whichever identity comes first, and revoking one
+/// identity's token would leave it valid for the other. (Configuration validation finds
+/// shared certificate names.)
+fn shared_tokens(identities: &[Arc<Identity>]) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (i, first) in identities.iter().enumerate() {
+        for second in &identities[i + 1..] {
+            if first.token_sha256.is_some() && first.token_sha256 == second.token_sha256 {
+                problems.push(format!(
+                    "server.auth.identities.{} and server.auth.identities.{} have the same \
+                     token: give each identity a token of its own",
+                    first.name, second.name
+                ));
+            }
+        }
+    }
+    problems
 }
 
 impl Identity {
@@ -148,12 +174,15 @@ impl Identity {
         [outbox, EVERY_OUTBOX].iter().any(|name| {
             self.grants
                 .get(*name)
-                .is_some_and(|scopes| scopes.contains(&scope))
+                .is_some_and(|scopes| scopes.iter().any(|held| held.allows(scope)))
         })
     }
 
     pub(crate) fn holds_anywhere(&self, scope: Scope) -> bool {
-        self.grants.values().any(|scopes| scopes.contains(&scope))
+        self.grants
+            .values()
+            .flatten()
+            .any(|held| held.allows(scope))
     }
 
     fn sees(&self, outbox: &str) -> bool {
@@ -174,12 +203,16 @@ impl Caller {
             Caller::Open => {}
             Caller::Identity(identity) if identity.may(scope, name) => {}
             Caller::Identity(identity) => {
-                return Err(Status::permission_denied(format!(
-                    "identity `{}` needs scope `{scope}` on outbox {} (see server.auth.identities.{}.grants)",
+                let status = Status::permission_denied(format!(
+                    "identity `{}` needs scope `{scope}`{} on outbox {} (see server.auth.identities.{}.grants)",
                     identity.name,
+                    scope.included_by(),
                     crate::relay::limits::echo(name),
                     identity.name
-                )))
+                ));
+                let what = format!("outbox {}", crate::relay::limits::echo(name));
+                refusals::log_in_call(&identity.name, &what, &status);
+                return Err(status);
             }
             Caller::Anonymous => return Err(layer::unauthenticated()),
         }

@@ -28,6 +28,7 @@ pub mod pauses;
 pub mod postgres;
 pub mod rows;
 pub mod sqlite;
+pub mod timed;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -49,8 +50,8 @@ pub use self::pauses::{Pauses, TopicClause, TopicFilter};
 pub type MessageId = i64;
 
 /// How long an operation waits for a pooled connection before the database counts as
-/// unreachable. Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
-pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+/// unreachable, unless `databases.NAME.acquire_timeout` says otherwise.
+pub const ACQUIRE_TIMEOUT: Duration = timed::DEFAULT_ACQUIRE_TIMEOUT;
 
 /// Rows deleted per statement by `purge`, so it never holds a long transaction (or, on
 /// SQLite, the file's write lock) for long.

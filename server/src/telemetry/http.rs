@@ -1,34 +1,73 @@
-//! `GET /metrics` on `server.metrics_listen`: plain HTTP/1.1 on a listener of its own, so
-//! a scraper needs neither the gRPC port's TLS nor its credentials, and the metrics can
-//! be kept on an address only the monitoring network reaches.
+//! `server.metrics_listen`: plain HTTP/1.1 on a listener of its own, so a scraper or an
+//! orchestrator's probe needs neither the gRPC port's TLS nor its credentials, and the
+//! listener can be kept on an address only the monitoring network reaches.
+//!
+//! - `GET /metrics`: the Prometheus scrape.
+//! - `GET /healthz`: 200 while the process answers HTTP at all (a liveness probe: a
+//!   database outage must not get the pod restarted, so nothing else is checked).
+//! - `GET /readyz`: 200 when every outbox's last health check passed (its database
+//!   answers, its table is usable) and the server is not draining; 503 otherwise, with
+//!   one line per reason. Answered from the health watch's last results, so a probe costs
+//!   no database round trip and is at most `server.health_interval` behind.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::Router;
 use tokio::net::TcpListener;
 
 use super::metrics::Metrics;
+use crate::health::Readiness;
 
-/// Serves the metrics on `listener` until `shutdown` completes.
+#[derive(Clone)]
+struct Probes {
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+}
+
+/// Serves the metrics and the probes on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(scrape))
-        .with_state(metrics);
+        .route("/healthz", get(alive))
+        .route("/readyz", get(ready))
+        .with_state(Probes { metrics, readiness });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
 }
 
-async fn scrape(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+async fn scrape(State(probes): State<Probes>) -> impl IntoResponse {
     // Encoding reads atomics and the pools' counters: no I/O, no database.
-    ([(CONTENT_TYPE, Metrics::content_type())], metrics.encode())
+    (
+        [(CONTENT_TYPE, Metrics::content_type())],
+        probes.metrics.encode(),
+    )
+}
+
+async fn alive() -> &'static str {
+    "ok\n"
+}
+
+async fn ready(State(probes): State<Probes>) -> (StatusCode, String) {
+    let problems = probes.readiness.problems();
+    if problems.is_empty() {
+        return (StatusCode::OK, "ready\n".to_owned());
+    }
+    let mut body = String::from("not ready\n");
+    for problem in problems {
+        body.push_str(&problem);
+        body.push('\n');
+    }
+    (StatusCode::SERVICE_UNAVAILABLE, body)
 }

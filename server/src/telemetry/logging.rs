@@ -10,6 +10,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
+use crate::security::audit;
 
 /// Flushes the spans not exported yet when dropped (at the end of `main`).
 #[must_use = "dropping the guard stops the trace export"]
@@ -27,9 +28,26 @@ impl Drop for TelemetryGuard {
     }
 }
 
+/// The log filter: `RUST_LOG` (default `info`), with the audit trail kept at `info` unless
+/// `RUST_LOG` names its target: a filter meant to quiet the relay (`RUST_LOG=warn`) must
+/// not silence who purged or re-drove what.
+fn filter(rust_log: Option<&str>) -> EnvFilter {
+    let filter = rust_log
+        .and_then(|directives| EnvFilter::try_new(directives).ok())
+        .unwrap_or_else(|| EnvFilter::new("info"));
+    if rust_log.is_some_and(|directives| directives.contains(audit::TARGET)) {
+        return filter;
+    }
+    let audit = format!("{}=info", audit::TARGET)
+        .parse()
+        .expect("a valid directive");
+    filter.add_directive(audit)
+}
+
 /// Installs the log output and, when `provider` is given, the span export.
 pub fn init_with(format: LogFormat, provider: Option<SdkTracerProvider>) -> TelemetryGuard {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let rust_log = std::env::var(EnvFilter::DEFAULT_ENV).ok();
+    let filter = filter(rust_log.as_deref());
     // Colours only for a terminal: a log file or a pipe gets the lines as they read, so
     // the commands the start-up line prints can be copied from it as they are.
     let output = tracing_subscriber::fmt::layer()
@@ -55,4 +73,17 @@ pub fn init_with(format: LogFormat, provider: Option<SdkTracerProvider>) -> Tele
 pub fn init(format: LogFormat) {
     // Without a provider the guard has nothing to flush.
     drop(init_with(format, None));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_audit_trail_stays_at_info_unless_rust_log_names_it() {
+        let shown = |rust_log: Option<&str>| filter(rust_log).to_string();
+        assert!(shown(Some("warn")).contains("txoutbox::audit=info"));
+        assert!(shown(None).contains("txoutbox::audit=info"));
+        assert!(!shown(Some("warn,txoutbox::audit=off")).contains("txoutbox::audit=info"));
+    }
 }

@@ -609,3 +609,29 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
     insert(&storage, "t", "new", None).await;
     assert_eq!(payloads(&claim(&storage, "w1", 10, LEASE).await), ["new"]);
 }
+
+/// `databases.NAME.statement_timeout` is the sessions' `max_statement_time` (MariaDB; MySQL
+/// calls it `max_execution_time`): the database ends a statement past it.
+#[tokio::test]
+async fn sessions_end_a_statement_past_the_configured_statement_timeout() {
+    let timeouts = txoutbox_server::storage::timed::Timeouts {
+        acquire: Duration::from_secs(3),
+        statement: Duration::from_millis(300),
+    };
+    let pool = mysql::lazy_pool_with(&url(), 1, timeouts).unwrap();
+    let limit: f64 = sqlx::query_scalar("SELECT @@SESSION.max_statement_time")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(limit, 0.3);
+    let error = sqlx::query("SELECT SLEEP(5)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let number = error
+        .as_database_error()
+        .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .map(|e| e.number());
+    assert_eq!(number, Some(1969), "{error}");
+    pool.close().await;
+}

@@ -630,3 +630,32 @@ async fn a_claim_ahead_follows_the_owners_own_rows() {
         "the key's two rows after the owner's, and the keyless row: {got:?}"
     );
 }
+
+/// `databases.NAME.statement_timeout` is the sessions' own `statement_timeout`: the
+/// database ends a statement past it, and the relay reads that as UNAVAILABLE.
+#[tokio::test]
+async fn sessions_end_a_statement_past_the_configured_statement_timeout() {
+    let timeouts = txoutbox_server::storage::timed::Timeouts {
+        acquire: Duration::from_secs(3),
+        statement: Duration::from_millis(300),
+    };
+    let pool = txoutbox_server::storage::postgres::lazy_pool_with(
+        &url(),
+        1,
+        SynchronousCommit::default(),
+        timeouts,
+    )
+    .unwrap();
+    let shown: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(shown, "300ms");
+    let error = sqlx::query("SELECT pg_sleep(5)")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    let code = error.as_database_error().and_then(|e| e.code());
+    assert_eq!(code.as_deref(), Some("57014"), "{error}");
+    pool.close().await;
+}

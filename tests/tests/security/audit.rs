@@ -223,3 +223,122 @@ async fn admin_actions_are_audited_with_the_identity() {
     );
     db.drop().await;
 }
+
+/// A `read` holder may list dead letters, payloads included, and each page it reads is
+/// an audit event naming it, with the selector and how many rows and bytes went out; a
+/// subscriber trying the same is refused and audited too.
+#[tokio::test]
+async fn dead_letter_reads_are_audited() {
+    let db = TestDb::new().await;
+    let server = Server::start(&config(&db, &identities())).await;
+    server.wait_serving("orders").await;
+    let channel = server.channel().await;
+    let mut admin = AdminClient::new(channel.clone());
+    let mut relay = RelayClient::new(channel);
+    admin
+        .insert_message(with_token(
+            v1::InsertMessageRequest {
+                outbox: "orders".into(),
+                topic: "audit.dead".into(),
+                key: None,
+                payload: b"card=4111".to_vec(),
+                headers: Default::default(),
+            },
+            Some(INSERTER_TOKEN),
+        ))
+        .await
+        .unwrap();
+    let claimed = relay
+        .claim(with_token(
+            v1::ClaimRequest {
+                outbox: "orders".into(),
+                worker_id: "w".into(),
+                batch_size: 1,
+                lease_ms: 0,
+                topics: vec![],
+            },
+            Some(SUBSCRIBER_TOKEN),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let id = claimed.messages[0].id;
+    let dead = v1::DeadLetterRequest {
+        outbox: "orders".into(),
+        worker_id: "w".into(),
+        id,
+        error: "poison".into(),
+    };
+    relay
+        .dead_letter(with_token(dead, Some(SUBSCRIBER_TOKEN)))
+        .await
+        .unwrap();
+
+    let page = admin
+        .list_dead_letters(with_token(
+            v1::ListDeadLettersRequest {
+                outbox: "orders".into(),
+                selector: Some(v1::DeadLetterSelector {
+                    topic: Some("audit.dead".into()),
+                    ..Default::default()
+                }),
+                after_id: 0,
+                limit: 10,
+            },
+            Some(READER_TOKEN),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(page.dead_letters.len(), 1);
+    assert_eq!(page.dead_letters[0].payload, b"card=4111");
+    let refused = admin
+        .list_dead_letters(with_token(
+            v1::ListDeadLettersRequest {
+                outbox: "orders".into(),
+                ..Default::default()
+            },
+            Some(SUBSCRIBER_TOKEN),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied);
+    assert!(refused.message().contains("scope `read`"), "{refused:?}");
+
+    let field = |line: &serde_json::Value, name: &str| {
+        line["fields"][name].as_str().unwrap_or_default().to_owned()
+    };
+    let reads = eventually("two dead-letter read events", DEADLINE, || async {
+        let reads: Vec<serde_json::Value> = server
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|line| line["target"] == "txoutbox::audit")
+            .filter(|line| line["fields"]["action"] == "read_dead_letters")
+            .collect();
+        (reads.len() >= 2).then_some(reads)
+    })
+    .await;
+    let by = |identity: &str| {
+        reads
+            .iter()
+            .find(|l| field(l, "identity") == identity)
+            .unwrap_or_else(|| panic!("no read by {identity} in {reads:?}"))
+    };
+    let read = by("watcher");
+    assert_eq!(field(read, "outcome"), "ok", "{read}");
+    assert_eq!(field(read, "outbox"), "`orders`", "{read}");
+    let arguments = field(read, "arguments");
+    for part in [
+        "limit=10",
+        "topic=`audit.dead`",
+        "rows=1",
+        "payload_bytes=9",
+    ] {
+        assert!(arguments.contains(part), "{part} not in {arguments}");
+    }
+    assert_eq!(field(by("orders-relay"), "outcome"), "refused");
+    db.drop().await;
+}

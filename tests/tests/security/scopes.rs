@@ -231,9 +231,20 @@ fn scope_of(rpc: &str) -> Option<&'static str> {
         "ListOutboxes" => None,
         "InsertMessage" => Some("insert"),
         _ if RELAY_RPCS.contains(&rpc) => Some("subscribe"),
+        _ if READ_RPCS.contains(&rpc) => Some("read"),
         _ => Some("admin"),
     }
 }
+
+/// The admin calls that change nothing: `read` allows them, and so does `admin`.
+const READ_RPCS: [&str; 6] = [
+    "Stats",
+    "Schema",
+    "ListDeadLetters",
+    "CountDeadLetters",
+    "ListBlockedKeys",
+    "ListSubscribers",
+];
 
 /// Asserts `rpc` was refused for want of its scope, and that the refusal names it.
 fn assert_out_of_scope(rpc: &str, code: Code, message: &str, context: &str) {
@@ -306,11 +317,12 @@ async fn every_rpc_needs_a_credential_and_its_scope() {
             _ => assert_out_of_scope(rpc, code, &message, "by an inserter"),
         }
     }
-    // An operator: every admin call on every outbox, and no relay call.
+    // An operator: every admin call (the reading ones included) on every outbox, and no
+    // relay call.
     for outbox in ["orders", "payments"] {
         for (rpc, code, message) in every_rpc(channel.clone(), outbox, Some(OPERATOR_TOKEN)).await {
             match scope_of(rpc) {
-                None | Some("admin") => {
+                None | Some("admin" | "read") => {
                     assert_eq!(code, Code::Ok, "{rpc} on {outbox}: {message}")
                 }
                 Some(_) => assert_out_of_scope(rpc, code, &message, &format!("on {outbox}")),
@@ -342,5 +354,27 @@ async fn every_rpc_needs_a_credential_and_its_scope() {
         }
     }
     assert_eq!(listed(&channel, ORDERS_ADMIN_TOKEN).await, ["orders"]);
+
+    // A watcher with `read` on `orders`: the observing calls there and nothing that
+    // changes anything; the refusals of a reading call elsewhere say `admin` would do too.
+    for (rpc, code, message) in every_rpc(channel.clone(), "orders", Some(READER_TOKEN)).await {
+        match scope_of(rpc) {
+            None | Some("read") => assert_eq!(code, Code::Ok, "{rpc} by a watcher: {message}"),
+            Some(_) => assert_out_of_scope(rpc, code, &message, "by a watcher"),
+        }
+    }
+    for (rpc, code, message) in every_rpc(channel.clone(), "payments", Some(READER_TOKEN)).await {
+        if rpc == "ListOutboxes" {
+            continue;
+        }
+        assert_out_of_scope(rpc, code, &message, "by a watcher on payments");
+        if scope_of(rpc) == Some("read") {
+            assert!(
+                message.contains("(or `admin`, which includes it)"),
+                "{rpc}: {message}"
+            );
+        }
+    }
+    assert_eq!(listed(&channel, READER_TOKEN).await, ["orders"]);
     db.drop().await;
 }

@@ -56,9 +56,11 @@ pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageEr
             // "server gone" codes, seen when a proxy passes them on. 1290/1792/1836:
             // read-only server or transaction, a replica answering after a failover,
             // until the pool reaches the new primary. 1205/1213: a lock conflict that
-            // persisted after one retry (see `is_lock_conflict`).
+            // persisted after one retry (see `is_lock_conflict`). 1969 (MariaDB) and 3024
+            // (MySQL): a statement ended by the session's statement limit (see
+            // `lazy_pool_with`): the database is busy or something holds the table.
             Some(
-                1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836
+                1040 | 1053 | 1927 | 2002 | 2003 | 2006 | 2013 | 1290 | 1792 | 1836 | 1969 | 3024
                 | LOCK_WAIT_TIMEOUT | DEADLOCK,
             ) => unavailable(&err),
             // The server refused the connection: 1045 wrong user or password, 1044 and 1698

@@ -74,10 +74,11 @@ use self::sql::{Shape, Statements};
 
 use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
 use super::ident::Ident;
+use super::timed::Timeouts;
 use super::{
     in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
     LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
-    Stats, Storage, StorageError, StorageResult, TableOptions, ACQUIRE_TIMEOUT, PURGE_BATCH,
+    Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
@@ -200,6 +201,22 @@ impl MySqlStorage {
         ))
     }
 
+    /// What lifts the session's statement limit for one statement: the DDL of
+    /// `create_schema` may rebuild a large table, which takes as long as it takes (as on
+    /// PostgreSQL). MariaDB's `max_statement_time` ends DDL too; MySQL's
+    /// `max_execution_time` only `SELECT`s, and MySQL has no `SET STATEMENT`.
+    async fn unlimited_statement_prefix(&self) -> StorageResult<&'static str> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(self.error("create schema"))?;
+        Ok(if version.contains("MariaDB") {
+            "SET STATEMENT max_statement_time = 0 FOR "
+        } else {
+            ""
+        })
+    }
+
     /// Runs one `ALTER TABLE` of `create_schema`. A server starting at the same time may
     /// have added the same columns or indexes first: duplicates are what was wanted.
     async fn alter(&self, statement: &str) -> StorageResult<()> {
@@ -212,14 +229,26 @@ impl MySqlStorage {
 
 /// A pool that connects on first use, as every pool of this backend must be: sessions at
 /// READ COMMITTED with UTC time, a short lock wait and an idle-transaction bound (see the
-/// module docs), and a short
-/// acquire timeout ([`ACQUIRE_TIMEOUT`]), so a dead database surfaces as [`StorageError::Unavailable`] within
-/// seconds instead of hanging callers.
+/// module docs), the default [`Timeouts`] (see [`lazy_pool_with`]).
 pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<MySqlPool> {
+    lazy_pool_with(url, max_connections, Timeouts::default())
+}
+
+/// [`lazy_pool`] with these timeouts: a short acquire timeout, so a dead database surfaces
+/// as [`StorageError::Unavailable`] within seconds instead of hanging callers, and the
+/// statement limit as the session's `max_statement_time` (MariaDB: every statement, DDL
+/// too, which [`Storage::ensure_table`] lifts for its own statements) or
+/// `max_execution_time` (MySQL, which bounds only `SELECT`s).
+pub fn lazy_pool_with(
+    url: &str,
+    max_connections: u32,
+    timeouts: Timeouts,
+) -> anyhow::Result<MySqlPool> {
+    let statement_limit = timeouts.statement;
     Ok(MySqlPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .after_connect(|conn, _meta| {
+        .acquire_timeout(timeouts.acquire)
+        .after_connect(move |conn, _meta| {
             Box::pin(async move {
                 conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
                     .await?;
@@ -236,6 +265,19 @@ pub fn lazy_pool(url: &str, max_connections: u32) -> anyhow::Result<MySqlPool> {
                         .as_str(),
                     )
                     .await;
+                // MariaDB counts seconds (a decimal), MySQL milliseconds under another
+                // name: each refuses the other's variable.
+                let mariadb = format!(
+                    "SET SESSION max_statement_time = {:.3}",
+                    statement_limit.as_secs_f64()
+                );
+                if conn.execute(mariadb.as_str()).await.is_err() {
+                    let mysql = format!(
+                        "SET SESSION max_execution_time = {}",
+                        statement_limit.as_millis()
+                    );
+                    conn.execute(mysql.as_str()).await?;
+                }
                 // MariaDB caches a correlated subquery's result per outer value; the strict
                 // claim's predecessor test never repeats one, and the cache made it four
                 // times slower behind a blocked key (26 vs 6.5 us per row). MySQL has no
@@ -413,9 +455,10 @@ impl Storage for MySqlStorage {
         // starting together need no lock of their own. DDL commits implicitly: no
         // transaction around it.
         let schema = &self.sql.schema;
+        let unlimited = self.unlimited_statement_prefix().await?;
         for statement in &schema.create {
             self.pool
-                .execute(statement.as_str())
+                .execute(format!("{unlimited}{statement}").as_str())
                 .await
                 .map_err(self.error("create schema"))?;
         }
@@ -424,13 +467,15 @@ impl Storage for MySqlStorage {
         let columns = table::lacking(&schema.add_columns, &live);
         if !columns.is_empty() {
             tracing::info!(columns = columns.len(), "adding bookkeeping columns");
-            self.alter(&schema.add_columns(columns, false)).await?;
+            let statement = schema.add_columns(columns, false);
+            self.alter(&format!("{unlimited}{statement}")).await?;
         }
         let live: Vec<&str> = live_indexes.iter().map(String::as_str).collect();
         let indexes = table::lacking(&schema.indexes, &live);
         if !indexes.is_empty() {
             tracing::info!(indexes = indexes.len(), "adding indexes");
-            self.alter(&schema.add_indexes(indexes, false)).await?;
+            let statement = schema.add_indexes(indexes, false);
+            self.alter(&format!("{unlimited}{statement}")).await?;
         }
         Ok(())
     }

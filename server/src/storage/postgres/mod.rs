@@ -50,12 +50,10 @@ use super::ident::Ident;
 use super::{
     in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
     HeldKeys, Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions,
-    ACQUIRE_TIMEOUT, PURGE_BATCH,
+    RetryPolicy, SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
 };
+use crate::storage::timed::Timeouts;
 
-/// Longest statement of a relay session (the DDL of `create_schema` is exempt).
-const STATEMENT_TIMEOUT: &str = "30s";
 /// Longest wait of a relay statement for a lock; then the call fails and is retried.
 const LOCK_TIMEOUT: &str = "10s";
 /// The relay opens no transaction that waits on it; this ends one if that ever changes.
@@ -149,7 +147,11 @@ impl PostgresStorage {
         extras: PostgresExtras,
     ) -> anyhow::Result<Self> {
         let listener_options = match url {
-            Some(url) => connect_options(url, SynchronousCommit::default())?,
+            Some(url) => connect_options(
+                url,
+                SynchronousCommit::default(),
+                Timeouts::default().statement,
+            )?,
             None => (*pool.connect_options()).clone(),
         };
         Self::build(pool, listener_options, options, extras)
@@ -230,23 +232,45 @@ impl PostgresStorage {
 /// A pool that connects on first use, as every pool of this backend should be: `jit = off`
 /// (JIT-compiling the claim under a large backlog costs more than the claim itself),
 /// `enable_seqscan = off` (see `connect_options`), the configured `synchronous_commit`
-/// (see [`SynchronousCommit`]), and a short acquire timeout ([`ACQUIRE_TIMEOUT`]), so a dead
-/// database surfaces as [`StorageError::Unavailable`] within seconds instead of hanging
-/// callers. `max_connections` is at least 1 (configuration checks it).
+/// (see [`SynchronousCommit`]), and the default [`Timeouts`] (see [`lazy_pool_with`]).
+/// `max_connections` is at least 1 (configuration checks it).
 pub fn lazy_pool(
     url: &str,
     max_connections: u32,
     synchronous_commit: SynchronousCommit,
 ) -> anyhow::Result<PgPool> {
+    lazy_pool_with(
+        url,
+        max_connections,
+        synchronous_commit,
+        Timeouts::default(),
+    )
+}
+
+/// [`lazy_pool`] with these timeouts: a short acquire timeout, so a dead database surfaces
+/// as [`StorageError::Unavailable`] within seconds instead of hanging callers, and the
+/// statement limit as the sessions' `statement_timeout` (the DDL of `create_schema` is
+/// exempt).
+pub fn lazy_pool_with(
+    url: &str,
+    max_connections: u32,
+    synchronous_commit: SynchronousCommit,
+    timeouts: Timeouts,
+) -> anyhow::Result<PgPool> {
     Ok(PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_lazy_with(connect_options(url, synchronous_commit)?))
+        .acquire_timeout(timeouts.acquire)
+        .connect_lazy_with(connect_options(
+            url,
+            synchronous_commit,
+            timeouts.statement,
+        )?))
 }
 
 fn connect_options(
     url: &str,
     synchronous_commit: SynchronousCommit,
+    statement_timeout: Duration,
 ) -> anyhow::Result<PgConnectOptions> {
     // The url is not echoed: it may carry a password.
     let options = PgConnectOptions::from_str(url).context("invalid postgres url")?;
@@ -268,11 +292,12 @@ fn connect_options(
     // cheaper than an index, and keeps doing so as the table grows: locking and reading a
     // claim's 5 rows cost 0.3 ms each at 6,600 rows, and grow with every delivered row
     // kept (issue 16). Off, PostgreSQL still scans a table whole where no index applies.
+    let statement_timeout = format!("{}ms", statement_timeout.as_millis().max(1));
     Ok(options.options([
         ("jit", "off"),
         ("enable_seqscan", "off"),
         ("synchronous_commit", synchronous_commit.as_str()),
-        ("statement_timeout", STATEMENT_TIMEOUT),
+        ("statement_timeout", statement_timeout.as_str()),
         ("lock_timeout", LOCK_TIMEOUT),
         (
             "idle_in_transaction_session_timeout",
