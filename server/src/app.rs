@@ -107,7 +107,7 @@ fn storages_on(
     let mut storages: BTreeMap<String, Arc<dyn Storage>> = BTreeMap::new();
     for (name, outbox) in &config.outboxes {
         let database = &config.databases[&outbox.database];
-        let options = table_options(outbox)?;
+        let options = table_options(outbox, config.server.max_message_bytes)?;
         let storage: Arc<dyn Storage> = match &pools[&outbox.database] {
             Pools::Postgres(pool) => {
                 let extras = PostgresExtras {
@@ -148,7 +148,7 @@ fn storages_on(
 
 /// The table settings every backend takes; configuration validation reports a bad
 /// column mapping with its key.
-fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
+fn table_options(outbox: &OutboxConfig, max_message_bytes: usize) -> anyhow::Result<TableOptions> {
     let columns = Columns::from_mapping(&outbox.columns)
         .map_err(|problems| anyhow::anyhow!(problems.join("; ")))?;
     Ok(TableOptions {
@@ -158,6 +158,7 @@ fn table_options(outbox: &OutboxConfig) -> anyhow::Result<TableOptions> {
         delete_on_ack: outbox.delete_on_ack,
         visibility_delay: outbox.visibility_delay,
         columns,
+        max_row_bytes: max_message_bytes as u64,
     })
 }
 

@@ -64,6 +64,7 @@ struct Setup {
     delete_on_ack: bool,
     visibility_delay: Duration,
     notify: bool,
+    max_row_bytes: u64,
 }
 
 impl Default for Setup {
@@ -74,6 +75,7 @@ impl Default for Setup {
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             notify: false,
+            max_row_bytes: 1 << 22,
         }
     }
 }
@@ -214,6 +216,7 @@ macro_rules! storage_contract {
                 a_fixed_topic_json_table_without_headers_round_trips,
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
                 a_null_in_a_nullable_headers_column_means_no_headers,
+                a_row_over_max_row_bytes_is_read_without_its_payload,
                 dead_rows_are_listed_in_id_order_filtered_and_counted,
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,

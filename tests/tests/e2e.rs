@@ -23,6 +23,7 @@ macro_rules! e2e_suite {
                 a_zero_window_stops_batches_until_reopened,
                 per_key_order_holds_with_four_subscribers_and_random_nacks,
                 two_server_processes_on_one_table_never_lease_a_row_twice,
+                rows_and_dead_letter_pages_stay_within_max_message_bytes,
             );
         }
     };

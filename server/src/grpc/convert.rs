@@ -214,6 +214,7 @@ mod tests {
                 .collect::<BTreeMap<_, _>>(),
             attempts: u32::MAX,
             created_at: Utc::now(),
+            too_large: None,
         }
     }
 

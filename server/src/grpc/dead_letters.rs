@@ -64,6 +64,8 @@ fn describe(filter: &DeadFilter) -> String {
 pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
     let message = row.message;
     v1::DeadLetter {
+        payload_omitted: message.too_large.is_some(),
+        stored_bytes: message.too_large.unwrap_or(0),
         id: message.id,
         topic: message.topic,
         key: message.key,
@@ -92,13 +94,16 @@ pub async fn list(
             .list_dead(&filter, request.after_id, request.limit)
             .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
-        let next_after_id = match rows.last() {
-            Some(last) if rows.len() == page as usize => last.message.id,
+        let full = rows.len() == page as usize;
+        let (dead_letters, truncated) = within(rows, outbox.response_budget());
+        let next_after_id = match dead_letters.last() {
+            Some(last) if full || truncated => last.id,
             _ => 0,
         };
         Ok(v1::ListDeadLettersResponse {
-            dead_letters: rows.into_iter().map(dead_letter).collect(),
+            dead_letters,
             next_after_id,
+            truncated,
         })
     }
     .await;
@@ -117,6 +122,40 @@ pub async fn list(
         &outcome,
     );
     outcome
+}
+
+/// The id-ordered prefix of `rows` that fits in `budget` bytes on the wire, and whether
+/// rows were left out for it. A row too large on its own goes without its payload and
+/// headers (the database may already have left them out), so a page always moves on.
+fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
+    use prost::Message as _;
+    // The element's tag and length prefix in the repeated field.
+    const FRAMING: usize = 6;
+    let mut kept = Vec::new();
+    let mut used = 0;
+    for row in rows {
+        let mut row = dead_letter(row);
+        if row.encoded_len() + FRAMING > budget {
+            row.stored_bytes = (row.payload.len()
+                + row
+                    .headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+                + row.topic.len()
+                + row.key.as_ref().map_or(0, String::len)) as u64;
+            row.payload_omitted = true;
+            row.payload = Vec::new();
+            row.headers.clear();
+        }
+        let bytes = row.encoded_len() + FRAMING;
+        if !kept.is_empty() && used + bytes > budget {
+            return (kept, true);
+        }
+        used += bytes;
+        kept.push(row);
+    }
+    (kept, false)
 }
 
 pub async fn count(

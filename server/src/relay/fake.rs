@@ -251,6 +251,7 @@ impl Storage for FakeStorage {
                     headers: BTreeMap::new(),
                     attempts: row.attempts,
                     created_at: Utc::now(),
+                    too_large: None,
                 });
             }
         }

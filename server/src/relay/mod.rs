@@ -423,8 +423,12 @@ impl Outbox {
         let (mut kept, mut rest, mut oversized) = (Vec::new(), Vec::new(), Vec::new());
         let (mut seen_bytes, mut seen) = (0, 0);
         for message in std::mem::take(&mut claimed.messages) {
-            let bytes = message_bytes(&message);
-            if bytes > self.response_budget() {
+            // A row the database left unread for its size is as large as it says.
+            let bytes = match message.too_large {
+                Some(stored) => usize::try_from(stored).unwrap_or(usize::MAX),
+                None => message_bytes(&message),
+            };
+            if message.too_large.is_some() || bytes > self.response_budget() {
                 oversized.push((message.id, bytes));
                 continue;
             }

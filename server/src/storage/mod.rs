@@ -73,6 +73,10 @@ pub struct OutboxMessage {
     /// Claims so far, including the current one.
     pub attempts: u32,
     pub created_at: DateTime<Utc>,
+    /// The row's stored size (payload, headers, topic and key), when it is larger than the
+    /// table's [`TableOptions::max_row_bytes`]: the database did not send its payload
+    /// and headers (empty here), since no response could hold them.
+    pub too_large: Option<u64>,
 }
 
 /// A row to insert (tests, demos, the CLI; producers insert in their own transaction).

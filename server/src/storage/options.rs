@@ -24,6 +24,10 @@ pub struct TableOptions {
     pub visibility_delay: Duration,
     /// Column names of the table (see [`Columns`]).
     pub columns: Columns,
+    /// Rows whose stored size (payload, headers, topic and key, measured in SQL) is over
+    /// this are read without their payload and headers ([`super::OutboxMessage::too_large`]):
+    /// `server.max_message_bytes`, since no response holds more.
+    pub max_row_bytes: u64,
 }
 
 impl TableOptions {
@@ -43,6 +47,7 @@ impl Default for TableOptions {
             delete_on_ack: false,
             visibility_delay: Duration::ZERO,
             columns: Columns::default(),
+            max_row_bytes: crate::config::DEFAULT_MAX_MESSAGE_BYTES as u64,
         }
     }
 }

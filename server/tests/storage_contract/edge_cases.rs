@@ -421,3 +421,38 @@ pub async fn answers_with_repeated_and_unsorted_ids_apply_once_and_reply_sorted(
         "{stats:?}"
     );
 }
+
+/// A row over `max_row_bytes` (payload, headers, topic and key as stored, measured by the
+/// database) is claimed and listed without its payload and headers, with its stored size;
+/// the rows that fit come whole. The mapped tables measure their text and JSON payloads
+/// the same way.
+pub async fn a_row_over_max_row_bytes_is_read_without_its_payload(backend: &impl Backend) {
+    let storage = backend
+        .open(Setup {
+            max_row_bytes: 1_000,
+            ..Setup::default()
+        })
+        .await;
+    let small = insert(&*storage, "t", "small", Some("k")).await;
+    let mut large = NewMessage::new("t", "x".repeat(2_000));
+    large.headers.insert("h".into(), "v".into());
+    let large = storage.insert(large).await.unwrap();
+    let claimed = storage.claim(request("w")).await.unwrap().messages;
+    assert_eq!(ids(&claimed), [small, large]);
+    assert_eq!(claimed[0].payload, b"small");
+    assert_eq!(claimed[0].too_large, None);
+    let oversized = &claimed[1];
+    assert!(oversized.payload.is_empty() && oversized.headers.is_empty());
+    let stored = oversized.too_large.expect("the row's stored size");
+    assert!(
+        (2_000 + 1..2_100).contains(&stored),
+        "payload, headers and topic: {stored}"
+    );
+    assert_eq!(oversized.attempts, 1);
+
+    assert!(storage.dead_letter(large, "w", "too large").await.unwrap());
+    let dead = storage.list_dead(&Default::default(), 0, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.too_large, Some(stored));
+    assert!(dead[0].message.payload.is_empty());
+}

@@ -104,6 +104,7 @@ impl MySqlBackend {
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
             columns: self.columns.clone(),
+            max_row_bytes: setup.max_row_bytes,
         }
     }
 

@@ -98,6 +98,7 @@ impl PgBackend {
             delete_on_ack: setup.delete_on_ack,
             visibility_delay: setup.visibility_delay,
             columns: self.columns.clone(),
+            max_row_bytes: setup.max_row_bytes,
         }
     }
 

@@ -185,3 +185,73 @@ async fn drain_in_key_order(db: impl OutboxDb, servers: [&Server; 4], window: u3
     assert_eq!(db.count("done").await, total as i64);
     db.drop().await;
 }
+
+/// With `server.max_message_bytes` at its least (64 KiB): a row larger than that is not
+/// handed out but dead-lettered, read by the claim without its payload (the database
+/// measured it); a dead-letter page ends early when the next row would not fit, says so
+/// and continues from `next_after_id`; the oversized row is listed without its payload,
+/// with its stored size.
+pub async fn rows_and_dead_letter_pages_stay_within_max_message_bytes(db: impl OutboxDb) {
+    let config = db.config("max_attempts = 1");
+    let config = config.replacen("[server]\n", "[server]\nmax_message_bytes = 65536\n", 1);
+    assert!(config.contains("max_message_bytes"), "{config}");
+    let server = Server::start_serving(&config).await;
+    let huge = db.insert("t", None, &vec![b'h'; 100_000]).await;
+    let mut rows = Vec::new();
+    for n in 0..3u8 {
+        rows.push(db.insert("t", None, &vec![b'a' + n; 30_000]).await);
+    }
+    let mut sub = Subscriber::open(&server, "e2e", 10, 0).await;
+    let got = sub.take(3).await;
+    assert_eq!(got.iter().map(|m| m.id).collect::<Vec<_>>(), rows);
+    for id in &rows {
+        assert!(!sub
+            .nack(*id, "into the dead letters", None)
+            .await
+            .dead_lettered
+            .is_empty());
+    }
+    let (status, _, error) = db.row(huge).await;
+    assert_eq!(status, "dead");
+    assert!(
+        error
+            .as_deref()
+            .unwrap_or_default()
+            .contains("max_message_bytes"),
+        "{error:?}"
+    );
+
+    let admin = server.admin().await;
+    let list = |after_id| {
+        let request = v1::ListDeadLettersRequest {
+            outbox: "orders".into(),
+            selector: None,
+            after_id,
+            limit: 10,
+        };
+        let mut admin = admin.clone();
+        async move { admin.list_dead_letters(request).await.unwrap().into_inner() }
+    };
+    let first = list(0).await;
+    let ids: Vec<i64> = first.dead_letters.iter().map(|d| d.id).collect();
+    assert_eq!(ids, [huge, rows[0], rows[1]], "the third does not fit");
+    assert!(first.truncated);
+    assert_eq!(first.next_after_id, rows[1]);
+    let omitted = &first.dead_letters[0];
+    assert!(omitted.payload_omitted && omitted.payload.is_empty());
+    assert!(
+        (100_000..100_200).contains(&omitted.stored_bytes),
+        "{}",
+        omitted.stored_bytes
+    );
+    assert_eq!(first.dead_letters[1].payload, vec![b'a'; 30_000]);
+    assert!(!first.dead_letters[1].payload_omitted);
+    let second = list(first.next_after_id).await;
+    assert_eq!(
+        second.dead_letters.iter().map(|d| d.id).collect::<Vec<_>>(),
+        [rows[2]]
+    );
+    assert!(!second.truncated);
+    assert_eq!(second.next_after_id, 0);
+    db.drop().await;
+}

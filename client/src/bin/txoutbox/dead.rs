@@ -203,6 +203,7 @@ async fn list(
             "outbox": outbox,
             "dead_letters": page.dead_letters.iter().map(row_json).collect::<Vec<_>>(),
             "next_after_id": (page.next_after_id != 0).then_some(page.next_after_id),
+            "truncated": page.truncated,
         })),
         Format::Table => {
             let rows: Vec<Vec<String>> = page.dead_letters.iter().map(row_cells).collect();
@@ -210,6 +211,9 @@ async fn list(
                 &["ID", "TOPIC", "KEY", "ATTEMPTS", "DIED", "LAST ERROR"],
                 &rows,
             )?;
+            if page.truncated {
+                println!("page cut short to fit one response (server.max_message_bytes)");
+            }
             if page.next_after_id != 0 {
                 println!("more: add --after-id {}", page.next_after_id);
             }
@@ -305,7 +309,8 @@ fn row_json(row: &DeadLetter) -> serde_json::Value {
         "id": row.id,
         "topic": row.topic,
         "key": row.key,
-        "payload": String::from_utf8_lossy(&row.payload),
+        "payload": (!row.payload_omitted).then(|| String::from_utf8_lossy(&row.payload)),
+        "payload_omitted_bytes": row.payload_omitted.then_some(row.stored_bytes),
         "headers": row.headers,
         "attempts": row.attempts,
         "last_error": row.last_error,

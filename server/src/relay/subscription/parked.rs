@@ -325,6 +325,7 @@ mod tests {
             headers: Default::default(),
             attempts: 1,
             created_at: Utc::now(),
+            too_large: None,
         }
     }
 

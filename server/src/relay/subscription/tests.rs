@@ -554,6 +554,7 @@ fn row_bytes() -> usize {
         headers: Default::default(),
         attempts: 0,
         created_at: Utc::now(),
+        too_large: None,
     })
 }
 

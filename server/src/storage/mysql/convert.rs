@@ -106,16 +106,24 @@ fn required_text(row: &MySqlRow, column: &str) -> Result<String, sqlx::Error> {
 
 /// A candidate row of a claim, as the message it becomes once leased (attempt counted).
 pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
+    let stored_attempts: i64 = row.try_get("attempts")?;
+    message(row, attempts(stored_attempts.saturating_add(1)))
+}
+
+/// The message columns of `Statements::message`, with `attempts` as the caller counts them.
+fn message(row: &MySqlRow, attempts: u32) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
     let headers: Option<Vec<u8>> = row.try_get("headers")?;
-    let stored_attempts: i64 = row.try_get("attempts")?;
+    let payload: Option<Vec<u8>> = row.try_get("payload")?;
+    let stored_bytes: i64 = row.try_get("stored_bytes")?;
     Ok(OutboxMessage {
         id: row.try_get("id")?,
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
-        payload: row.try_get("payload")?,
+        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
+        payload: payload.unwrap_or_default(),
         headers: headers_from_text(headers.as_deref()),
-        attempts: attempts(stored_attempts.saturating_add(1)),
+        attempts,
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
     })
 }
@@ -139,18 +147,9 @@ pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> 
 
 /// A row of `sql::dead_list`.
 pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
-    let headers: Option<Vec<u8>> = row.try_get("headers")?;
     let stored_attempts: i64 = row.try_get("attempts")?;
     Ok(DeadLetter {
-        message: OutboxMessage {
-            id: row.try_get("id")?,
-            topic: required_text(row, "topic")?,
-            key: text(row, "key")?,
-            payload: row.try_get("payload")?,
-            headers: headers_from_text(headers.as_deref()),
-            attempts: attempts(stored_attempts),
-            created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-        },
+        message: message(row, attempts(stored_attempts))?,
         last_error: required_text(row, "last_error")?,
         died_at: row.try_get::<Option<DateTime<Utc>>, _>("died_at")?,
     })

@@ -147,6 +147,7 @@ impl MySqlStorage {
             table: &table,
             columns: &options.columns,
             dead_holds_key: options.dead_holds_key(),
+            max_row_bytes: options.max_row_bytes,
         });
         Ok(Self {
             pool,

@@ -40,6 +40,8 @@ pub(super) struct Statements {
     pub pending_index: String,
     /// See [`Shape::dead_holds_key`]. The `(key, status, id)` index serves its lookups.
     pub dead_holds_key: bool,
+    /// See [`Shape::max_row_bytes`].
+    pub max_row_bytes: u64,
     pub now: String,
     pub nack_select: String,
     pub nack_retry: String,
@@ -81,6 +83,8 @@ pub(super) struct Shape<'a> {
     /// `dead_letter_holds_key`, under strict ordering: a dead row holds back its key's
     /// later rows (see [`Statements::claim_candidates`]).
     pub dead_holds_key: bool,
+    /// See [`crate::storage::TableOptions::max_row_bytes`].
+    pub max_row_bytes: u64,
 }
 
 /// How MySQL writes names: the relay's own bare, as its tables always had them (but
@@ -236,6 +240,7 @@ impl Statements {
             resume: format!("DELETE FROM {pauses} WHERE target = ?"),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             dead_holds_key: shape.dead_holds_key,
+            max_row_bytes: shape.max_row_bytes,
             names,
             table: t,
             display_table,
@@ -419,9 +424,28 @@ impl Statements {
         let c = &self.names;
         let Names {
             id,
-            key,
             status,
             available_at,
+            ..
+        } = c;
+        format!(
+            "SELECT {} FROM {} o {} AND o.{status} = 'pending' AND o.{available_at} <= ? \
+             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
+            self.message(),
+            self.table,
+            locking_by_ids(&format!("o.{id}"), n)
+        )
+    }
+
+    /// The columns of row `o` as a message (what [`super::convert`] decodes): `id, topic,
+    /// key, payload, headers, attempts, created_at, stored_bytes`. A row whose stored size
+    /// (payload, headers, topic and key) is over `max_row_bytes` comes without its payload
+    /// (NULL) and headers, so the server never sends what no response could hold.
+    pub fn message(&self) -> String {
+        let c = &self.names;
+        let Names {
+            id,
+            key,
             created_at,
             attempts,
             payload,
@@ -431,15 +455,18 @@ impl Statements {
             .headers
             .as_ref()
             .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
+        let topic = c.topic("o.");
+        let size = format!(
+            "(OCTET_LENGTH(o.{payload}) + COALESCE(OCTET_LENGTH({headers}), 0) \
+             + OCTET_LENGTH({topic}) + COALESCE(OCTET_LENGTH(o.{key}), 0))"
+        );
+        let fits = format!("{size} <= {}", self.max_row_bytes);
         format!(
-            "SELECT CAST(o.{id} AS SIGNED) AS id, {} AS topic, o.{key} AS `key`, \
-               o.{payload} AS payload, {headers} AS headers, \
-               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at \
-             FROM {} o {} AND o.{status} = 'pending' AND o.{available_at} <= ? \
-             ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            c.topic("o."),
-            self.table,
-            locking_by_ids(&format!("o.{id}"), n)
+            "CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
+               CASE WHEN {fits} THEN o.{payload} END AS payload, \
+               CASE WHEN {fits} THEN {headers} END AS headers, \
+               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
+               CAST({size} AS SIGNED) AS stored_bytes"
         )
     }
 

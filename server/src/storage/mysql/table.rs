@@ -354,6 +354,7 @@ mod tests {
             table: &table,
             columns,
             dead_holds_key: false,
+            max_row_bytes: 1 << 22,
         };
         Schema::render(
             &t,

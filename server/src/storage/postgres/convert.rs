@@ -96,13 +96,16 @@ pub(super) fn decode_claim(rows: &[PgRow]) -> Result<ClaimOutcome, sqlx::Error> 
     Ok(outcome)
 }
 
-/// A row of the statements that read messages (`Names::message`).
+/// A row of the statements that read messages (`sql::message`).
 pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
+    let payload: Option<Vec<u8>> = row.try_get("payload")?;
+    let stored_bytes: i64 = row.try_get("stored_bytes")?;
     Ok(OutboxMessage {
         id: row.try_get("id")?,
         topic: row.try_get("topic")?,
         key: row.try_get("key")?,
-        payload: row.try_get("payload")?,
+        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
+        payload: payload.unwrap_or_default(),
         headers: headers_from_json(row.try_get::<Json<serde_json::Value>, _>("headers")?.0),
         attempts: attempts(row.try_get::<i32, _>("attempts")?),
         created_at: row.try_get("created_at")?,

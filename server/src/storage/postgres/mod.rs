@@ -185,6 +185,7 @@ impl PostgresStorage {
             dead_holds_key: options.dead_holds_key(),
             visibility_delay: options.visibility_delay,
             notify_channel: channel.as_ref(),
+            max_row_bytes: options.max_row_bytes,
         });
         let signal = channel
             .map(|channel| {

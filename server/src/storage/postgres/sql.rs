@@ -37,6 +37,8 @@ pub(super) struct Statements {
     pub display_table: String,
     /// Non-strict claims, rendered on first use (see [`Statements::claim`]).
     claims: [[OnceLock<String>; 32]; 3],
+    /// Rows larger than this are read without their payload and headers (see [`message`]).
+    max_row_bytes: u64,
     /// Whether the table has a visibility delay (a parameter of the non-strict claim).
     delayed: bool,
     /// The messages of the ids `$1`, in id order, read once a strict claim committed.
@@ -111,6 +113,8 @@ pub(super) struct Shape<'a> {
     pub dead_holds_key: bool,
     pub visibility_delay: Duration,
     pub notify_channel: Option<&'a Ident>,
+    /// See [`crate::storage::TableOptions::max_row_bytes`].
+    pub max_row_bytes: u64,
 }
 
 /// How PostgreSQL writes names (every one quoted, so its case is kept) and the fixed
@@ -129,8 +133,11 @@ fn text_literal(text: &str) -> String {
 }
 
 /// The columns of row `alias` as a message: `id, topic, key, payload, headers,
-/// attempts, created_at`, named so for decoding whatever the table calls them.
-pub(super) fn message(n: &Names, alias: &str) -> String {
+/// attempts, created_at, stored_bytes`, named so for decoding whatever the table calls
+/// them. A row whose stored size (payload, headers, topic and key as stored) is over
+/// `max_row_bytes` comes without its payload (NULL) and headers: the database never sends
+/// what no response could hold (see [`crate::storage::OutboxMessage::too_large`]).
+pub(super) fn message(n: &Names, alias: &str, max_row_bytes: u64) -> String {
     let payload = format!("{alias}.{}", n.payload);
     let payload = match n.payload_format {
         PayloadFormat::Bytes => payload,
@@ -142,12 +149,20 @@ pub(super) fn message(n: &Names, alias: &str) -> String {
         Some(headers) => format!("coalesce({alias}.{headers}::jsonb, '{{}}'::jsonb)"),
         None => "'{}'::jsonb".to_owned(),
     };
+    let topic = n.topic(&format!("{alias}."));
+    let size = format!(
+        "(octet_length({payload})::int8 + octet_length({headers}::text) \
+         + octet_length({topic}) + coalesce(octet_length({alias}.{key}::text), 0))",
+        key = n.key,
+    );
+    let fits = format!("{size} <= {max_row_bytes}");
     format!(
         "{alias}.{id}::int8 AS id, {topic} AS topic, {alias}.{key}::text AS key, \
-         {payload} AS payload, {headers} AS headers, {alias}.{attempts}::int4 AS attempts, \
-         {alias}.{created_at} AS created_at",
+         CASE WHEN {fits} THEN {payload} END AS payload, \
+         CASE WHEN {fits} THEN {headers} ELSE '{{}}'::jsonb END AS headers, \
+         {alias}.{attempts}::int4 AS attempts, {alias}.{created_at} AS created_at, \
+         {size} AS stored_bytes",
         id = n.id,
-        topic = n.topic(&format!("{alias}.")),
         key = n.key,
         attempts = n.attempts,
         created_at = n.created_at,
@@ -231,10 +246,11 @@ impl Statements {
         let pauses = pauses_table(shape);
         Self {
             claims: Default::default(),
+            max_row_bytes: shape.max_row_bytes,
             delayed: !shape.visibility_delay.is_zero(),
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
-                message = message(&n, "o")
+                message = message(&n, "o", shape.max_row_bytes)
             ),
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \
@@ -377,7 +393,14 @@ impl Statements {
         };
         self.claims[clause][cap.trailing_zeros() as usize].get_or_init(|| {
             let t = &self.qualified_table;
-            claim(t, self.delayed, &self.names, topics, cap)
+            claim(
+                t,
+                self.delayed,
+                &self.names,
+                topics,
+                cap,
+                self.max_row_bytes,
+            )
         })
     }
 
@@ -389,7 +412,7 @@ impl Statements {
             "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
              o.{processed_at} AS died_at FROM {t} o \
              WHERE o.{status} = 'dead' AND o.{id} > $1{conditions} ORDER BY o.{id} LIMIT $2",
-            message = message(n, "o"),
+            message = message(n, "o", self.max_row_bytes),
             last_error = n.last_error,
             processed_at = n.processed_at,
             status = n.status,
@@ -508,7 +531,14 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 /// plan for the actual batch. Bounded by a literal near the batch, the generic plan (the
 /// same index scans and primary-key probes) costs about what the custom ones did, and
 /// is used from the sixth call on a connection.
-fn claim(t: &str, delayed: bool, n: &Names, topics: TopicClause, cap: u32) -> String {
+fn claim(
+    t: &str,
+    delayed: bool,
+    n: &Names,
+    topics: TopicClause,
+    cap: u32,
+    max_row_bytes: u64,
+) -> String {
     let mut params = Placeholders::starting_at('$', 6);
     let topics_param = (topics != TopicClause::Any).then(|| params.take());
     let delay_param = delayed.then(|| params.take());
@@ -559,11 +589,13 @@ fn claim(t: &str, delayed: bool, n: &Names, topics: TopicClause, cap: u32) -> St
              {leased_by} = NULL, {last_error} = {exhausted} \
            FROM chosen c WHERE u.{id} = c.id AND c.spent RETURNING u.{id}::int8 AS id) \
          SELECT l.id, false AS spent, statement_timestamp() + $2::interval AS lease_expires_at, \
-           l.topic, l.key, l.payload, l.headers, l.attempts, l.created_at FROM leased l \
+           l.topic, l.key, l.payload, l.headers, l.attempts, l.created_at, l.stored_bytes \
+         FROM leased l \
          UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval, {none} FROM spent s \
          UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}",
-        message = message(n, "u"),
-        none = "NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz",
+        message = message(n, "u", max_row_bytes),
+        none = "NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz, \
+                NULL::int8",
     )
 }
 
@@ -634,6 +666,7 @@ mod tests {
             dead_holds_key: false,
             visibility_delay: Duration::ZERO,
             notify_channel: channel,
+            max_row_bytes: 1 << 22,
         }
     }
 
@@ -641,13 +674,13 @@ mod tests {
     fn claim_parameters_are_numbered_in_order() {
         let columns = Columns::default();
         let n = Names::new(&columns, &DIALECT);
-        let sql = claim("\"outbox\"", true, &n, TopicClause::Only, 128);
+        let sql = claim("\"outbox\"", true, &n, TopicClause::Only, 128, 1 << 22);
         assert!(sql.contains("o.\"id\" > $5") && sql.contains("o.\"id\" <= $5"));
         assert!(sql.contains("o.\"topic\" = ANY($6)"), "{sql}");
         assert!(sql.contains("- $7::interval"));
-        let sql = claim("\"outbox\"", true, &n, TopicClause::Except, 128);
+        let sql = claim("\"outbox\"", true, &n, TopicClause::Except, 128, 1 << 22);
         assert!(sql.contains("(o.\"topic\" = ANY($6)) IS NOT TRUE"), "{sql}");
-        let sql = claim("\"outbox\"", true, &n, TopicClause::Any, 128);
+        let sql = claim("\"outbox\"", true, &n, TopicClause::Any, 128, 1 << 22);
         assert!(sql.contains("- $6::interval") && !sql.contains("$7"));
     }
 

@@ -430,6 +430,7 @@ mod tests {
             dead_holds_key: false,
             visibility_delay: Duration::ZERO,
             notify_channel: channel,
+            max_row_bytes: 1 << 22,
         }
     }
 
@@ -492,8 +493,11 @@ mod tests {
             "{sql}"
         );
         assert_eq!(n.topic("o."), "'it''s'::text");
-        assert!(message(&n, "o").contains("convert_to(o.\"body\"::text, 'UTF8') AS payload"));
-        assert!(message(&n, "o").contains("'{}'::jsonb AS headers"));
+        assert!(message(&n, "o", 1 << 22)
+            .contains("THEN convert_to(o.\"body\"::text, 'UTF8') END AS payload"));
+        assert!(
+            message(&n, "o", 1 << 22).contains("THEN '{}'::jsonb ELSE '{}'::jsonb END AS headers")
+        );
         assert_eq!(
             insert(&n, "t"),
             "INSERT INTO t (\"key\", \"body\") VALUES ($1, $2::jsonb) RETURNING \"event_id\"::int8"

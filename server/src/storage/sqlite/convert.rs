@@ -123,11 +123,14 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
     let mut messages = rows
         .iter()
         .map(|row| {
+            let payload: Option<Vec<u8>> = row.try_get("payload")?;
+            let stored_bytes: i64 = row.try_get("stored_bytes")?;
             Ok(OutboxMessage {
                 id: row.try_get("id")?,
                 topic: row.try_get("topic")?,
                 key: row.try_get("key")?,
-                payload: row.try_get("payload")?,
+                too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
+                payload: payload.unwrap_or_default(),
                 // A table of the team's own may leave its headers column NULL.
                 headers: row
                     .try_get::<Option<String>, _>("headers")?

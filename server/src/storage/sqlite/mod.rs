@@ -182,6 +182,7 @@ impl SqliteStorage {
             strict_ordering: options.strict_ordering,
             dead_holds_key: options.dead_holds_key(),
             visibility_delay: options.visibility_delay,
+            max_row_bytes: options.max_row_bytes,
         });
         let place = Place {
             table: sql.display_table.clone(),

@@ -75,6 +75,8 @@ pub(super) struct Statements {
     /// rendered per call (the dead-letter operations, whose selector varies).
     pub table: String,
     pub names: Names,
+    /// See [`Shape::max_row_bytes`].
+    pub max_row_bytes: u64,
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub blocked_keys: String,
@@ -96,6 +98,8 @@ pub(super) struct Shape<'a> {
     /// later rows (see [`candidates`]).
     pub dead_holds_key: bool,
     pub visibility_delay: Duration,
+    /// See [`crate::storage::TableOptions::max_row_bytes`].
+    pub max_row_bytes: u64,
 }
 
 /// How SQLite writes names: the relay's own bare, as its tables always had them (none is
@@ -139,16 +143,32 @@ fn held(c: &Names) -> String {
 
 /// The message columns under the relay's own names (what [`super::convert`] decodes),
 /// payload as bytes whatever a producer stored (`'hello'` from the `sqlite3` shell is TEXT
-/// in a BLOB column; a TEXT or JSON payload column gives its UTF-8 text).
-fn message(c: &Names) -> String {
+/// in a BLOB column; a TEXT or JSON payload column gives its UTF-8 text), and the row's
+/// stored size in bytes (payload, headers, topic and key). A row over `max_row_bytes`
+/// comes without its payload (NULL) and headers: no response could hold them.
+fn message(c: &Names, max_row_bytes: u64) -> String {
+    let headers = c.headers.as_deref().unwrap_or("'{}'");
+    let bytes = |value: &str| format!("coalesce(length(CAST({value} AS BLOB)), 0)");
+    let size = format!(
+        "({} + {} + {} + {})",
+        bytes(&c.payload),
+        bytes(headers),
+        bytes(&c.topic("")),
+        bytes(&c.key)
+    );
+    let fits = format!("{size} <= {max_row_bytes}");
     [
         aliased(&c.id, "id"),
         aliased(&c.topic(""), "topic"),
         aliased(&c.key, "key"),
-        format!("CAST({} AS BLOB) AS payload", c.payload),
-        aliased(c.headers.as_deref().unwrap_or("'{}'"), "headers"),
+        format!(
+            "CASE WHEN {fits} THEN CAST({} AS BLOB) END AS payload",
+            c.payload
+        ),
+        format!("CASE WHEN {fits} THEN {headers} END AS headers"),
         aliased(&c.attempts, "attempts"),
         aliased(&c.created_at, "created_at"),
+        format!("{size} AS stored_bytes"),
     ]
     .join(", ")
 }
@@ -304,6 +324,7 @@ impl Statements {
             resume: format!("DELETE FROM {pauses} WHERE target = ?1"),
             table: t.clone(),
             names: c.clone(),
+            max_row_bytes: shape.max_row_bytes,
         }
     }
 
@@ -315,7 +336,7 @@ impl Statements {
             "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
                o.{processed_at} AS died_at FROM {t} o \
              WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
-            message = message(c),
+            message = message(c, self.max_row_bytes),
             last_error = c.last_error,
             processed_at = c.processed_at,
             status = c.status,
@@ -474,7 +495,7 @@ fn claim(t: &str, c: &Names, shape: &Shape<'_>, topics: TopicClause) -> String {
            {available_at} = ?{lease_until} \
          WHERE {id} IN ({select} AND o.{attempts} < ?{max_attempts} LIMIT ?{limit}) \
          RETURNING {}",
-        message(c)
+        message(c, shape.max_row_bytes)
     )
 }
 
@@ -567,6 +588,7 @@ mod tests {
             strict_ordering: true,
             dead_holds_key: false,
             visibility_delay,
+            max_row_bytes: 1 << 22,
         })
     }
 
@@ -607,10 +629,16 @@ mod tests {
     #[test]
     fn the_relays_own_names_render_as_before() {
         let sql = render("outbox", &Columns::default(), Duration::ZERO);
-        assert!(sql.claim_all.ends_with(
-            "RETURNING id, topic, key, CAST(payload AS BLOB) AS payload, headers, attempts, \
-             created_at"
+        assert!(sql
+            .claim_all
+            .contains("RETURNING id, topic, key, CASE WHEN "));
+        assert!(sql.claim_all.contains(
+            "THEN CAST(payload AS BLOB) END AS payload, CASE WHEN (coalesce(length(CAST(payload \
+             AS BLOB)), 0) + coalesce(length(CAST(headers AS BLOB)), 0)"
         ));
+        assert!(sql
+            .claim_all
+            .contains("<= 4194304 THEN headers END AS headers, attempts, created_at, "));
         assert_eq!(
             sql.insert,
             "INSERT INTO \"outbox\" (topic, key, payload, headers) VALUES (?1, ?2, ?3, ?4) \
@@ -624,9 +652,14 @@ mod tests {
         let sql = render("events", &mapped(), Duration::from_secs(1));
         assert!(sql.claim_topics.contains(
             "RETURNING \"event_id\" AS id, \"event_type\" AS topic, \"aggregate_id\" AS key, \
-             CAST(\"body\" AS BLOB) AS payload, \"meta\" AS headers, attempts, \
-             \"occurred_at\" AS created_at"
+             CASE WHEN"
         ));
+        assert!(sql
+            .claim_topics
+            .contains("THEN CAST(\"body\" AS BLOB) END AS payload"));
+        assert!(sql
+            .claim_topics
+            .contains("THEN \"meta\" END AS headers, attempts, \"occurred_at\" AS created_at"));
         assert!(sql
             .claim_topics
             .contains("o.\"event_type\" IN (SELECT value"));
@@ -651,10 +684,10 @@ mod tests {
         })
         .unwrap();
         let sql = render("outbox", &columns, Duration::ZERO);
-        assert!(sql.claim_all.contains(
-            "RETURNING id, 'it''s' AS topic, key, CAST(payload AS BLOB) AS payload, \
-                       '{}' AS headers"
-        ));
+        assert!(sql
+            .claim_all
+            .contains("RETURNING id, 'it''s' AS topic, key, CASE WHEN"));
+        assert!(sql.claim_all.contains("THEN '{}' END AS headers"));
         assert!(sql.stats.contains("GROUP BY 'it''s'"));
         assert_eq!(
             sql.insert,

@@ -12,27 +12,17 @@ impl Statements {
         let c = &self.names;
         let Names {
             id,
-            key,
             status,
-            created_at,
-            attempts,
-            payload,
             last_error,
             processed_at,
             ..
         } = c;
-        let headers = c
-            .headers
-            .as_ref()
-            .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
         format!(
-            "SELECT CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
-               o.{payload} AS payload, {headers} AS headers, \
-               CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
+            "SELECT {message}, \
                COALESCE(o.{last_error}, '') AS last_error, o.{processed_at} AS died_at \
              FROM {t} o WHERE o.{status} = 'dead' AND o.{id} > ?{conditions} \
              ORDER BY o.{id} LIMIT ?",
-            topic = c.topic("o."),
+            message = self.message(),
             t = self.table,
         )
     }
