@@ -14,6 +14,8 @@ mod kafka_common;
 mod bench_quick;
 #[path = "broker_amqp.rs"]
 mod broker_amqp;
+#[path = "broker_aws.rs"]
+mod broker_aws;
 #[path = "broker_mqtt.rs"]
 mod broker_mqtt;
 #[path = "broker_nats.rs"]
