@@ -15,8 +15,9 @@
 //!   `KafkaPublisher`, an idempotent rdkafka producer that confirms delivery before the
 //!   row is acked; likewise `nats` (`NatsPublisher`, JetStream), `amqp` (`AmqpPublisher`,
 //!   RabbitMQ), `webhook` (`WebhookPublisher`, signed HTTP POSTs) and `redis_stream`
-//!   (`RedisStreamPublisher`) and `mqtt` (`MqttPublisher`, MQTT 5 at QoS 1), each behind
-//!   the feature of its name (`redis` for Redis).
+//!   (`RedisStreamPublisher`), `mqtt` (`MqttPublisher`, MQTT 5 at QoS 1), `sqs`
+//!   (`SqsPublisher`) and `sns` (`SnsPublisher`), each behind the feature of its name
+//!   (`redis` for Redis).
 //!   The publishers and their modules are also at the crate's root
 //!   (`txoutbox_client::KafkaPublisher`, `txoutbox_client::kafka`).
 //! - [`Event`]s and [`Counters`] to watch and export what happens; [`connect`] and
@@ -120,6 +121,10 @@ pub use brokers::mqtt::{self, MqttPublisher};
 pub use brokers::nats::{self, NatsPublisher};
 #[cfg(feature = "redis")]
 pub use brokers::redis_stream::{self, RedisStreamPublisher};
+#[cfg(feature = "sns")]
+pub use brokers::sns::{self, SnsPublisher};
+#[cfg(feature = "sqs")]
+pub use brokers::sqs::{self, SqsPublisher};
 #[cfg(feature = "webhook")]
 pub use brokers::webhook::{self, WebhookPublisher};
 pub use connect::{connect, connect_with, BearerToken, Connection, Credentials};

@@ -8,7 +8,6 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
@@ -19,6 +18,7 @@ use crate::grpc::relay_service::RelayService;
 use crate::health::{self, Readiness};
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
+use crate::security::caps::Caps;
 use crate::security::layer::AuthLayer;
 use crate::security::tls::ReloadingTls;
 use crate::security::{self, Access};
@@ -347,6 +347,7 @@ pub async fn run(
         .transpose()
         .context("server.tls")?;
     let stop_serving = CancellationToken::new();
+    let caps = Caps::new(&config.server);
     let router = Server::builder()
         // Detects subscribers behind a cut network, so their leases come back promptly.
         .http2_keepalive_interval(Some(Duration::from_secs(10)))
@@ -356,7 +357,7 @@ pub async fn run(
         .max_concurrent_streams(config.server.max_streams_per_connection)
         // A span per call (admin calls included), the parent of the relay's own spans.
         .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
-        .layer(AuthLayer::new(Arc::clone(&access)))
+        .layer(AuthLayer::new(Arc::clone(&access), caps.clone()))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(RelayServer::new(RelayService::new(
@@ -368,14 +369,16 @@ pub async fn run(
     let mut server = match &tls {
         Some(tls) => {
             tokio::spawn(Arc::clone(tls).watch(stop_serving.clone()));
-            let incoming = security::tls::incoming(listener, Arc::clone(tls), stop_serving.clone());
+            let incoming =
+                security::tls::incoming(listener, Arc::clone(tls), &caps, stop_serving.clone());
             tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
         }
-        // Nagle would hold each small batch or confirmation back by tens of milliseconds.
-        None => tokio::spawn(router.serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            stopped,
-        )),
+        None => {
+            let incoming = caps.incoming(listener, stop_serving.clone(), |stream, _| async move {
+                Some(stream)
+            });
+            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+        }
     };
     let stop_metrics = CancellationToken::new();
     let metrics_address = match metrics_listener {

@@ -1,14 +1,15 @@
 """Reads back one CloudEvent as a transport delivered it, with the Python reference SDK.
 
-Input (stdin, JSON): {"binding": "http" | "kafka" | "amqp" | "nats" | "mqtt" | "redis",
+Input (stdin, JSON): {"binding": "http" | "kafka" | "amqp" | "nats" | "mqtt" | "redis" | "sqs",
 "headers": [[name, value], ...], "key": "..." (Kafka) , "body_base64": "..."}.
 Output (stdout, JSON): {"attributes": {...}, "data": ..., "data_base64": "..."}: what
 the SDK made of it, `data` as JSON when the SDK decoded it, else base64.
 
 HTTP and Kafka go through the SDK's own bindings (from_http, kafka.from_binary /
-from_structured). The SDK has none for AMQP, NATS and MQTT: there a structured event is
-read with from_json, and a binary one is rebuilt from the binding's attribute names
-(prefix `cloudEvents:`, `ce-`, or none) into the SDK's CloudEvent, which checks the
+from_structured). The SDK has none for AMQP, NATS, MQTT and SQS/SNS (no SQS binding
+exists): there a structured event is read with from_json, and a binary one is rebuilt
+from the binding's attribute names (prefix `cloudEvents:`, `ce-`, or none; SQS message
+attributes `ce-...` and `content-type`) into the SDK's CloudEvent, which checks the
 required attributes and the spec version.
 """
 
@@ -22,7 +23,7 @@ from cloudevents.http import CloudEvent, from_http, from_json
 from cloudevents.kafka import KafkaMessage, from_binary, from_structured
 
 STRUCTURED = "application/cloudevents+json"
-PREFIXES = {"amqp": "cloudEvents:", "nats": "ce-", "mqtt": ""}
+PREFIXES = {"amqp": "cloudEvents:", "nats": "ce-", "mqtt": "", "sqs": "ce-"}
 
 
 def text(name, value):

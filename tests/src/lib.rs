@@ -19,6 +19,8 @@ pub mod db;
 pub mod faults;
 pub mod journal;
 pub mod mariadb;
+pub mod moto;
+pub mod nats_jwt;
 pub mod otlp_receiver;
 pub mod outbox_db;
 pub mod pg_link;

@@ -23,7 +23,7 @@ pub fn binary() -> PathBuf {
         .join("txoutbox");
     assert!(
         binary.exists(),
-        "{} is missing: run the tests with `cargo nextest run --workspace` (or `cargo build -p txoutbox-client --features kafka,nats,amqp,webhook,redis,mqtt --bin txoutbox`)",
+        "{} is missing: run the tests with `cargo nextest run --workspace` (or `cargo build -p txoutbox-client --features kafka,nats,amqp,webhook,redis,mqtt,sqs,sns --bin txoutbox`)",
         binary.display()
     );
     binary
@@ -37,7 +37,18 @@ pub async fn relay_until_done(
     rows: usize,
     args: &[&str],
 ) -> ExitStatus {
-    let relay = spawn(server, args);
+    relay_until_done_with_env(server, db, rows, args, &[]).await
+}
+
+/// [`relay_until_done`] with these environment variables set for the relay.
+pub async fn relay_until_done_with_env(
+    server: &Server,
+    db: &TestDb,
+    rows: usize,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> ExitStatus {
+    let relay = spawn_with_env(server, args, env);
     eventually("every row relayed", DEADLINE, || async {
         (db.count("done").await == rows as i64).then_some(())
     })
@@ -48,12 +59,18 @@ pub async fn relay_until_done(
 /// Starts `txoutbox --server URL --outbox orders relay ARGS...` in the background (killed
 /// if dropped; [`stop`] ends it as a user would).
 pub fn spawn(server: &Server, args: &[&str]) -> Child {
+    spawn_with_env(server, args, &[])
+}
+
+/// [`spawn`] with these environment variables set for the relay.
+pub fn spawn_with_env(server: &Server, args: &[&str], env: &[(&str, &str)]) -> Child {
     Command::new(binary())
         .args(["--server", &server.url(), "--outbox", "orders", "relay"])
         .args(args)
         .env_remove("TXOUTBOX_SERVER")
         .env_remove("TXOUTBOX_OUTBOX")
         .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .kill_on_drop(true)
         .spawn()

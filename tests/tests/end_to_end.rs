@@ -14,6 +14,8 @@ mod kafka_common;
 mod bench_quick;
 #[path = "broker_amqp.rs"]
 mod broker_amqp;
+#[path = "broker_aws.rs"]
+mod broker_aws;
 #[path = "broker_mqtt.rs"]
 mod broker_mqtt;
 #[path = "broker_nats.rs"]
@@ -66,6 +68,8 @@ mod hostile_limits;
 mod kafka_delivery;
 #[path = "kafka_faults.rs"]
 mod kafka_faults;
+#[path = "lease_tokens.rs"]
+mod lease_tokens;
 #[path = "mapped_table.rs"]
 mod mapped_table;
 #[path = "mariadb.rs"]

@@ -6,6 +6,8 @@
 
 #[path = "security/audit.rs"]
 mod audit;
+#[path = "security/caps.rs"]
+mod caps;
 #[path = "security/limits.rs"]
 mod limits;
 #[path = "security/refusals.rs"]

@@ -201,6 +201,9 @@ pub(crate) enum Binding {
     Mqtt,
     /// No binding: structured only.
     Redis,
+    /// SQS and SNS (no binding exists): message attributes `ce-id`, ... in binary mode,
+    /// within the services' 10 attributes.
+    Aws,
 }
 
 /// What a publisher sends for a message as a CloudEvent, besides its usual headers (which
@@ -237,14 +240,19 @@ impl CloudEvents {
             Binding::Kafka => ("ce_", str::to_owned),
             Binding::Amqp => ("cloudEvents:", str::to_owned),
             Binding::Nats => ("ce-", str::to_owned),
+            Binding::Aws => ("ce-", str::to_owned),
             Binding::Mqtt | Binding::Redis => ("", str::to_owned),
         };
-        let (headers, content_type) = self.binary_headers(message, prefix, encode);
+        let (mut headers, content_type) = self.binary_headers(message, prefix, encode);
+        if binding == Binding::Aws {
+            // Ten attributes at most: `id` and `subject` already say these.
+            headers.retain(|(name, _)| name != "ce-txoutboxid" && name != "ce-txoutboxkey");
+        }
         Envelope {
             headers,
             content_type,
             body: message.payload.clone(),
-            replaces_headers: binding == Binding::Mqtt,
+            replaces_headers: matches!(binding, Binding::Mqtt | Binding::Aws),
         }
     }
 }

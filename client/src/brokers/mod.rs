@@ -10,14 +10,16 @@
 //!
 //! - `XPublisher::builder(ADDRESS)` returns a builder with the same topic mapping methods
 //!   (`same_topic`, `topic_prefix`, `topic_fn`, `topics`), a timeout for the broker's
-//!   confirmation, and the broker's own settings;
+//!   confirmation, and the broker's own settings (SQS and SNS send to the one queue or
+//!   topic they were built for: no topic mapping);
 //! - `build()` checks the settings and returns the publisher without connecting: an
 //!   unreachable broker shows up as failed publishes (nacked, retried with the outbox's
 //!   backoff), never as a start-up failure, and a lost connection is made again by the
 //!   next publish;
 //! - [`Publisher::publish`](crate::Publisher::publish) returns `Ok` only once the broker
 //!   confirmed the message (Kafka's delivery report, JetStream's PubAck, RabbitMQ's
-//!   publisher confirm, a 2xx answer, Redis' XADD reply, MQTT's PUBACK);
+//!   publisher confirm, a 2xx answer, Redis' XADD reply, MQTT's PUBACK, SQS's and SNS's
+//!   answer for the message's batch entry);
 //! - one function per publisher, `classify`, turns the broker's errors into
 //!   [`PublishError`](crate::PublishError)s: permanent (dead-letter the row) only for a
 //!   message the broker will never take, retried for everything an operator or time can
@@ -31,9 +33,15 @@
 //! | HTTP webhook | `webhook` | `webhook` | header `txoutbox-key` | header `txoutbox-id` |
 //! | Redis Streams | `redis` | `redis_stream` | field `key` | field `id` |
 //! | MQTT 5 | `mqtt` | `mqtt` | user property `txoutbox-key` (or a topic level) | user property `txoutbox-id` |
+//! | Amazon SQS | `sqs` | `sqs` | attribute `txoutbox-key`; FIFO: `MessageGroupId` | attribute `txoutbox-id`; FIFO: `MessageDeduplicationId` |
+//! | Amazon SNS | `sns` | `sns` | attribute `txoutbox-key`; FIFO: `MessageGroupId` | attribute `txoutbox-id`; FIFO: `MessageDeduplicationId` |
 
 #[cfg(feature = "amqp")]
 pub mod amqp;
+#[cfg(any(feature = "sqs", feature = "sns"))]
+mod aws;
+#[cfg(any(feature = "webhook", feature = "sqs", feature = "sns"))]
+mod batch;
 #[cfg(feature = "cloudevents")]
 pub mod cloudevents;
 #[cfg(feature = "kafka")]
@@ -44,6 +52,10 @@ pub mod mqtt;
 pub mod nats;
 #[cfg(feature = "redis")]
 pub mod redis_stream;
+#[cfg(feature = "sns")]
+pub mod sns;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 mod tls;
 #[cfg(feature = "webhook")]
 pub mod webhook;

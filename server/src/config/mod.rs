@@ -100,6 +100,16 @@ pub struct ServerConfig {
     /// HTTP/2 streams one client connection may have open at once (its
     /// `SETTINGS_MAX_CONCURRENT_STREAMS`); a client opening more waits for one to end.
     pub max_streams_per_connection: u32,
+    /// Streaming calls (`Subscribe`, health `Watch`, reflection) open at once on this
+    /// server, every caller together, anonymous ones included; one more is
+    /// RESOURCE_EXHAUSTED naming this key.
+    pub max_streams: u32,
+    /// Client connections open at once; past it the server accepts no more until one
+    /// closes (they wait in the kernel's listen backlog).
+    pub max_connections: u32,
+    /// TLS handshakes in progress at once (each has 10 s to finish); a connection past it
+    /// is closed at once, before its handshake.
+    pub max_pending_handshakes: u32,
     /// TLS (and mutual TLS) on the gRPC port; plain HTTP/2 when absent.
     pub tls: Option<TlsConfig>,
     /// Identities, their credentials, scopes and limits.
@@ -125,6 +135,9 @@ impl Default for ServerConfig {
             health_interval: Duration::from_secs(5),
             max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
             max_streams_per_connection: 1000,
+            max_streams: 10_000,
+            max_connections: 10_000,
+            max_pending_handshakes: 1_000,
             tls: None,
             auth: AuthConfig::default(),
             allow_insecure: false,
@@ -286,8 +299,18 @@ impl Config {
                 MESSAGE_BYTES_RANGE.end()
             ));
         }
-        if server.max_streams_per_connection == 0 {
-            problems.push("server.max_streams_per_connection: must be at least 1".to_owned());
+        for (key, value) in [
+            (
+                "max_streams_per_connection",
+                server.max_streams_per_connection,
+            ),
+            ("max_streams", server.max_streams),
+            ("max_connections", server.max_connections),
+            ("max_pending_handshakes", server.max_pending_handshakes),
+        ] {
+            if value == 0 {
+                problems.push(format!("server.{key}: must be at least 1"));
+            }
         }
         let outboxes: Vec<&str> = self.outboxes.keys().map(String::as_str).collect();
         security::validate(
@@ -415,6 +438,45 @@ mod tests {
         let error = Config::from_toml(sqlite).unwrap_err().to_string();
         assert!(
             error.contains("databases.main.synchronous_commit: PostgreSQL only"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn identities_and_the_server_get_caps_by_default() {
+        let config = |limits: &str| {
+            format!(
+                "[server.auth.identities.relay]\ntoken_sha256 = \"{}\"\n\
+                 grants = {{ orders = [\"subscribe\"] }}\n{limits}\n\
+                 [databases.main]\nurl = \"postgres://app@db/app\"\n\
+                 [outboxes.orders]\ndatabase = \"main\"\ntable = \"outbox\"\n",
+                "0".repeat(64)
+            )
+        };
+        let none_set = Config::from_toml(&config("")).unwrap();
+        let limits = &none_set.server.auth.identities["relay"].limits;
+        assert_eq!(limits.max_streams, Some(1_000));
+        assert_eq!(limits.max_topic_filters, Some(16));
+        assert_eq!(limits.max_calls_per_second, None);
+        // Setting one limit keeps the defaults of the others.
+        let one_set = config("limits = { max_calls_per_second = 50 }");
+        let one_set = Config::from_toml(&one_set).unwrap();
+        let limits = &one_set.server.auth.identities["relay"].limits;
+        assert_eq!(limits.max_streams, Some(1_000));
+        assert_eq!(limits.max_calls_per_second, Some(50));
+        let server = &none_set.server;
+        assert_eq!(
+            (
+                server.max_streams,
+                server.max_connections,
+                server.max_pending_handshakes
+            ),
+            (10_000, 10_000, 1_000)
+        );
+        let zero = format!("[server]\nmax_connections = 0\n{}", config(""));
+        let error = Config::from_toml(&zero).unwrap_err().to_string();
+        assert!(
+            error.contains("server.max_connections: must be at least 1"),
             "{error}"
         );
     }

@@ -123,12 +123,14 @@ impl std::fmt::Display for Scope {
 }
 
 /// Bounds on one identity, across all its connections to this server (each replica
-/// counts its own). Unset: no bound beyond the server's own.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// counts its own). `max_streams` and `max_topic_filters` have defaults no honest
+/// deployment reaches, so one identity (a leaked token, a client in a reconnect loop)
+/// cannot take the whole server; the others are unbounded unless set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityLimits {
     /// `Subscribe` streams open at once.
-    #[serde(default)]
+    #[serde(default = "default_identity_streams")]
     pub max_streams: Option<u32>,
     /// Messages its open streams may hold at once: the sum of their windows
     /// (`max_in_flight`), reserved when each stream opens.
@@ -147,8 +149,34 @@ pub struct IdentityLimits {
     pub max_calls_per_second: Option<u32>,
     /// Distinct topic filters among its open streams, per outbox: its share of the
     /// outbox's `max_topic_filters`, so one identity cannot take every slot.
-    #[serde(default)]
+    #[serde(default = "default_identity_topic_filters")]
     pub max_topic_filters: Option<u32>,
+}
+
+/// Default `limits.max_streams`: a fleet of a hundred relays with eight streams each
+/// stays under it.
+pub const DEFAULT_IDENTITY_STREAMS: u32 = 1_000;
+/// Default `limits.max_topic_filters`: a quarter of an outbox's default 64.
+pub const DEFAULT_IDENTITY_TOPIC_FILTERS: u32 = 16;
+
+fn default_identity_streams() -> Option<u32> {
+    Some(DEFAULT_IDENTITY_STREAMS)
+}
+
+fn default_identity_topic_filters() -> Option<u32> {
+    Some(DEFAULT_IDENTITY_TOPIC_FILTERS)
+}
+
+impl Default for IdentityLimits {
+    fn default() -> Self {
+        Self {
+            max_streams: default_identity_streams(),
+            max_messages_in_flight: None,
+            max_bytes_in_flight: None,
+            max_calls_per_second: None,
+            max_topic_filters: default_identity_topic_filters(),
+        }
+    }
 }
 
 /// The outbox name in `grants` that stands for every outbox.

@@ -8,11 +8,13 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use http_body::Frame;
+use tokio::sync::OwnedSemaphorePermit;
 use tonic::body::Body;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 use tonic::Status;
 use tower::{Layer, Service};
 
+use super::caps::Caps;
 use super::limits::StreamSlot;
 use super::{refusals, Access, Caller, Identity};
 use crate::config::Scope;
@@ -22,11 +24,12 @@ const SUBSCRIBE: &str = "/txoutbox.v1.Relay/Subscribe";
 #[derive(Clone)]
 pub struct AuthLayer {
     access: Arc<Access>,
+    caps: Caps,
 }
 
 impl AuthLayer {
-    pub fn new(access: Arc<Access>) -> Self {
-        Self { access }
+    pub fn new(access: Arc<Access>, caps: Caps) -> Self {
+        Self { access, caps }
     }
 }
 
@@ -37,6 +40,7 @@ impl<S> Layer<S> for AuthLayer {
         Authenticated {
             inner,
             access: Arc::clone(&self.access),
+            caps: self.caps.clone(),
         }
     }
 }
@@ -45,6 +49,7 @@ impl<S> Layer<S> for AuthLayer {
 pub struct Authenticated<S> {
     inner: S,
     access: Arc<Access>,
+    caps: Caps,
 }
 
 /// What a call needs, by its method.
@@ -227,7 +232,18 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let peer = refusals::peer_of(&request);
-        match self.access.admit(&request) {
+        let admitted = self.access.admit(&request).and_then(|(caller, slot)| {
+            // Counted once the caller is known, so a refused caller takes no place.
+            let place = match is_unary(request.uri().path()) {
+                true => None,
+                false => Some(self.caps.open_stream().map_err(|status| Refusal {
+                    status,
+                    identity: caller.identity().cloned(),
+                })?),
+            };
+            Ok((caller, (slot, place)))
+        });
+        match admitted {
             Err(Refusal { status, identity }) => {
                 let path = request.uri().path();
                 let identity = identity.as_ref().map(|identity| identity.name.as_str());
@@ -243,10 +259,8 @@ where
                     let response = inner.call(request).await?;
                     Ok(match slot {
                         // Held until the stream's response body ends.
-                        Some(slot) => {
-                            response.map(|body| Body::new(WithSlot { body, _slot: slot }))
-                        }
-                        None => response,
+                        (None, None) => response,
+                        slot => response.map(|body| Body::new(WithSlot { body, _slot: slot })),
                     })
                 }))
             }
@@ -254,10 +268,11 @@ where
     }
 }
 
-/// A response body that keeps its stream's slot in the identity's `max_streams`.
+/// A response body that keeps its stream's slot in the identity's `max_streams` and its
+/// place in `server.max_streams`.
 struct WithSlot {
     body: Body,
-    _slot: StreamSlot,
+    _slot: (Option<StreamSlot>, Option<OwnedSemaphorePermit>),
 }
 
 impl http_body::Body for WithSlot {

@@ -8,7 +8,8 @@
 //! - the handlers reach an outbox only through [`Caller::outbox`], which checks the scope
 //!   on that outbox (the outbox name travels inside the protobuf message, which the layer
 //!   does not decode);
-//! - [`limits`]: per-identity bounds; [`audit`]: admin actions as structured events;
+//! - [`limits`]: per-identity bounds; [`caps`]: server-wide ones (streams, connections,
+//!   TLS handshakes); [`audit`]: admin actions as structured events;
 //!   [`refusals`]: refused calls logged with the peer address, rate-limited per peer.
 //!
 //! With no identity configured every caller may do everything: the embedded default and
@@ -16,6 +17,7 @@
 //! credentials unless `server.allow_insecure` says so).
 
 pub mod audit;
+pub mod caps;
 pub mod layer;
 pub mod limits;
 pub mod refusals;

@@ -13,22 +13,19 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use super::caps::{Caps, Counted};
 use crate::config::TlsConfig;
 
 /// Longest a client may take to finish its handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshaken connections waiting for the gRPC server to take them.
-const ACCEPTED_BACKLOG: usize = 64;
 
 /// The TLS configuration in use, replaced when the files change.
 pub struct ReloadingTls {
@@ -155,47 +152,35 @@ fn server_config(config: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
     Ok(Arc::new(server))
 }
 
-/// Connections on `listener`, each handshaken with the configuration current when it
-/// came, concurrently, so a slow or silent client holds up no other. Failed handshakes
-/// are logged and dropped. Ends when `stop` is cancelled or the stream is dropped.
+/// Connections from `listener` within the server's caps, each handshaken with the
+/// certificates current when it was accepted, until `stop`. A client that does not finish
+/// its handshake in time is dropped without holding up the others.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<ReloadingTls>,
+    caps: &Caps,
     stop: CancellationToken,
-) -> impl Stream<Item = Result<TlsStream<TcpStream>, std::io::Error>> {
-    let (tx, rx) = mpsc::channel(ACCEPTED_BACKLOG);
-    tokio::spawn(async move {
-        loop {
-            let accepted = tokio::select! {
-                () = stop.cancelled() => return,
-                () = tx.closed() => return,
-                accepted = listener.accept() => accepted,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait, as tonic's own loop does.
-                    tracing::warn!(%error, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
+) -> impl Stream<Item = Result<Counted<TlsStream<TcpStream>>, std::io::Error>> {
+    let handshakes = caps.clone();
+    caps.incoming(listener, stop, move |stream, peer| {
+        let acceptor = tls.acceptor();
+        let place = handshakes.handshake();
+        async move {
+            // Held until the handshake ends: a slow client holds one of the places.
+            let _place = place?;
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => Some(stream),
+                Ok(Err(error)) => {
+                    tracing::info!(%peer, %error, "TLS handshake failed");
+                    None
                 }
-            };
-            // Nagle would hold each small batch or confirmation back by tens of ms.
-            let _ = stream.set_nodelay(true);
-            let acceptor = tls.acceptor();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                    Ok(Ok(stream)) => {
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    Ok(Err(error)) => tracing::info!(%peer, %error, "TLS handshake failed"),
-                    Err(_) => tracing::info!(%peer, "TLS handshake not finished within 10s"),
+                Err(_) => {
+                    tracing::info!(%peer, "TLS handshake not finished within 10s");
+                    None
                 }
-            });
+            }
         }
-    });
-    ReceiverStream::new(rx)
+    })
 }
 
 /// The names a client certificate carries, which `certificate_names` are matched against:

@@ -9,6 +9,7 @@ use reqwest::header::HeaderMap;
 use reqwest::Url;
 
 use super::{header, BatchLimits, Batcher, Endpoint, SendBatch, WebhookPublisher};
+use crate::brokers::batch::same_outcome;
 use crate::brokers::{CloudEvents, TlsFiles};
 use crate::ClientError;
 
@@ -83,6 +84,8 @@ impl WebhookPublisherBuilder {
     pub fn batch(mut self, max_messages: usize, max_wait: Duration) -> Self {
         self.batch = Some(BatchLimits {
             max_messages,
+            // One POST of any size: the endpoint says what it takes.
+            max_bytes: usize::MAX,
             max_wait,
         });
         self
@@ -135,9 +138,12 @@ impl WebhookPublisherBuilder {
         });
         let batcher = self.batch.map(|limits| {
             let endpoint = Arc::clone(&endpoint);
-            let send: SendBatch = Arc::new(move |messages| {
+            let send: SendBatch<crate::Message> = Arc::new(move |messages| {
                 let endpoint = Arc::clone(&endpoint);
-                Box::pin(async move { endpoint.post_batch(&messages).await })
+                Box::pin(async move {
+                    let result = endpoint.post_batch(&messages).await;
+                    same_outcome(&result, messages.len())
+                })
             });
             Batcher::new(limits, send)
         });

@@ -16,7 +16,7 @@
 //! per key, concurrently) go in one POST, and all of them get its answer. A batch leaves
 //! when it holds `max_messages`, or `max_wait` after its first message arrived, whichever
 //! comes first; per-key order holds, because a batch never holds two messages of one key
-//! (the rules are listed in `webhook/batch.rs`).
+//! (the rules are listed in `brokers/batch.rs`).
 //!
 //! | batch | HTTP request |
 //! | --- | --- |
@@ -67,7 +67,6 @@
 //! # }
 //! ```
 
-mod batch;
 mod builder;
 pub mod signature;
 
@@ -84,9 +83,9 @@ use bytes::Bytes;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{StatusCode, Url};
 
+use crate::brokers::batch::{BatchLimits, Batcher, SendBatch};
 use crate::brokers::{carried_headers, is_reserved, Binding, CloudEvents, TlsFiles};
 use crate::{Message, PublishError, Publisher};
-use batch::{BatchLimits, Batcher, SendBatch};
 
 /// reqwest itself, for [`WebhookPublisher::from_client`].
 pub use reqwest;
@@ -103,7 +102,7 @@ pub const BATCH_SIZE_HEADER: &str = "txoutbox-batch-size";
 pub struct WebhookPublisher {
     endpoint: Arc<Endpoint>,
     /// Set when batching is on: gathers concurrent publishes into one POST.
-    batcher: Option<Batcher>,
+    batcher: Option<Batcher<Message>>,
 }
 
 /// Where requests go and how they are made; shared with the batcher's sending tasks.
@@ -272,7 +271,7 @@ impl Endpoint {
 impl Publisher for WebhookPublisher {
     async fn publish(&self, message: &Message) -> Result<(), PublishError> {
         match &self.batcher {
-            Some(batcher) => batcher.publish(message).await,
+            Some(batcher) => batcher.publish(message.id, message.clone(), 0).await,
             None => self.endpoint.post_one(message).await,
         }
     }

@@ -52,7 +52,11 @@ pub async fn run(
             return;
         }
     };
-    let member_id = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple());
+    // Namespaced by the identity, as every lease holder (docs/lease-tokens.md).
+    let member_id = crate::relay::lease_token::holder(
+        spec.identity.as_deref(),
+        &format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()),
+    );
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let registration = outbox.subscribers.register(&spec, &member_id);
     let mut runner = Runner {
@@ -393,12 +397,13 @@ impl Runner {
         lease_expires_at: chrono::DateTime<Utc>,
     ) {
         self.outbox.metrics().claimed.inc_by(messages.len() as u64);
-        self.send(Event::Batch(Batch::from(Claimed {
+        let batch = Batch::from(Claimed {
             messages,
             lease_expires_at,
             exhausted: Vec::new(),
-        })))
-        .await;
+        })
+        .with_holder(self.member_id.as_str().into());
+        self.send(Event::Batch(batch)).await;
     }
 
     /// Writes what changed, then sends the settlements it made durable.

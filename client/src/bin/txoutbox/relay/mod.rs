@@ -1,4 +1,4 @@
-//! `txoutbox relay --kafka|--nats|--amqp|--webhook|--redis|--mqtt ...`: the subscriber runtime
+//! `txoutbox relay --kafka|--nats|--amqp|--webhook|--redis|--mqtt|--sqs|--sns ...`: the subscriber runtime
 //! with one of the client's ready-made publishers, until SIGINT/SIGTERM (graceful:
 //! in-flight publishes finish and are acked, the rest is given back untried; a second
 //! signal stops at once).
@@ -29,17 +29,24 @@ Examples:
   txoutbox --outbox orders relay --kafka b1:9093 -X security.protocol=SASL_SSL -X sasl.mechanism=SCRAM-SHA-512 \\
       -X sasl.username=relay -X sasl.password=\"$KAFKA_PASSWORD\" --broker-ca ca.pem
   txoutbox --outbox orders relay --nats tls://nats:4222 --nats-creds relay.creds --cloudevents /shop/orders
+  txoutbox --outbox orders relay --sqs https://sqs.eu-west-1.amazonaws.com/123456789012/orders.fifo
+  txoutbox --outbox orders relay --sns arn:aws:sns:eu-west-1:123456789012:orders --cloudevents /shop/orders
 
 Each message is acked only once the broker confirmed it: Kafka's delivery report (idempotent
 producer, acks=all), JetStream's PubAck, RabbitMQ's publisher confirm (mandatory, persistent),
-a 2xx answer, Redis' XADD reply, MQTT's PUBACK (QoS 1). The message id travels as txoutbox-id (Nats-Msg-Id on NATS,
-message_id on AMQP, field id on Redis, user property txoutbox-id on MQTT; with
---cloudevents, the event's id): deduplicate on it. A message the broker can never take
+a 2xx answer, Redis' XADD reply, MQTT's PUBACK (QoS 1), SQS's and SNS's answer for the
+message's batch entry. The message id travels as txoutbox-id (Nats-Msg-Id on NATS,
+message_id on AMQP, field id on Redis, user property txoutbox-id on MQTT, message
+attribute txoutbox-id and, on FIFO queues and topics, MessageDeduplicationId on SQS and
+SNS; with --cloudevents, the event's id): deduplicate on it. SQS and SNS take their
+credentials from the standard AWS chain (AWS_ACCESS_KEY_ID..., AWS_PROFILE, web
+identity, ECS, instance metadata). A message the broker can never take
 is dead-lettered; anything else is nacked and retried with the outbox's backoff.";
 
 #[derive(Debug, clap::Args)]
 #[command(after_help = EXAMPLES)]
-#[command(group(clap::ArgGroup::new("broker").required(true).args(["kafka", "nats", "amqp", "webhook", "redis", "mqtt"])))]
+#[command(group(clap::ArgGroup::new("broker").required(true).args(["kafka", "nats", "amqp", "webhook", "redis", "mqtt", "sqs", "sns"])))]
+#[command(group(clap::ArgGroup::new("aws").args(["sqs", "sns"])))]
 pub struct Args {
     /// Kafka bootstrap servers, host:port[,host:port...] (feature `kafka`).
     #[arg(long, value_name = "BROKERS", help_heading = "Broker (one of)")]
@@ -67,6 +74,14 @@ pub struct Args {
     /// `mqtt`).
     #[arg(long, value_name = "URL", help_heading = "Broker (one of)")]
     mqtt: Option<String>,
+    /// An Amazon SQS queue URL, https://sqs.REGION.amazonaws.com/ACCOUNT/NAME: batches
+    /// of up to 10 (feature `sqs`). A .fifo queue gets MessageGroupId = the key.
+    #[arg(long, value_name = "QUEUE_URL", help_heading = "Broker (one of)")]
+    sqs: Option<String>,
+    /// An Amazon SNS topic ARN, arn:aws:sns:REGION:ACCOUNT:NAME: batches of up to 10
+    /// (feature `sns`). A .fifo topic gets MessageGroupId = the key.
+    #[arg(long, value_name = "TOPIC_ARN", help_heading = "Broker (one of)")]
+    sns: Option<String>,
 
     #[command(flatten)]
     access: Access,
@@ -75,7 +90,7 @@ pub struct Args {
 
     /// Broker topic = this prefix + the outbox topic: the Kafka topic, NATS subject,
     /// AMQP routing key, Redis stream or MQTT topic (default: the outbox topic as is).
-    #[arg(long, value_name = "PREFIX", conflicts_with = "webhook")]
+    #[arg(long, value_name = "PREFIX", conflicts_with_all = ["webhook", "sqs", "sns"])]
     topic_prefix: Option<String>,
     /// Only relay these outbox topics (repeatable; default: every topic).
     #[arg(long = "topic", value_name = "TOPIC", conflicts_with = "group")]
@@ -87,7 +102,7 @@ pub struct Args {
     group: Option<String>,
     /// How long the broker may take to confirm one message before the row is nacked and
     /// retried (Kafka's message.timeout.ms, the PubAck, the publisher confirm, the HTTP
-    /// request, Redis' answer).
+    /// request, Redis' answer, an SQS or SNS request).
     #[arg(long, value_name = "DURATION", default_value = "8s", value_parser = humantime::parse_duration)]
     delivery_timeout: Duration,
 
@@ -146,6 +161,14 @@ pub struct Args {
     /// MQTT: append /KEY to the topic of keyed messages (the key must be a topic level).
     #[arg(long, requires = "mqtt")]
     key_in_topic: bool,
+    /// SQS, SNS: the AWS region [default: the queue URL's or topic ARN's, else
+    /// AWS_REGION or the profile's].
+    #[arg(long, value_name = "REGION", requires = "aws")]
+    aws_region: Option<String>,
+    /// SQS, SNS: send requests to this endpoint instead of the region's: an emulator
+    /// (http://127.0.0.1:4566) or a VPC endpoint.
+    #[arg(long, value_name = "URL", requires = "aws")]
+    aws_endpoint: Option<String>,
 
     /// Subscriber name, in the server's logs.
     #[arg(long, default_value = "txoutbox-relay")]

@@ -31,6 +31,12 @@ pub(super) fn make(args: &Args) -> Result<(Arc<dyn Publisher>, String), CliError
     if let Some(url) = &args.mqtt {
         return Ok((mqtt(url, args)?, format!("mqtt {url}")));
     }
+    if let Some(url) = &args.sqs {
+        return Ok((sqs(url, args)?, format!("sqs {url}")));
+    }
+    if let Some(arn) = &args.sns {
+        return Ok((sns(arn, args)?, format!("sns {arn}")));
+    }
     unreachable!("clap requires one broker")
 }
 
@@ -77,8 +83,14 @@ fn cloudevents(args: &Args) -> Option<txoutbox_client::brokers::CloudEvents> {
 /// How long a webhook batch waits for more messages, when batching is on.
 const DEFAULT_BATCH_WAIT: Duration = Duration::from_millis(20);
 
-/// How long a publish may wait for its webhook batch to leave (zero without batching).
+/// How long an SQS or SNS batch waits for more messages (up to 10).
+const AWS_BATCH_WAIT: Duration = Duration::from_millis(10);
+
+/// How long a publish may wait for its batch to leave (zero without batching).
 pub(super) fn batch_wait(args: &Args) -> Duration {
+    if args.sqs.is_some() || args.sns.is_some() {
+        return AWS_BATCH_WAIT;
+    }
     match args.webhook_batch {
         Some(_) => args.webhook_batch_wait.unwrap_or(DEFAULT_BATCH_WAIT),
         None => Duration::ZERO,
@@ -91,7 +103,9 @@ pub(super) fn batch_wait(args: &Args) -> Duration {
     feature = "amqp",
     feature = "webhook",
     feature = "redis",
-    feature = "mqtt"
+    feature = "mqtt",
+    feature = "sqs",
+    feature = "sns"
 )))]
 fn missing(feature: &str) -> CliError {
     CliError::Usage(format!(
@@ -242,4 +256,47 @@ fn mqtt(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
 #[cfg(not(feature = "mqtt"))]
 fn mqtt(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
     Err(missing("mqtt"))
+}
+
+/// The options SQS and SNS share: region, endpoint, timeout, batches of up to 10 (one
+/// per key published at once, so never more than --concurrency), CloudEvents.
+#[cfg(any(feature = "sqs", feature = "sns"))]
+macro_rules! with_aws_options {
+    ($builder:expr, $args:expr) => {{
+        let mut builder = $builder
+            .timeout($args.delivery_timeout)
+            .batch($args.concurrency.clamp(1, 10), AWS_BATCH_WAIT);
+        if let Some(region) = &$args.aws_region {
+            builder = builder.region(region.clone());
+        }
+        if let Some(endpoint) = &$args.aws_endpoint {
+            builder = builder.endpoint_url(endpoint.clone());
+        }
+        if let Some(events) = cloudevents($args) {
+            builder = builder.cloudevents(events);
+        }
+        builder
+    }};
+}
+
+#[cfg(feature = "sqs")]
+fn sqs(url: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let sqs = txoutbox_client::SqsPublisher::builder(url);
+    Ok(Arc::new(with_aws_options!(sqs, args).build()?))
+}
+
+#[cfg(not(feature = "sqs"))]
+fn sqs(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("sqs"))
+}
+
+#[cfg(feature = "sns")]
+fn sns(arn: &str, args: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    let sns = txoutbox_client::SnsPublisher::builder(arn);
+    Ok(Arc::new(with_aws_options!(sns, args).build()?))
+}
+
+#[cfg(not(feature = "sns"))]
+fn sns(_: &str, _: &Args) -> Result<Arc<dyn Publisher>, CliError> {
+    Err(missing("sns"))
 }
