@@ -20,7 +20,8 @@ fn with_server(config: String, settings: &str) -> String {
 }
 
 fn open(name: &str) -> v1::OpenSubscription {
-    v1::OpenSubscription { group: String::new(),
+    v1::OpenSubscription {
+        group: String::new(),
         outbox: "orders".into(),
         subscriber: name.into(),
         topics: vec![],
