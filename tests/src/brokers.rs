@@ -100,8 +100,23 @@ pub async fn relay_outage(
     cut: impl AsyncFnOnce(),
     restore: impl AsyncFnOnce(),
 ) -> Vec<i64> {
+    relay_outage_with_env(db, server, topic, args, &[], broker_error, cut, restore).await
+}
+
+/// [`relay_outage`] with these environment variables set for the relay.
+#[allow(clippy::too_many_arguments)] // relay_outage's, and the environment
+pub async fn relay_outage_with_env(
+    db: &TestDb,
+    server: &Server,
+    topic: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    broker_error: &str,
+    cut: impl AsyncFnOnce(),
+    restore: impl AsyncFnOnce(),
+) -> Vec<i64> {
     let half = OUTAGE_PER_KEY / 2;
-    let relay = relay_cli::spawn(server, args);
+    let relay = relay_cli::spawn_with_env(server, args, env);
     let mut ids = insert_keyed_range(db, topic, OUTAGE_KEYS, 0..half).await;
     eventually("the first half relayed", DEADLINE, || async {
         (db.count("done").await == ids.len() as i64).then_some(())

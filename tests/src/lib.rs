@@ -20,6 +20,7 @@ pub mod faults;
 pub mod journal;
 pub mod mariadb;
 pub mod moto;
+pub mod nats_jwt;
 pub mod otlp_receiver;
 pub mod outbox_db;
 pub mod pg_link;

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 
 use tokio::process::{Child, Command};
+use tokio::sync::Mutex;
 use txoutbox_client::sns::aws_sdk_sns;
 use txoutbox_client::sqs::aws_config::{BehaviorVersion, Region, SdkConfig};
 use txoutbox_client::sqs::aws_sdk_sqs;
@@ -24,7 +25,8 @@ const SECRET: &str = "txoutbox-tests-secret";
 
 pub struct Moto {
     pub port: u16,
-    child: Child,
+    /// Behind a lock so that a test's `stop` and `start` closures can share the server.
+    child: Mutex<Option<Child>>,
     /// moto's output, for a failed test's message.
     log: tempfile::NamedTempFile,
 }
@@ -32,19 +34,31 @@ pub struct Moto {
 impl Moto {
     /// Starts moto and waits until it answers.
     pub async fn start() -> Self {
+        let moto = Self {
+            port: free_port(),
+            child: Mutex::new(None),
+            log: tempfile::NamedTempFile::new().unwrap(),
+        };
+        moto.start_again().await;
+        moto
+    }
+
+    /// Starts moto (again, on the same port: with nothing in it, as moto keeps everything
+    /// in memory) and waits until it answers.
+    pub async fn start_again(&self) {
+        let mut running = self.child.lock().await;
+        assert!(running.is_none(), "moto already running");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/moto/server");
-        let port = free_port();
-        let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(script)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdin(Stdio::null())
-            .stdout(log.reopen().unwrap())
-            .stderr(log.reopen().unwrap())
+            .stdout(self.log.reopen().unwrap())
+            .stderr(self.log.reopen().unwrap())
             .kill_on_drop(true)
             .spawn()
             .unwrap_or_else(|e| panic!("{script}: {e}"));
-        let moto = Self { port, child, log };
-        let url = format!("{}/moto-api/", moto.endpoint());
+        *running = Some(child);
+        let url = format!("{}/moto-api/", self.endpoint());
         let client = reqwest::Client::new();
         eventually(
             &format!("moto answering on {url}"),
@@ -52,7 +66,21 @@ impl Moto {
             || async { client.get(&url).send().await.ok().map(drop) },
         )
         .await;
-        moto
+    }
+
+    /// SIGTERM to moto, by its pid (the script execs moto), then waits until it exited.
+    pub async fn stop(&self) {
+        let mut child = self.child.lock().await.take().expect("moto is running");
+        let pid = child.id().expect("not yet waited for").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -TERM {pid}");
+        tokio::time::timeout(DEADLINE, child.wait())
+            .await
+            .expect("moto did not exit on SIGTERM")
+            .unwrap();
     }
 
     /// `http://127.0.0.1:PORT`: the `--aws-endpoint`.
@@ -154,7 +182,9 @@ impl Moto {
 impl Drop for Moto {
     fn drop(&mut self) {
         // By its pid (the script execs moto): this test's server only.
-        let _ = self.child.start_kill();
+        if let Some(child) = self.child.get_mut().as_mut() {
+            let _ = child.start_kill();
+        }
     }
 }
 

@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use base64::Engine;
 
 use txoutbox_client::sqs::aws_sdk_sqs::types::QueueAttributeName;
-use txoutbox_tests::brokers::{assert_complete_and_in_order, insert_keyed, unique_name, Delivered};
+use txoutbox_tests::brokers::{
+    assert_complete_and_in_order, insert_keyed, relay_outage_with_env, unique_name, Delivered,
+    OUTAGE_KEYS, OUTAGE_PER_KEY, QUICK_RETRIES,
+};
 use txoutbox_tests::cloudevents_check::read_back;
 use txoutbox_tests::moto::{Moto, Received, REGION};
 use txoutbox_tests::relay_cli::{self, relay_until_done_with_env};
@@ -222,5 +225,78 @@ async fn relay_sns_reaches_a_subscribed_queue_as_cloudevents_in_key_order() {
         event["data_base64"],
         base64::engine::general_purpose::STANDARD.encode(&delivered[0].payload)
     );
+    db.drop().await;
+}
+
+/// moto stopped under `txoutbox relay --sqs` (SIGTERM), then started again empty, and the
+/// FIFO queue made again once a row was nacked for its absence: the rows published
+/// meanwhile are nacked with the SDK's error (the endpoint refusing connections, then a
+/// queue that does not exist), never dead-lettered, and once the queue is back they all
+/// arrive, each key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_sqs_nacks_while_sqs_is_away_then_delivers_in_key_order() {
+    let moto = Moto::start().await;
+    let name = format!("{}.fifo", unique_name());
+    let queue = moto.queue(&name, &[]).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(QUICK_RETRIES)).await;
+
+    let endpoint = moto.endpoint();
+    let args = [
+        "--sqs",
+        &queue,
+        "--aws-endpoint",
+        &endpoint,
+        "--delivery-timeout",
+        "1s",
+    ];
+    let cut = async || moto.stop().await;
+    let restore = async || {
+        moto.start_again().await;
+        // Until the queue is made again, SQS says it does not exist: retried, not dead.
+        let missing = format!(
+            "SELECT count(*) FROM {}.outbox WHERE status = 'pending' \
+             AND last_error LIKE '%queue does not exist%'",
+            db.schema
+        );
+        eventually("a nack for the missing queue", DEADLINE, || async {
+            let count: i64 = sqlx::query_scalar(&missing)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            (count > 0).then_some(())
+        })
+        .await;
+        let made = moto.queue(&name, &[]).await;
+        assert_eq!(made, queue, "moto gave the queue another URL");
+    };
+    let error = format!("sqs {queue}");
+    let ids =
+        relay_outage_with_env(&db, &server, "orders", &args, &env(), &error, cut, restore).await;
+
+    // moto kept nothing across its restart: what arrives is the second half, in order.
+    let first_half = OUTAGE_KEYS * (OUTAGE_PER_KEY / 2) as usize;
+    let second = &ids[first_half..];
+    let delivered: Vec<Delivered> = moto
+        .receive(&queue, second.len())
+        .await
+        .iter()
+        .map(delivered)
+        .collect();
+    let got: std::collections::BTreeSet<i64> = delivered.iter().map(|d| d.id).collect();
+    assert_eq!(got, second.iter().copied().collect(), "{delivered:#?}");
+    let mut by_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for message in &delivered {
+        by_key
+            .entry(message.key.clone().unwrap())
+            .or_default()
+            .push(message.id);
+    }
+    for (key, ids) in by_key {
+        assert!(
+            ids.windows(2).all(|w| w[0] < w[1]),
+            "key {key} out of order: {ids:?}"
+        );
+    }
     db.drop().await;
 }

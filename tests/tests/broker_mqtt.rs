@@ -17,7 +17,7 @@ use txoutbox_tests::brokers::{
     Cut, Delivered, OUTAGE_PER_KEY, QUICK_RETRIES,
 };
 use txoutbox_tests::cloudevents_check::read_back;
-use txoutbox_tests::relay_cli::relay_until_done;
+use txoutbox_tests::relay_cli::{self, relay_until_done};
 use txoutbox_tests::{eventually, Server, TcpProxy, TestDb, DEADLINE};
 
 async fn mosquitto() -> BrokerProcess {
@@ -233,5 +233,48 @@ async fn relay_mqtt_command_delivers_cloudevents_in_key_order() {
     assert_eq!(event["attributes"]["source"], "/shop/orders");
     assert_eq!(event["attributes"]["id"], delivered[0].id.to_string());
     assert_eq!(event["attributes"]["type"], "orders.paid");
+    db.drop().await;
+}
+
+/// `--key-in-topic` with a key that cannot be a topic level (`eu/1`): that row is
+/// dead-lettered at once with the reason, and every other row arrives in key order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_mqtt_dead_letters_a_key_that_is_not_a_topic_level() {
+    let broker = mosquitto().await;
+    let prefix = unique_name();
+    let reader = Reader::subscribe(broker.port, &prefix).await;
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let ids = insert_keyed(&db, "orders.paid", 2, 3).await;
+    let refused = db.insert("orders.paid", Some("eu/1"), b"{}").await;
+
+    let url = format!("mqtt://{}", broker.address());
+    let topic_prefix = format!("{prefix}/");
+    let args = [
+        "--mqtt",
+        &url,
+        "--topic-prefix",
+        &topic_prefix,
+        "--key-in-topic",
+    ];
+    let relay = relay_cli::spawn(&server, &args);
+    eventually("the keyed rows done, the other dead", DEADLINE, || async {
+        let settled = db.count("done").await == ids.len() as i64 && db.count("dead").await == 1;
+        settled.then_some(())
+    })
+    .await;
+    let status = relay_cli::stop(relay).await;
+    assert_eq!(status.code(), Some(0));
+
+    let (status, attempts, error) = db.row(refused).await;
+    assert_eq!((status.as_str(), attempts), ("dead", 1));
+    let error = error.unwrap();
+    assert!(error.contains("key `eu/1` is not a topic level"), "{error}");
+    let delivered = eventually("every other message at the reader", DEADLINE, || async {
+        let received = reader.received();
+        (received.len() >= ids.len()).then_some(received)
+    })
+    .await;
+    assert_complete_and_in_order(&delivered, &ids, 3);
     db.drop().await;
 }

@@ -1,6 +1,7 @@
 //! Every publisher over TLS with its broker's own authentication, against servers of the
 //! test's own with TLS on (the machine's shared brokers are plain): Redis with client
-//! certificates and a password, NATS with client certificates and an NKey user, RabbitMQ
+//! certificates and a password, NATS with client certificates and an NKey user and with a
+//! credentials file in operator mode, RabbitMQ
 //! with client certificates, an HTTPS endpoint that requires client certificates, MQTT
 //! with client certificates and a password, and Kafka's SSL and SASL_SSL (PLAIN,
 //! SCRAM-SHA-256, SCRAM-SHA-512) against a TLS listener of the test's own, since
@@ -34,6 +35,7 @@ use txoutbox_client::redis_stream::RedisStreamPublisher;
 use txoutbox_client::webhook::WebhookPublisher;
 use txoutbox_client::{Message, PublishError, Publisher};
 use txoutbox_tests::broker_process::BrokerProcess;
+use txoutbox_tests::nats_jwt::Operator;
 use txoutbox_tests::pki::{Ca, Pair, TlsFiles};
 use txoutbox_tests::rabbit_node::RabbitTlsNode;
 use txoutbox_tests::tls_server::{FakeKafka, HttpsReceiver, Seen};
@@ -204,6 +206,88 @@ async fn nats_over_tls_with_a_client_certificate_and_an_nkey() {
         .build()
         .unwrap_err();
     assert!(error.to_string().contains("NKey seed"), "{error}");
+}
+
+/// A credentials file (`.creds`: a user's JWT signed by its account, and the user's NKey
+/// seed, as `nsc generate creds` writes it) against a server in operator mode over TLS:
+/// the publish is stored; a user whose JWT another account signed is refused with a
+/// retried error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_over_tls_with_a_credentials_file() {
+    let certificates = Certificates::new();
+    let operator = Operator::new();
+    let file = |name: &str| certificates.files.path(name).display().to_string();
+    let (cert, key) = (file("server.pem"), file("server.key"));
+    let nats = BrokerProcess::nats_configured(|dir, port| {
+        let config = operator.server_config(dir);
+        let dir = dir.display();
+        format!(
+            "listen: 127.0.0.1:{port}\nlog_file: \"{dir}/nats.log\"\n\
+             jetstream {{ store_dir: \"{dir}/jetstream\" }}\n\
+             tls {{ cert_file: \"{cert}\", key_file: \"{key}\" }}\n{config}"
+        )
+    })
+    .await;
+    let server = format!("tls://localhost:{}", nats.port);
+    let dir = certificates.files.dir.path();
+    let creds = operator.user_creds(dir, "relay", true);
+
+    let client = ConnectOptions::with_credentials_file(&creds)
+        .await
+        .unwrap()
+        .add_root_certificates(certificates.ca())
+        .require_tls(true)
+        .connect(server.as_str())
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "the test's own connection (operator {}): {e}\n{}",
+                operator.public_key(),
+                nats.log()
+            )
+        });
+    let js = jetstream::new(client);
+    js.create_stream(stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders.>".into()],
+        storage: stream::StorageType::Memory,
+        ..Default::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("JetStream in the operator's account: {e}\n{}", nats.log()));
+
+    let builder = || {
+        NatsPublisher::builder(&server)
+            .tls_ca(certificates.ca())
+            .ack_timeout(Duration::from_secs(2))
+    };
+    let publisher = builder().credentials_file(&creds).build().unwrap();
+    publisher.publish(&message()).await.unwrap_or_else(|e| {
+        panic!("publish with a credentials file: {e}\n{}", nats.log());
+    });
+    let stored = js
+        .get_stream("ORDERS")
+        .await
+        .unwrap()
+        .get_last_raw_message_by_subject("orders.paid")
+        .await
+        .unwrap();
+    assert_eq!(
+        stored.headers.get("txoutbox-id").map(|v| v.as_str()),
+        Some("42")
+    );
+
+    let forged = operator.user_creds(dir, "forged", false);
+    let refused = builder().credentials_file(&forged).build().unwrap();
+    assert_retried(
+        refused.publish(&message()).await,
+        "a user JWT the operator's account did not sign",
+    );
+    let error = NatsPublisher::builder(&server)
+        .credentials_file(dir.join("missing.creds"))
+        .build()
+        .unwrap_err();
+    assert!(error.to_string().contains("credentials file"), "{error}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -184,6 +184,53 @@ fn without_txoutbox_variables() -> Vec<(String, String)> {
         .collect()
 }
 
+/// The relay's image builds every broker `txoutbox relay` takes, with the Debian packages
+/// `scripts/test` installs for librdkafka's build (no Docker engine runs here to build it).
+#[test]
+fn the_relay_image_builds_every_broker_with_what_librdkafka_needs() {
+    let dockerfile =
+        std::fs::read_to_string(repository().join("deploy/docker/Dockerfile")).unwrap();
+    let (_, relay_stage) = dockerfile
+        .split_once(" AS build-relay\n")
+        .expect("a build-relay stage");
+    let (relay_stage, _) = relay_stage.split_once("\nFROM ").unwrap();
+    let features = relay_stage
+        .split("--features ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the relay's --features");
+    let features: Vec<&str> = features.split(',').collect();
+    let relay =
+        std::fs::read_to_string(repository().join("client/src/bin/txoutbox/relay/mod.rs")).unwrap();
+    let (_, brokers) = relay
+        .split_once(r#"ArgGroup::new("broker").required(true).args(["#)
+        .expect("the relay's broker group");
+    let (brokers, _) = brokers.split_once(']').unwrap();
+    for broker in brokers.split(',').map(|b| b.trim().trim_matches('"')) {
+        assert!(
+            features.contains(&broker),
+            "the relay image lacks the `{broker}` feature: {features:?}"
+        );
+    }
+    let script = std::fs::read_to_string(repository().join("scripts/test")).unwrap();
+    for package in [
+        "libssl-dev",
+        "libcurl4-openssl-dev",
+        "cmake",
+        "g++",
+        "zlib1g-dev",
+    ] {
+        assert!(
+            script.contains(package),
+            "scripts/test no longer installs {package}"
+        );
+        assert!(
+            relay_stage.contains(package),
+            "the relay image's build lacks {package}, which librdkafka's build needs"
+        );
+    }
+}
+
 fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
