@@ -38,6 +38,10 @@ pub struct Message {
     pub attempts: u32,
     /// When the producer inserted the row (database clock), if the server said.
     pub created_at: Option<SystemTime>,
+    /// Names this delivery (row, attempt, lease holder); opaque. The subscriber and the
+    /// worker send it back with their answers, so an answer applies to this delivery
+    /// only (docs/lease-tokens.md). Empty for a message a server did not deliver.
+    pub lease_token: String,
 }
 
 impl Message {
@@ -51,6 +55,7 @@ impl Message {
             headers: BTreeMap::new(),
             attempts: 1,
             created_at: None,
+            lease_token: String::new(),
         }
     }
 
@@ -87,6 +92,7 @@ impl From<v1::Message> for Message {
             headers: message.headers.into_iter().collect(),
             attempts: message.attempts,
             created_at: message.created_at.and_then(system_time),
+            lease_token: message.lease_token,
         }
     }
 }
@@ -115,6 +121,7 @@ mod tests {
                 seconds: 10,
                 nanos: 5,
             }),
+            lease_token: "v1.3.2.w".into(),
         };
         let message = Message::from(wire);
         assert_eq!(message.key.as_deref(), Some("k"));

@@ -160,8 +160,11 @@ impl Subscriber {
     }
 
     pub async fn ack(&mut self, ids: &[i64]) -> v1::Settled {
-        self.answer(Req::Ack(v1::AckMessages { ids: ids.to_vec() }))
-            .await
+        self.answer(Req::Ack(v1::AckMessages {
+            ids: ids.to_vec(),
+            lease_tokens: Default::default(),
+        }))
+        .await
     }
 
     pub async fn nack(&mut self, id: i64, error: &str, delay_ms: Option<u64>) -> v1::Settled {
@@ -169,6 +172,7 @@ impl Subscriber {
             id,
             error: error.into(),
             retry_delay_ms: delay_ms,
+            lease_token: Default::default(),
         }))
         .await
     }

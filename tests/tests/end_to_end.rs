@@ -66,6 +66,8 @@ mod hostile_limits;
 mod kafka_delivery;
 #[path = "kafka_faults.rs"]
 mod kafka_faults;
+#[path = "lease_tokens.rs"]
+mod lease_tokens;
 #[path = "mapped_table.rs"]
 mod mapped_table;
 #[path = "mariadb.rs"]

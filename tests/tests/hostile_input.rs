@@ -80,6 +80,7 @@ async fn nul_characters_are_invalid_arguments_naming_the_field() {
         outbox: "orders".into(),
         worker_id: "w\0".into(),
         ids: vec![id],
+        lease_tokens: Default::default(),
     };
     assert_invalid("worker_id", relay.ack(ack).await);
     let nack = v1::NackRequest {
@@ -88,6 +89,7 @@ async fn nul_characters_are_invalid_arguments_naming_the_field() {
         id,
         error: "broker said \0".into(),
         retry_delay_ms: None,
+        lease_token: Default::default(),
     };
     assert_invalid("error", relay.nack(nack).await);
     let dead = v1::DeadLetterRequest {
@@ -95,6 +97,7 @@ async fn nul_characters_are_invalid_arguments_naming_the_field() {
         worker_id: "w".into(),
         id,
         error: "\0".into(),
+        lease_token: Default::default(),
     };
     assert_invalid("error", relay.dead_letter(dead).await);
     assert_invalid(
@@ -466,6 +469,7 @@ async fn a_bad_answer_is_rejected_alone_and_the_stream_goes_on() {
         .answer(Req::Release(v1::ReleaseMessages {
             ids: vec![a],
             retry_delay_ms: Some(week + 1),
+            lease_tokens: Default::default(),
         }))
         .await;
     let rejected = too_far.rejected.expect("rejected");
@@ -475,6 +479,7 @@ async fn a_bad_answer_is_rejected_alone_and_the_stream_goes_on() {
         .answer(Req::ExtendLease(v1::ExtendLeases {
             ids: vec![a, b],
             lease_ms: 24 * 3600 * 1000,
+            lease_tokens: Default::default(),
         }))
         .await;
     assert_eq!(too_long.rejected.expect("rejected").ids, [a, b]);
@@ -493,6 +498,7 @@ async fn a_bad_answer_is_rejected_alone_and_the_stream_goes_on() {
         .answer(Req::Release(v1::ReleaseMessages {
             ids: vec![a],
             retry_delay_ms: Some(3600 * 1000),
+            lease_tokens: Default::default(),
         }))
         .await;
     assert_eq!((hour.released, hour.rejected), (vec![a], None));

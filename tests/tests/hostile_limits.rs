@@ -68,6 +68,7 @@ async fn every_response_fits_a_default_grpc_client() {
         worker_id: "w".into(),
         ids: ids[..n].to_vec(),
         retry_delay_ms: None,
+        lease_tokens: Vec::new(),
     };
     relay.release(release).await.unwrap();
 
@@ -170,6 +171,7 @@ async fn ten_thousand_nacks_in_a_burst_leave_the_connection_and_its_other_stream
                 id: *id,
                 error: "broker down".into(),
                 retry_delay_ms: Some(3_600_000),
+                lease_token: Default::default(),
             }))
             .await;
         // One answer per DATA frame, as a client answering message by message sends.

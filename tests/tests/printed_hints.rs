@@ -115,6 +115,7 @@ async fn dead_letter_all(server: &Server, worker: &str) -> Vec<i64> {
                 worker_id: worker.into(),
                 id: message.id,
                 error: "broker down".into(),
+                lease_token: Default::default(),
             })
             .await
             .unwrap()

@@ -85,8 +85,11 @@ async fn a_replica_cut_off_inside_an_ack_holds_up_no_producer() {
     assert_eq!(sub.take(1).await[0].id, first);
 
     link.cut_after(moves_heads);
-    sub.send(Req::Ack(v1::AckMessages { ids: vec![first] }))
-        .await;
+    sub.send(Req::Ack(v1::AckMessages {
+        ids: vec![first],
+        lease_tokens: Default::default(),
+    }))
+    .await;
     link.until_cut().await;
     let cut_sessions = link.pids();
 

@@ -93,6 +93,7 @@ async fn sigterm_drains_answers_in_flight_and_exits_zero() {
     sub.answer(Req::Release(v1::ReleaseMessages {
         ids: vec![b],
         retry_delay_ms: None,
+        lease_tokens: Default::default(),
     }))
     .await;
     sub.wait_end(DEADLINE).await.unwrap();

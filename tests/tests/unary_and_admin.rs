@@ -46,6 +46,7 @@ async fn unary_calls_follow_the_storage_contract() {
             outbox: "orders".into(),
             worker_id: "cron-2".into(),
             ids: vec![c],
+            lease_tokens: Default::default(),
         })
         .await
         .unwrap()
@@ -57,6 +58,7 @@ async fn unary_calls_follow_the_storage_contract() {
             outbox: "orders".into(),
             worker_id: "cron-1".into(),
             ids: vec![c],
+            lease_tokens: Default::default(),
         })
         .await
         .unwrap()
@@ -69,6 +71,7 @@ async fn unary_calls_follow_the_storage_contract() {
             worker_id: "cron-1".into(),
             ids: vec![a, b],
             lease_ms: 120_000,
+            lease_tokens: Default::default(),
         })
         .await
         .unwrap()
@@ -82,6 +85,7 @@ async fn unary_calls_follow_the_storage_contract() {
             id: a,
             error: "timeout".into(),
             retry_delay_ms: Some(0),
+            lease_token: Default::default(),
         })
         .await
         .unwrap()
@@ -110,6 +114,7 @@ async fn unary_calls_follow_the_storage_contract() {
             worker_id: "cron-3".into(),
             id: a,
             error: "malformed".into(),
+            lease_token: Default::default(),
         })
         .await
         .unwrap()
@@ -121,6 +126,7 @@ async fn unary_calls_follow_the_storage_contract() {
             worker_id: "cron-3".into(),
             ids: vec![b],
             retry_delay_ms: None,
+            lease_tokens: Default::default(),
         })
         .await
         .unwrap()
@@ -166,6 +172,7 @@ async fn admin_lists_outboxes_reports_stats_and_purges() {
             outbox: "orders".into(),
             worker_id: "w".into(),
             ids: vec![delivered],
+            lease_tokens: Default::default(),
         })
         .await
         .unwrap();

@@ -100,6 +100,9 @@ pub(super) struct Session {
     /// Published messages whose ack is not sent yet: sent together after each event, and
     /// before any other answer (the server settles answers in the order sent).
     pending_acks: Vec<i64>,
+    /// The lease token of each message held, sent back with its answers so that an answer
+    /// applies to that delivery only (docs/lease-tokens.md).
+    lease_tokens: HashMap<i64, String>,
     /// The server is shutting down: start nothing new.
     draining: bool,
     /// A stop was requested: start nothing new, then close.
@@ -237,6 +240,10 @@ impl Session {
             // telling us. The old delivery is lost; this one replaces it.
             if self.dispatch.state(message.id).is_some() {
                 self.lose(message.id);
+            }
+            if !message.lease_token.is_empty() {
+                self.lease_tokens
+                    .insert(message.id, message.lease_token.clone());
             }
             self.dispatch.add(Message::from(message), deadline, limit);
         }
@@ -441,11 +448,13 @@ impl Session {
         // The server refuses a NUL in an error text (the database cannot store one).
         let text = error.text().replace('\0', "\u{FFFD}");
         tracing::info!(owner = %self.owner, id, error = %text, blocked = blocked.ids.len(), permanent = error.is_permanent(), "publish failed");
+        let lease_token = self.lease_tokens.remove(&id).unwrap_or_default();
         if error.is_permanent() {
             self.send(
                 Request::DeadLetter(v1::DeadLetterMessage {
                     id,
                     error: text.clone(),
+                    lease_token,
                 }),
                 Sent::DeadLetter {
                     id,
@@ -461,6 +470,7 @@ impl Session {
                 id,
                 error: text.clone(),
                 retry_delay_ms: error.retry_delay().map(|d| d.as_millis() as u64),
+                lease_token,
             }),
             Sent::Nack {
                 id,
@@ -510,10 +520,12 @@ impl Session {
         if ids.is_empty() {
             return;
         }
+        let lease_tokens = self.tokens_of(&ids, true);
         self.send(
             Request::Release(v1::ReleaseMessages {
                 ids,
                 retry_delay_ms: None,
+                lease_tokens,
             }),
             Sent::Release { untried },
         );
@@ -524,7 +536,25 @@ impl Session {
             return;
         }
         let ids = std::mem::take(&mut self.pending_acks);
-        self.push(Request::Ack(v1::AckMessages { ids }), Sent::Ack);
+        let lease_tokens = self.tokens_of(&ids, true);
+        self.push(
+            Request::Ack(v1::AckMessages { ids, lease_tokens }),
+            Sent::Ack,
+        );
+    }
+
+    /// The lease tokens of `ids`, one per id in order (forgotten with `done`, for a final
+    /// answer); none at all when one is missing (a server from before tokens), since the
+    /// server takes one per id or none.
+    fn tokens_of(&mut self, ids: &[i64], done: bool) -> Vec<String> {
+        let tokens: Option<Vec<String>> = ids
+            .iter()
+            .map(|id| match done {
+                true => self.lease_tokens.remove(id),
+                false => self.lease_tokens.get(id).cloned(),
+            })
+            .collect();
+        tokens.unwrap_or_default()
     }
 
     /// How close to its deadline a lease is extended; also, how much lease a key's
@@ -548,8 +578,13 @@ impl Session {
             return;
         }
         tracing::debug!(owner = %self.owner, count = ids.len(), "extending leases");
+        let lease_tokens = self.tokens_of(&ids, false);
         self.send(
-            Request::ExtendLease(v1::ExtendLeases { ids, lease_ms: 0 }),
+            Request::ExtendLease(v1::ExtendLeases {
+                ids,
+                lease_ms: 0,
+                lease_tokens,
+            }),
             Sent::Extend { at: now },
         );
     }

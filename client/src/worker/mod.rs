@@ -280,6 +280,11 @@ impl Worker {
                     ..RoundResult::default()
                 },
                 unanswered: messages.iter().map(|m| m.id).collect(),
+                lease_tokens: messages
+                    .iter()
+                    .filter(|m| !m.lease_token.is_empty())
+                    .map(|m| (m.id, m.lease_token.clone()))
+                    .collect(),
                 lost: HashSet::new(),
             }),
         };

@@ -21,6 +21,9 @@ pub(super) struct RoundState {
     pub unanswered: BTreeSet<i64>,
     /// Leases an extension found gone: do not publish them.
     pub lost: HashSet<i64>,
+    /// Each claimed message's lease token, sent back with its answers
+    /// (docs/lease-tokens.md).
+    pub lease_tokens: HashMap<i64, String>,
 }
 
 pub(super) struct Round<'w> {
@@ -36,6 +39,20 @@ impl Round<'_> {
 
     fn update(&self, change: impl FnOnce(&mut RoundState)) {
         change(&mut self.state.lock().unwrap());
+    }
+
+    /// The lease tokens of `ids`, one per id in order; none at all when one is missing (a
+    /// server from before tokens), since the server takes one per id or none.
+    fn tokens_of(&self, ids: &[i64]) -> Vec<String> {
+        let state = self.state.lock().unwrap();
+        ids.iter()
+            .map(|id| state.lease_tokens.get(id).cloned())
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
+    }
+
+    fn token_of(&self, id: i64) -> String {
+        self.tokens_of(&[id]).pop().unwrap_or_default()
     }
 
     fn answered(&self, ids: &[i64]) {
@@ -84,6 +101,7 @@ impl Round<'_> {
                     outbox: worker.config.outbox.clone(),
                     worker_id: worker.config.worker_id.clone(),
                     ids: vec![message.id],
+                    lease_tokens: self.tokens_of(&[message.id]),
                 },
             );
             match acked.await {
@@ -117,6 +135,7 @@ impl Round<'_> {
                 worker_id: config.worker_id.clone(),
                 id: message.id,
                 error: text.clone(),
+                lease_token: self.token_of(message.id),
             };
             match self
                 .call(|mut c, r| async move { c.dead_letter(r).await }, request)
@@ -138,6 +157,7 @@ impl Round<'_> {
             id: message.id,
             error: text.clone(),
             retry_delay_ms: error.retry_delay().map(|d| d.as_millis() as u64),
+            lease_token: self.token_of(message.id),
         };
         let Some(response) = self
             .call(|mut c, r| async move { c.nack(r).await }, request)
@@ -220,6 +240,7 @@ impl Round<'_> {
         let request = v1::ReleaseRequest {
             outbox: self.worker.config.outbox.clone(),
             worker_id: self.worker.config.worker_id.clone(),
+            lease_tokens: self.tokens_of(&ids),
             ids,
             retry_delay_ms: None,
         };
@@ -261,6 +282,7 @@ impl Round<'_> {
             let request = v1::ExtendLeaseRequest {
                 outbox: config.outbox.clone(),
                 worker_id: config.worker_id.clone(),
+                lease_tokens: self.tokens_of(&ids),
                 ids,
                 lease_ms: lease.as_millis() as u64,
             };

@@ -28,6 +28,9 @@ pub struct OutboxConfig {
     pub dead_letter_holds_key: bool,
     /// Delete delivered rows instead of marking them done.
     pub delete_on_ack: bool,
+    /// Refuse answers that carry no lease token (docs/lease-tokens.md): on once every
+    /// client sends them back; off, a tokenless answer is fenced by its holder alone.
+    pub require_lease_tokens: bool,
     /// Only claim rows older than this: guards against commit-order races.
     #[serde(with = "humantime_serde")]
     pub visibility_delay: Duration,
@@ -67,6 +70,7 @@ impl Default for OutboxConfig {
             strict_ordering: true,
             dead_letter_holds_key: false,
             delete_on_ack: false,
+            require_lease_tokens: false,
             visibility_delay: Duration::ZERO,
             notify_channel: None,
             lease: Duration::from_secs(30),

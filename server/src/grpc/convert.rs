@@ -1,5 +1,6 @@
 //! Translation between protobuf messages and the relay's types.
 
+use crate::relay::lease_token::LeaseToken;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -22,8 +23,16 @@ pub fn millis(duration: Duration) -> u64 {
     duration.as_millis().min(u64::MAX as u128) as u64
 }
 
-pub fn message(message: OutboxMessage) -> v1::Message {
+/// A delivered row, with the lease token naming this delivery to `holder`.
+pub fn message(message: OutboxMessage, holder: &str) -> v1::Message {
+    let lease_token = LeaseToken {
+        id: message.id,
+        attempt: message.attempts,
+        holder: holder.to_owned(),
+    }
+    .encode();
     v1::Message {
+        lease_token,
         id: message.id,
         topic: message.topic,
         key: message.key,
@@ -50,7 +59,12 @@ pub fn event(event: Event) -> v1::SubscribeResponse {
         }),
         // Taking the batch here tells its subscription the transport has it.
         Event::Batch(batch) => Response::Batch(v1::Batch {
-            messages: batch.claimed.messages.into_iter().map(message).collect(),
+            messages: batch
+                .claimed
+                .messages
+                .into_iter()
+                .map(|row| message(row, &batch.holder))
+                .collect(),
             lease_expires_at: Some(timestamp(batch.claimed.lease_expires_at)),
         }),
         Event::Settled(settlement) => Response::Settled(settled(settlement)),
@@ -193,6 +207,7 @@ mod tests {
     use prost::Message as _;
 
     use super::*;
+    use crate::relay::limits::MAX_HOLDER_BYTES;
     use crate::relay::response_size::{message_bytes, ENVELOPE_BYTES};
     use crate::storage::Claimed;
 
@@ -234,14 +249,20 @@ mod tests {
             lease_expires_at: Utc::now(),
             exhausted: Vec::new(),
         };
-        let batch = event(Event::Batch(claimed.into()));
+        let mut batch: crate::relay::subscription::Batch = claimed.into();
+        batch.holder = "h".repeat(MAX_HOLDER_BYTES).into();
+        let batch = event(Event::Batch(batch));
         assert!(
             batch.encoded_len() <= bound,
             "{} > {bound}",
             batch.encoded_len()
         );
         let unary = v1::ClaimResponse {
-            messages: rows.iter().cloned().map(message).collect(),
+            messages: rows
+                .iter()
+                .cloned()
+                .map(|row| message(row, &"h".repeat(MAX_HOLDER_BYTES)))
+                .collect(),
             lease_expires_at: Some(timestamp(Utc::now())),
             paused: false,
             paused_topics: Vec::new(),
@@ -249,7 +270,7 @@ mod tests {
         assert!(unary.encoded_len() <= bound);
         for row in rows {
             let alone = v1::ClaimResponse {
-                messages: vec![message(row.clone())],
+                messages: vec![message(row.clone(), &"h".repeat(MAX_HOLDER_BYTES))],
                 lease_expires_at: None,
                 paused: false,
                 paused_topics: Vec::new(),

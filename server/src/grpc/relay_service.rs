@@ -16,13 +16,17 @@ use super::status::to_status;
 use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
+use crate::relay::lease_token::{self, LeaseToken};
 use crate::relay::pause::ClaimScope;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
-use crate::relay::{validate_subscriber, validate_topics, Relay, RelayError, RelayResult};
+use crate::relay::{
+    limits, validate_subscriber, validate_topics, Outbox, Relay, RelayError, RelayResult,
+};
 use crate::security::limits::WindowReservation;
 use crate::security::Caller;
 use crate::storage::NackResult;
+use crate::telemetry::metrics::AnswerKind;
 
 /// How long a new stream may take to send its `open` message.
 const OPEN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -113,7 +117,16 @@ impl v1::relay_server::Relay for RelayService {
         };
         let (answers_tx, answers_rx) = answer_queue();
         let (events_tx, events_rx) = mpsc::channel(EVENT_BUFFER);
-        tokio::spawn(read_answers(inbound, answers_tx, window.clone()));
+        let require_tokens = outbox
+            .config
+            .require_lease_tokens
+            .then(|| outbox.name.clone());
+        tokio::spawn(read_answers(
+            inbound,
+            answers_tx,
+            window.clone(),
+            require_tokens,
+        ));
         let span =
             tracing::info_span!("subscribe", outbox = %outbox.name, subscriber = ?spec.subscriber);
         let subscription = subscription::run(
@@ -156,9 +169,10 @@ impl v1::relay_server::Relay for RelayService {
             let budget = bytes.expect("a budget: room is bounded");
             return Err(Status::resource_exhausted(budget.exhausted(None)));
         }
+        let holder = unary_holder(&caller, &request.worker_id)?;
         let (claimed, left_out) = outbox
             .claim_within(
-                &request.worker_id,
+                &holder,
                 request.batch_size,
                 lease,
                 &request.topics,
@@ -176,7 +190,11 @@ impl v1::relay_server::Relay for RelayService {
         let paused = claimed.messages.is_empty()
             && ClaimScope::of(&request.topics, &pauses) == ClaimScope::Paused;
         Ok(Response::new(v1::ClaimResponse {
-            messages: claimed.messages.into_iter().map(convert::message).collect(),
+            messages: claimed
+                .messages
+                .into_iter()
+                .map(|message| convert::message(message, &holder))
+                .collect(),
             lease_expires_at: Some(timestamp(claimed.lease_expires_at)),
             paused,
             paused_topics: pauses.topic_names(),
@@ -190,8 +208,14 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        let (acked, fenced) = outbox.ack(&request.worker_id, &request.ids).await?;
-        Ok(Response::new(v1::AckResponse { acked, fenced }))
+        let holder = unary_holder(&caller, &request.worker_id)?;
+        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
+        let (ids, stale) = current(outbox, AnswerKind::Ack, &holder, tokened).await?;
+        let (acked, fenced) = outbox.ack(&holder, &ids).await?;
+        Ok(Response::new(v1::AckResponse {
+            acked,
+            fenced: merged(fenced, stale),
+        }))
     }
 
     async fn nack(
@@ -202,9 +226,13 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let delay = request.retry_delay_ms.map(Duration::from_millis);
-        let result = outbox
-            .nack(&request.worker_id, request.id, &request.error, delay)
-            .await?;
+        let holder = unary_holder(&caller, &request.worker_id)?;
+        let tokened = one_answer(outbox, request.id, &request.lease_token)?;
+        let (ids, _) = current(outbox, AnswerKind::Nack, &holder, tokened).await?;
+        let result = match ids[..] {
+            [id] => outbox.nack(&holder, id, &request.error, delay).await?,
+            _ => NackResult::Fenced,
+        };
         let response = match result {
             NackResult::Retried { retry_at, released } => v1::NackResponse {
                 outcome: v1::NackOutcome::RetryScheduled.into(),
@@ -233,10 +261,14 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
-        let (released, fenced) = outbox
-            .release(&request.worker_id, &request.ids, delay)
-            .await?;
-        Ok(Response::new(v1::ReleaseResponse { released, fenced }))
+        let holder = unary_holder(&caller, &request.worker_id)?;
+        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
+        let (ids, stale) = current(outbox, AnswerKind::Release, &holder, tokened).await?;
+        let (released, fenced) = outbox.release(&holder, &ids, delay).await?;
+        Ok(Response::new(v1::ReleaseResponse {
+            released,
+            fenced: merged(fenced, stale),
+        }))
     }
 
     async fn dead_letter(
@@ -246,9 +278,13 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        let dead_lettered = outbox
-            .dead_letter(&request.worker_id, request.id, &request.error)
-            .await?;
+        let holder = unary_holder(&caller, &request.worker_id)?;
+        let tokened = one_answer(outbox, request.id, &request.lease_token)?;
+        let (ids, _) = current(outbox, AnswerKind::DeadLetter, &holder, tokened).await?;
+        let dead_lettered = match ids[..] {
+            [id] => outbox.dead_letter(&holder, id, &request.error).await?,
+            _ => false,
+        };
         Ok(Response::new(v1::DeadLetterResponse { dead_lettered }))
     }
 
@@ -260,15 +296,84 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
-        let (extended, fenced) = outbox
-            .extend_lease(&request.worker_id, &request.ids, lease)
-            .await?;
+        let holder = unary_holder(&caller, &request.worker_id)?;
+        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
+        let (ids, stale) = current(outbox, AnswerKind::ExtendLease, &holder, tokened).await?;
+        let (extended, fenced) = outbox.extend_lease(&holder, &ids, lease).await?;
         Ok(Response::new(v1::ExtendLeaseResponse {
             extended: extended.ids.into_vec(),
-            fenced,
+            fenced: merged(fenced, stale),
             lease_expires_at: Some(timestamp(extended.lease_expires_at)),
         }))
     }
+}
+
+/// The lease holder a unary call claims and answers for: its `worker_id`, namespaced by
+/// the caller's identity so that no identity reaches another's leases
+/// (docs/lease-tokens.md).
+fn unary_holder(caller: &Caller, worker_id: &str) -> RelayResult<String> {
+    limits::name("worker_id", worker_id)?;
+    let identity = caller.identity().map(|identity| identity.name.as_str());
+    let holder = lease_token::holder(identity, worker_id);
+    limits::holder(&holder)?;
+    Ok(holder)
+}
+
+/// The ids of an unary answer and the deliveries its tokens name, if it sent tokens;
+/// refused without tokens where the outbox requires them.
+fn answer_ids(
+    outbox: &Outbox,
+    ids: &[i64],
+    tokens: &[String],
+) -> Result<(Vec<i64>, Option<Vec<LeaseToken>>), Status> {
+    let (ids, tokens) = lease_token::answer_ids(ids, tokens).map_err(Status::invalid_argument)?;
+    if tokens.is_none() && !ids.is_empty() && outbox.config.require_lease_tokens {
+        return Err(Status::invalid_argument(format!(
+            "outbox `{name}` requires lease tokens (outboxes.{name}.require_lease_tokens): \
+             send each message's lease_token back with its answer",
+            name = outbox.name
+        )));
+    }
+    Ok((ids, tokens))
+}
+
+/// [`answer_ids`] of a one-message answer (nack, dead-letter): `id`, its token, or both.
+fn one_answer(
+    outbox: &Outbox,
+    id: i64,
+    token: &str,
+) -> Result<(Vec<i64>, Option<Vec<LeaseToken>>), Status> {
+    let ids: &[i64] = if id == 0 && !token.is_empty() {
+        &[]
+    } else {
+        &[id]
+    };
+    let tokens: Vec<String> = match token {
+        "" => Vec::new(),
+        token => vec![token.to_owned()],
+    };
+    answer_ids(outbox, ids, &tokens)
+}
+
+/// The ids to apply an answer to, and those fenced already because their token names a
+/// delivery the holder no longer has.
+async fn current(
+    outbox: &Outbox,
+    kind: AnswerKind,
+    holder: &str,
+    (ids, tokens): (Vec<i64>, Option<Vec<LeaseToken>>),
+) -> RelayResult<(Vec<i64>, Vec<i64>)> {
+    match tokens {
+        None => Ok((ids, Vec::new())),
+        Some(tokens) => outbox.current_deliveries(kind, holder, &tokens).await,
+    }
+}
+
+/// Fenced ids of the storage and of the token check, in id order.
+fn merged(mut fenced: Vec<i64>, stale: Vec<i64>) -> Vec<i64> {
+    fenced.extend(stale);
+    fenced.sort_unstable();
+    fenced
 }
 
 /// Forwards the subscriber's answers to its subscription as soon as they arrive, however
@@ -283,6 +388,7 @@ async fn read_answers(
     mut inbound: Streaming<v1::SubscribeRequest>,
     answers: AnswerSender,
     window: Option<Arc<WindowReservation>>,
+    require_tokens: Option<String>,
 ) {
     loop {
         // Stop reading once the subscription has ended, so the request stream is dropped
@@ -305,12 +411,14 @@ async fn read_answers(
                 return;
             }
         };
-        let answer = answer(request).and_then(|answer| match (&answer, &window) {
-            (Answer::SetWindow(size), Some(window)) => window
-                .resize(*size)
-                .map(|()| answer)
-                .map_err(|status| RelayError::ResourceExhausted(status.message().to_owned())),
-            _ => Ok(answer),
+        let answer = answer(request, require_tokens.as_deref()).and_then(|answer| {
+            match (&answer, &window) {
+                (Answer::SetWindow(size), Some(window)) => window
+                    .resize(*size)
+                    .map(|()| answer)
+                    .map_err(|status| RelayError::ResourceExhausted(status.message().to_owned())),
+                _ => Ok(answer),
+            }
         });
         let malformed = answer.is_err();
         match answers.send(answer) {
@@ -326,26 +434,54 @@ async fn read_answers(
     }
 }
 
-fn answer(request: v1::SubscribeRequest) -> RelayResult<Answer> {
+/// A stream's answer as the subscription takes it. Its lease tokens name rows of this
+/// stream's holder, which fences every answer in the table: a token is read for its id
+/// (one per id, in order), and a stream of an outbox with `require_lease_tokens` must
+/// send them.
+fn answer(request: v1::SubscribeRequest, require_tokens: Option<&str>) -> RelayResult<Answer> {
     use subscribe_request::Request as R;
     let invalid = |text: &str| Err(RelayError::InvalidArgument(text.to_owned()));
+    let ids = |ids: Vec<i64>, tokens: Vec<String>| -> RelayResult<Vec<i64>> {
+        let (ids, tokens) =
+            lease_token::answer_ids(&ids, &tokens).map_err(RelayError::InvalidArgument)?;
+        match (tokens, require_tokens) {
+            (None, Some(outbox)) if !ids.is_empty() => Err(RelayError::InvalidArgument(format!(
+                "outbox `{outbox}` requires lease tokens (outboxes.{outbox}.require_lease_tokens): \
+                 send each message's lease_token back with its answer"
+            ))),
+            _ => Ok(ids),
+        }
+    };
+    let id = |id: i64, token: String| -> RelayResult<i64> {
+        let tokens = if token.is_empty() {
+            vec![]
+        } else {
+            vec![token]
+        };
+        let given = if id == 0 && !tokens.is_empty() {
+            vec![]
+        } else {
+            vec![id]
+        };
+        Ok(ids(given, tokens)?[0])
+    };
     match request.request {
-        Some(R::Ack(ack)) => Ok(Answer::Ack(ack.ids)),
+        Some(R::Ack(ack)) => Ok(Answer::Ack(ids(ack.ids, ack.lease_tokens)?)),
         Some(R::Nack(nack)) => Ok(Answer::Nack {
-            id: nack.id,
+            id: id(nack.id, nack.lease_token)?,
             error: nack.error,
             delay: nack.retry_delay_ms.map(Duration::from_millis),
         }),
         Some(R::Release(release)) => Ok(Answer::Release {
-            ids: release.ids,
+            ids: ids(release.ids, release.lease_tokens)?,
             delay: Duration::from_millis(release.retry_delay_ms.unwrap_or(0)),
         }),
         Some(R::DeadLetter(dead)) => Ok(Answer::DeadLetter {
-            id: dead.id,
+            id: id(dead.id, dead.lease_token)?,
             error: dead.error,
         }),
         Some(R::ExtendLease(extend)) => Ok(Answer::ExtendLease {
-            ids: extend.ids,
+            ids: ids(extend.ids, extend.lease_tokens)?,
             lease: Duration::from_millis(extend.lease_ms),
         }),
         Some(R::SetWindow(window)) => Ok(Answer::SetWindow(window.max_in_flight)),

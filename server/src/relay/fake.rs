@@ -263,6 +263,20 @@ impl Storage for FakeStorage {
         })
     }
 
+    async fn held_attempts(
+        &self,
+        ids: &SortedIds,
+        owner: &str,
+    ) -> StorageResult<Vec<(MessageId, u32)>> {
+        let state = self.lock();
+        Ok(ids
+            .iter()
+            .filter_map(|id| state.rows.get(id).map(|row| (*id, row)))
+            .filter(|(_, row)| !row.done && row.leased_by.as_deref() == Some(owner))
+            .map(|(id, row)| (id, row.attempts))
+            .collect())
+    }
+
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         self.enter(Op::Ack).await;
         let applied = self.held_by(ids, owner, |row| row.done = true);

@@ -30,6 +30,9 @@ pub const MAX_IDS: usize = MAX_WINDOW as usize;
 pub const MAX_TOPICS: usize = 100;
 /// Longest worker id or subscriber name.
 pub const MAX_NAME_BYTES: usize = 200;
+/// Longest lease holder as written to the table (a name namespaced by its identity, or a
+/// stream's name and id): what MySQL's `leased_by VARCHAR(255)` holds.
+pub const MAX_HOLDER_BYTES: usize = 255;
 /// Longest topic, in characters.
 pub const MAX_TOPIC_CHARS: usize = 255;
 pub use crate::storage::MAX_KEY_CHARS;
@@ -38,6 +41,19 @@ const MAX_ECHO_CHARS: usize = 64;
 
 fn invalid<T>(message: String) -> RelayResult<T> {
     Err(RelayError::InvalidArgument(message))
+}
+
+/// A lease holder as written to the table: a checked name with what the relay adds.
+pub fn holder(value: &str) -> RelayResult<()> {
+    if value.len() > MAX_HOLDER_BYTES {
+        return invalid(format!(
+            "the lease holder {} is {} bytes long with its identity; at most \
+             {MAX_HOLDER_BYTES}: shorten worker_id, subscriber or the identity's name",
+            echo(value),
+            value.len()
+        ));
+    }
+    name("lease holder", value)
 }
 
 /// A lease owner's name: `worker_id` or `subscriber`.

@@ -12,6 +12,7 @@ pub mod drain;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod idle;
+pub mod lease_token;
 pub mod limits;
 pub mod pause;
 pub mod poller;
@@ -332,7 +333,7 @@ impl Outbox {
         max_bytes: usize,
         ahead: Option<HeldKeys>,
     ) -> RelayResult<(Claimed, Option<usize>)> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::topics(topics)?;
         if batch_size == 0 || batch_size > MAX_WINDOW {
             return Err(RelayError::InvalidArgument(format!(
@@ -483,7 +484,7 @@ impl Outbox {
         owner: &str,
         ids: &[MessageId],
     ) -> RelayResult<(Vec<MessageId>, Vec<MessageId>)> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::ids(ids)?;
         if ids.is_empty() {
             return Ok((Vec::new(), Vec::new()));
@@ -506,7 +507,7 @@ impl Outbox {
         error: &str,
         requested_delay: Option<Duration>,
     ) -> RelayResult<NackResult> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::text("error", error)?;
         let error = limits::truncate_error(error);
         let call = self
@@ -525,7 +526,7 @@ impl Outbox {
         owner: &str,
         nacks: &[NackRequest<'_>],
     ) -> RelayResult<Vec<NackResult>> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::ids(&nacks.iter().map(|n| n.id).collect::<Vec<_>>())?;
         let mut cut = Vec::with_capacity(nacks.len());
         for nack in nacks {
@@ -549,7 +550,7 @@ impl Outbox {
         ids: &[MessageId],
         delay: Duration,
     ) -> RelayResult<(Vec<MessageId>, Vec<MessageId>)> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::ids(ids)?;
         limits::release_delay(delay)?;
         if ids.is_empty() {
@@ -566,7 +567,7 @@ impl Outbox {
     /// True when dead-lettered, false when fenced.
     #[tracing::instrument(name = "outbox.dead_letter", skip_all, fields(outbox = %self.name))]
     pub async fn dead_letter(&self, owner: &str, id: MessageId, error: &str) -> RelayResult<bool> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::text("error", error)?;
         let call = self
             .storage
@@ -588,7 +589,7 @@ impl Outbox {
         ids: &[MessageId],
         lease: Duration,
     ) -> RelayResult<(Extended, Vec<MessageId>)> {
-        limits::name("worker_id", owner)?;
+        limits::holder(owner)?;
         limits::ids(ids)?;
         let sorted = SortedIds::from(ids);
         let call = self.storage.extend_lease(&sorted, owner, lease);
@@ -596,6 +597,37 @@ impl Outbox {
         let applied = extended.ids.to_vec();
         let (_, fenced) = self.split_fenced(AnswerKind::ExtendLease, ids, applied);
         Ok((extended, fenced))
+    }
+
+    /// Splits the deliveries `tokens` name into those `owner` still holds at the token's
+    /// attempt and the stale ones (another holder's, or an earlier delivery of a row
+    /// claimed again since), which are fenced and counted as `kind` answers
+    /// (docs/lease-tokens.md). Returns (current ids, stale ids), each in the tokens' order.
+    pub async fn current_deliveries(
+        &self,
+        kind: AnswerKind,
+        owner: &str,
+        tokens: &[lease_token::LeaseToken],
+    ) -> RelayResult<(Vec<MessageId>, Vec<MessageId>)> {
+        limits::holder(owner)?;
+        let ids: Vec<MessageId> = tokens.iter().map(|t| t.id).collect();
+        limits::ids(&ids)?;
+        let held: BTreeMap<MessageId, u32> = self
+            .counted(
+                self.storage
+                    .held_attempts(&SortedIds::from(&ids[..]), owner)
+                    .await,
+            )?
+            .into_iter()
+            .collect();
+        let (current, stale): (Vec<_>, Vec<_>) = tokens
+            .iter()
+            .partition(|t| t.holder == owner && held.get(&t.id) == Some(&t.attempt));
+        self.count_fenced(kind, stale.len());
+        Ok((
+            current.iter().map(|t| t.id).collect(),
+            stale.iter().map(|t| t.id).collect(),
+        ))
     }
 
     /// Gives back the leases of a subscriber that went away; attempts stay counted.

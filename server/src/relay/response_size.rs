@@ -13,6 +13,10 @@ pub const ENVELOPE_BYTES: usize = 64;
 /// (6), id (11), attempts (6), created_at (19), and the tags and lengths of topic, key
 /// and payload (6 each).
 const MESSAGE_OVERHEAD: usize = 64;
+/// A message's lease token (see `lease_token.rs`) at its longest: its tag and length (3),
+/// `v1.`, an id and an attempt with their dots, and a holder of
+/// [`super::limits::MAX_HOLDER_BYTES`].
+const TOKEN_BYTES: usize = 3 + 3 + 20 + 1 + 10 + 1 + super::limits::MAX_HOLDER_BYTES;
 /// A header's map entry: its tag and length, and those of its name and value (6 each).
 const HEADER_OVERHEAD: usize = 18;
 
@@ -24,6 +28,7 @@ pub fn message_bytes(message: &OutboxMessage) -> usize {
         .map(|(name, value)| HEADER_OVERHEAD + name.len() + value.len())
         .sum();
     MESSAGE_OVERHEAD
+        + TOKEN_BYTES
         + message.topic.len()
         + message.key.as_ref().map_or(0, String::len)
         + message.payload.len()

@@ -316,6 +316,15 @@ pub trait Storage: Send + Sync + 'static {
         self.claim(request).await
     }
 
+    /// `(id, attempts)` of the rows among `ids` that `owner` holds (pending, leased by it,
+    /// whether or not the lease ran out), in id order: what an answer with lease tokens
+    /// checks its tokens' attempts against (docs/lease-tokens.md).
+    async fn held_attempts(
+        &self,
+        ids: &SortedIds,
+        owner: &str,
+    ) -> StorageResult<Vec<(MessageId, u32)>>;
+
     /// Marks delivered (or deletes) the rows `owner` holds; returns the ids applied.
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds>;
 

@@ -137,6 +137,15 @@ impl Storage for Timed {
             .await
     }
 
+    async fn held_attempts(
+        &self,
+        ids: &SortedIds,
+        owner: &str,
+    ) -> StorageResult<Vec<(MessageId, u32)>> {
+        self.within("held_attempts", self.inner.held_attempts(ids, owner))
+            .await
+    }
+
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         self.within("ack", self.inner.ack(ids, owner)).await
     }

@@ -352,7 +352,10 @@ async fn subscribe(
                 arrivals.batches += 1;
                 arrivals.at.extend(ids.iter().map(|id| (*id, now)));
             }
-            let ack = Request::Ack(AckMessages { ids });
+            let ack = Request::Ack(AckMessages {
+                ids,
+                lease_tokens: Vec::new(),
+            });
             requests
                 .send(SubscribeRequest { request: Some(ack) })
                 .await?;

@@ -106,11 +106,18 @@ pub async fn acks_sent_back_to_back_are_each_confirmed(db: impl OutboxDb) {
     // One answer per message without waiting: the server may apply them together, but
     // confirms each answer on its own, in order.
     for id in &ids {
-        sub.send(Req::Ack(v1::AckMessages { ids: vec![*id] })).await;
+        sub.send(Req::Ack(v1::AckMessages {
+            ids: vec![*id],
+            lease_tokens: Default::default(),
+        }))
+        .await;
     }
     // A stale id among them is reported as fenced, in its own confirmation.
-    sub.send(Req::Ack(v1::AckMessages { ids: vec![ids[0]] }))
-        .await;
+    sub.send(Req::Ack(v1::AckMessages {
+        ids: vec![ids[0]],
+        lease_tokens: Default::default(),
+    }))
+    .await;
     let settled = tokio::time::timeout(DEADLINE, async {
         while sub.settled.len() < ids.len() + 1 {
             assert!(sub.pump().await.unwrap(), "stream ended");

@@ -39,6 +39,7 @@ async fn kill_all(server: &Server, worker: &str, error: impl Fn(i64) -> String) 
                     worker_id: worker.into(),
                     id: message.id,
                     error: error(message.id),
+                    lease_token: Default::default(),
                 })
                 .await
                 .unwrap()

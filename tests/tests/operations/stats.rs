@@ -28,6 +28,7 @@ pub async fn stats_count_retry_waiting_throughput_and_fenced_answers(db: impl Ou
         outbox: "orders".into(),
         worker_id: worker.into(),
         ids: vec![id],
+        lease_tokens: Default::default(),
     };
     assert_eq!(
         relay.ack(ack("w1", a)).await.unwrap().into_inner().acked,
@@ -40,6 +41,7 @@ pub async fn stats_count_retry_waiting_throughput_and_fenced_answers(db: impl Ou
             id: b,
             error: "broker busy".into(),
             retry_delay_ms: Some(60_000),
+            lease_token: Default::default(),
         })
         .await
         .unwrap()

@@ -268,6 +268,7 @@ async fn dead_letter_reads_are_audited() {
         worker_id: "w".into(),
         id,
         error: "poison".into(),
+        lease_token: Default::default(),
     };
     relay
         .dead_letter(with_token(dead, Some(SUBSCRIBER_TOKEN)))

@@ -358,7 +358,10 @@ async fn bytes_in_flight_hold_an_identitys_streams_back_until_answers_free_them(
 
 async fn ack(tx: &mpsc::Sender<v1::SubscribeRequest>, ids: Vec<i64>) {
     tx.send(v1::SubscribeRequest {
-        request: Some(Req::Ack(v1::AckMessages { ids })),
+        request: Some(Req::Ack(v1::AckMessages {
+            ids,
+            lease_tokens: Vec::new(),
+        })),
     })
     .await
     .unwrap();

@@ -56,7 +56,8 @@ async fn every_rpc(
         v1::AckRequest {
             outbox: o(),
             worker_id: w(),
-            ids: vec![1]
+            ids: vec![1],
+            lease_tokens: Default::default(),
         }
     );
     call!(
@@ -67,7 +68,8 @@ async fn every_rpc(
             worker_id: w(),
             id: 1,
             error: "e".into(),
-            retry_delay_ms: None
+            retry_delay_ms: None,
+            lease_token: Default::default(),
         }
     );
     call!(
@@ -77,7 +79,8 @@ async fn every_rpc(
             outbox: o(),
             worker_id: w(),
             ids: vec![1],
-            retry_delay_ms: None
+            retry_delay_ms: None,
+            lease_tokens: Default::default(),
         }
     );
     call!(
@@ -87,7 +90,8 @@ async fn every_rpc(
             outbox: o(),
             worker_id: w(),
             id: 1,
-            error: "e".into()
+            error: "e".into(),
+            lease_token: Default::default(),
         }
     );
     call!(
@@ -97,7 +101,8 @@ async fn every_rpc(
             outbox: o(),
             worker_id: w(),
             ids: vec![1],
-            lease_ms: 1000
+            lease_ms: 1000,
+            lease_tokens: Default::default(),
         }
     );
     call!(

@@ -8,7 +8,7 @@
 //! per key in order), and at exit the window is closed (`set_window(0)`) before the rest
 //! is given back, so the exit burns no attempt.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -102,6 +102,7 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
         unsettled: 0,
         held: BTreeSet::new(),
         untried: Vec::new(),
+        lease_tokens: HashMap::new(),
         printed: 0,
         ack: args.ack,
         count: args.count,
@@ -137,6 +138,8 @@ struct Tail {
     held: BTreeSet<i64>,
     /// Received but not printed (past --count): given back at exit.
     untried: Vec<i64>,
+    /// The lease token of every message not answered yet, sent back with its answer.
+    lease_tokens: HashMap<i64, String>,
     printed: u64,
     ack: bool,
     count: Option<u64>,
@@ -164,8 +167,13 @@ impl Tail {
             tokio::select! {
                 _ = signals.next() => return Ok(()),
                 _ = ticker.tick(), if !self.held.is_empty() => {
-                    let ids = self.held.iter().copied().collect();
-                    self.send(Request::ExtendLease(v1::ExtendLeases { ids, lease_ms: 0 }));
+                    let ids: Vec<i64> = self.held.iter().copied().collect();
+                    let lease_tokens = self.tokens_of(&ids, false);
+                    self.send(Request::ExtendLease(v1::ExtendLeases {
+                        ids,
+                        lease_ms: 0,
+                        lease_tokens,
+                    }));
                 }
                 response = inbound.message() => match response {
                     Ok(Some(v1::SubscribeResponse { response: Some(response) })) => {
@@ -183,12 +191,27 @@ impl Tail {
         }
     }
 
+    /// The lease tokens of `ids`, one per id in order (forgotten with `done`); none at
+    /// all when one is missing, since the server takes one per id or none.
+    fn tokens_of(&mut self, ids: &[i64], done: bool) -> Vec<String> {
+        ids.iter()
+            .map(|id| match done {
+                true => self.lease_tokens.remove(id),
+                false => self.lease_tokens.get(id).cloned(),
+            })
+            .map(|token| token.filter(|t| !t.is_empty()))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default()
+    }
+
     fn on_response(&mut self, response: Response) -> Result<(), Ended> {
         match response {
             Response::Batch(batch) => {
                 let mut acks = Vec::new();
                 let mut written = Ok(());
                 for message in batch.messages {
+                    self.lease_tokens
+                        .insert(message.id, message.lease_token.clone());
                     if self.done() || written.is_err() {
                         self.untried.push(message.id);
                         continue;
@@ -206,7 +229,11 @@ impl Tail {
                     }
                 }
                 if !acks.is_empty() {
-                    self.send(Request::Ack(v1::AckMessages { ids: acks }));
+                    let lease_tokens = self.tokens_of(&acks, true);
+                    self.send(Request::Ack(v1::AckMessages {
+                        ids: acks,
+                        lease_tokens,
+                    }));
                 }
                 written.map_err(Ended::Output)
             }
@@ -273,9 +300,11 @@ impl Tail {
             let mut ids: Vec<i64> = std::mem::take(&mut self.held).into_iter().collect();
             ids.append(&mut self.untried);
             if !ids.is_empty() {
+                let lease_tokens = self.tokens_of(&ids, true);
                 self.send(Request::Release(v1::ReleaseMessages {
                     ids,
                     retry_delay_ms: None,
+                    lease_tokens,
                 }));
                 self.settle(inbound).await;
             }
@@ -398,6 +427,7 @@ mod tests {
                 seconds: 0,
                 nanos: 0,
             }),
+            lease_token: Default::default(),
         };
         let value = line(&message);
         assert_eq!(value["payload"], "{\"a\":1}");

@@ -78,6 +78,7 @@ pub(in crate::subscriber) async fn open(
         running: HashMap::new(),
         task_ids: HashMap::new(),
         pending_acks: Vec::new(),
+        lease_tokens: HashMap::new(),
         draining: false,
         stopping: false,
     };

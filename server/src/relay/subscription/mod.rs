@@ -139,6 +139,8 @@ pub enum Event {
 #[derive(Debug)]
 pub struct Batch {
     pub claimed: Claimed,
+    /// The stream's lease holder, which the messages' lease tokens name.
+    pub holder: Arc<str>,
     /// Dropped when the batch is taken; the loop waits on the other end.
     _taken: Option<oneshot::Sender<()>>,
 }
@@ -147,6 +149,7 @@ impl From<Claimed> for Batch {
     fn from(claimed: Claimed) -> Self {
         Self {
             claimed,
+            holder: "".into(),
             _taken: None,
         }
     }
@@ -163,7 +166,10 @@ pub async fn run(
     events: mpsc::Sender<RelayResult<Event>>,
     drain: Drain,
 ) {
-    let owner: Arc<str> = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()).into();
+    // Unique to the stream, and namespaced by its identity (docs/lease-tokens.md).
+    let stream = format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple());
+    let owner: Arc<str> =
+        crate::relay::lease_token::holder(spec.identity.as_deref(), &stream).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let held = Held::new(outbox.metrics().in_flight.clone(), spec.bytes.clone());
     let registration = outbox.subscribers.register(&spec, &owner);
@@ -491,6 +497,7 @@ impl Subscription {
         };
         self.send(Event::Batch(Batch {
             claimed,
+            holder: Arc::clone(&self.owner),
             _taken: Some(taken),
         }))
         .await;

@@ -321,6 +321,30 @@ impl Storage for MySqlStorage {
         Ok(claimed)
     }
 
+    async fn held_attempts(
+        &self,
+        ids: &SortedIds,
+        owner: &str,
+    ) -> StorageResult<Vec<(MessageId, u32)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let statement = self.sql.held_attempts(ids.len());
+        let mut query = sqlx::query_as(&statement);
+        for id in ids {
+            query = query.bind(id);
+        }
+        let rows: Vec<(MessageId, i64)> = query
+            .bind(owner)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(self.error("held_attempts"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, attempts)| (id, crate::storage::rows::attempts(attempts)))
+            .collect())
+    }
+
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         if ids.is_empty() {
             return Ok(SortedIds::default());

@@ -575,6 +575,24 @@ impl Statements {
         )
     }
 
+    /// `(id, attempts)` of the `n` ids (then `?` owner) that the owner holds, locking
+    /// nothing.
+    pub fn held_attempts(&self, n: usize) -> String {
+        let Names {
+            id,
+            leased_by,
+            status,
+            attempts,
+            ..
+        } = &self.names;
+        format!(
+            "SELECT CAST({id} AS SIGNED), CAST({attempts} AS SIGNED) FROM {} {} \
+             AND {leased_by} = ? AND {status} = 'pending' ORDER BY {id}",
+            self.table,
+            locking_by_ids(&id.to_string(), n)
+        )
+    }
+
     /// Marks `n` held rows delivered.
     pub fn ack(&self, n: usize) -> String {
         let Names {

@@ -43,6 +43,8 @@ pub(super) struct Statements {
     delayed: bool,
     /// The messages of the ids `$1`, in id order, read once a strict claim committed.
     pub fetch: String,
+    /// `(id, attempts)` of the rows among `$1` that `$2` holds.
+    pub held_attempts: String,
     /// Acks return `(id, key)` of the rows they applied to.
     pub ack: String,
     pub ack_delete: String,
@@ -251,6 +253,9 @@ impl Statements {
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
                 message = message(&n, "o", shape.max_row_bytes)
+            ),
+            held_attempts: format!(
+                "SELECT {id}::int8, {attempts}::int4 FROM {t} {held} ORDER BY {id}"
             ),
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \

@@ -260,6 +260,26 @@ impl Storage for SqliteStorage {
         self.claim_rows(request).await
     }
 
+    async fn held_attempts(
+        &self,
+        ids: &SortedIds,
+        owner: &str,
+    ) -> StorageResult<Vec<(MessageId, u32)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(MessageId, i64)> = sqlx::query_as(&self.sql.held_attempts)
+            .bind(json_list(ids.as_slice()))
+            .bind(owner)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("held_attempts"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, attempts)| (id, crate::storage::rows::attempts(attempts)))
+            .collect())
+    }
+
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
         if ids.is_empty() {
             return Ok(SortedIds::default());

@@ -48,6 +48,8 @@ pub(super) struct Statements {
     pub probe_all: String,
     pub probe_topics: String,
     pub probe_except: String,
+    /// `(id, attempts)` of the held rows (see `held`), in id order.
+    pub held_attempts: String,
     pub ack: String,
     pub ack_delete: String,
     pub nack_select: String,
@@ -212,6 +214,7 @@ impl Statements {
             probe_topics: probe(&t, &c, shape, only),
             probe_except: probe(&t, &c, shape, except),
             // `?3` now.
+            held_attempts: format!("SELECT {id}, {attempts} FROM {t} {held} ORDER BY {id}"),
             ack: format!(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = ?3, {leased_by} = NULL \
                  {held} RETURNING {id}"
