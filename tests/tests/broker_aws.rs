@@ -157,37 +157,7 @@ async fn relay_sns_reaches_a_subscribed_queue_as_cloudevents_in_key_order() {
     let moto = Moto::start().await;
     let name = unique_name();
     let queue = moto.queue(&format!("{name}.fifo"), &[]).await;
-    let queue_arn = moto
-        .sqs()
-        .get_queue_attributes()
-        .queue_url(&queue)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes()
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let topic = moto
-        .sns()
-        .create_topic()
-        .name(format!("{name}.fifo"))
-        .attributes("FifoTopic", "true")
-        .send()
-        .await
-        .unwrap()
-        .topic_arn()
-        .unwrap()
-        .to_owned();
-    moto.sns()
-        .subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&queue_arn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .unwrap();
+    let topic = moto.topic_to_queue(&format!("{name}.fifo"), &queue).await;
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_keyed(&db, "orders.paid", 3, 4).await;

@@ -35,11 +35,14 @@ const ROWS: [(Option<&str>, &str); 5] = [
     (None, "newsletter sent"),
     (Some("customer-2"), "order 2 paid"),
 ];
+/// Answers without lease tokens are refused: the client must send each message's
+/// token back (docs/lease-tokens.md).
+const TOKENS_REQUIRED: &str = "require_lease_tokens = true";
 
 #[tokio::test]
 async fn node_subscriber_receives_and_acks_in_order() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     let ids = insert_rows(&db).await;
 
     let (lines, _) = run_to_end(spawn(&server.address, &["--count", "5"])).await;
@@ -64,7 +67,8 @@ async fn node_subscriber_receives_and_acks_in_order() {
 async fn node_subscriber_nacks_with_a_delay_and_sees_each_message_again_in_key_order() {
     let db = TestDb::new().await;
     let fast_retries = "backoff.base = \"100ms\"\nbackoff.jitter = 0.0";
-    let server = Server::start_serving(&db.config(fast_retries)).await;
+    let server =
+        Server::start_serving(&db.config(&format!("{fast_retries}\n{TOKENS_REQUIRED}"))).await;
     let ids = insert_rows(&db).await;
 
     let args = ["--count", "5", "--nack-first-attempt"];
@@ -110,7 +114,7 @@ async fn node_subscriber_nacks_with_a_delay_and_sees_each_message_again_in_key_o
 #[tokio::test]
 async fn node_subscriber_extends_leases_while_a_publish_is_slow() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     for n in 0..3 {
         db.insert(
             "orders.created",
@@ -229,7 +233,7 @@ async fn node_subscriber_answers_what_it_holds_during_a_drain_then_reconnects() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn node_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     let ids = insert_one_key(&db, 3).await;
 
     // Slow enough that the first publish is still in progress when SIGTERM arrives, on a

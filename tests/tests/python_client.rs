@@ -37,11 +37,14 @@ const ROWS: [(Option<&str>, &str); 5] = [
     (None, "newsletter sent"),
     (Some("customer-2"), "order 2 paid"),
 ];
+/// Answers without lease tokens are refused: the client must send each message's
+/// token back (docs/lease-tokens.md).
+const TOKENS_REQUIRED: &str = "require_lease_tokens = true";
 
 #[tokio::test]
 async fn python_subscriber_receives_and_acks_in_order() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     let ids = insert_rows(&db).await;
 
     let lines = run_subscriber(&server, &["--count", "5"]).await;
@@ -67,7 +70,8 @@ async fn python_subscriber_receives_and_acks_in_order() {
 async fn python_subscriber_sees_each_nacked_message_again() {
     let db = TestDb::new().await;
     let fast_retries = "backoff.base = \"100ms\"\nbackoff.jitter = 0.0";
-    let server = Server::start_serving(&db.config(fast_retries)).await;
+    let server =
+        Server::start_serving(&db.config(&format!("{fast_retries}\n{TOKENS_REQUIRED}"))).await;
     let ids = insert_rows(&db).await;
 
     let lines = run_subscriber(&server, &["--count", "5", "--nack-first-attempt"]).await;
@@ -152,7 +156,7 @@ async fn python_subscriber_with_default_options_takes_megabyte_rows() {
 #[tokio::test]
 async fn python_subscriber_extends_leases_while_a_publish_is_slow() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     let mut ids = Vec::new();
     for n in 0..3 {
         let payload = format!("slow {n}");
@@ -251,7 +255,7 @@ async fn python_subscriber_answers_what_it_holds_during_a_drain_then_reconnects(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_subscriber_on_sigterm_acks_the_publish_in_progress_and_releases_the_rest() {
     let db = TestDb::new().await;
-    let server = Server::start_serving(&db.config("")).await;
+    let server = Server::start_serving(&db.config(TOKENS_REQUIRED)).await;
     let ids = insert_one_key(&db, 3).await;
     let args = ["--publish-delay-ms", "3000", "--lease-ms", "900"];
     let child = spawn_script(&with_server(&server.address, &args));

@@ -72,28 +72,30 @@ export class Session {
   answer(message: Message, error: unknown): SubscribeRequest[] {
     this.publishing = null;
     if (this.halfClosed || !this.held.delete(message.id)) return []; // its lease ran out
-    if (error === undefined) return [{ ack: { ids: [message.id] } }];
+    const lease_token = message.leaseToken;
+    const lease_tokens = tokens([message]);
+    if (error === undefined) return [{ ack: { ids: [message.id], lease_tokens } }];
     if (error instanceof DeadLetter) {
       return [
-        { dead_letter: { id: message.id, error: errorText(error.message) } },
+        { dead_letter: { id: message.id, error: errorText(error.message), lease_token } },
         ...this.giveBackRestOf(message.key),
       ];
     }
     if (error instanceof Release) {
       const release = error.delayMs > 0
-        ? { ids: [message.id], retry_delay_ms: Math.round(error.delayMs) }
-        : { ids: [message.id] };
+        ? { ids: [message.id], retry_delay_ms: Math.round(error.delayMs), lease_tokens }
+        : { ids: [message.id], lease_tokens };
       return [{ release }, ...this.giveBackRestOf(message.key)];
     }
     this.laterOf(message.key); // the server gives back the later messages of the key
     if (error instanceof Nack) {
       const nack = error.retryAfterMs === undefined
-        ? { id: message.id, error: errorText(error.message) }
-        : { id: message.id, error: errorText(error.message), retry_delay_ms: Math.max(0, Math.round(error.retryAfterMs)) };
+        ? { id: message.id, error: errorText(error.message), lease_token }
+        : { id: message.id, error: errorText(error.message), retry_delay_ms: Math.max(0, Math.round(error.retryAfterMs)), lease_token };
       return [{ nack }];
     }
     const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
-    return [{ nack: { id: message.id, error: errorText(text) } }];
+    return [{ nack: { id: message.id, error: errorText(text), lease_token } }];
   }
 
   onLeasesExpired(ids: string[]): SubscribeRequest[] {
@@ -111,7 +113,10 @@ export class Session {
    * closing, the one publishing: its lease must outlast its publish). */
   extension(): SubscribeRequest | null {
     if (!this.held.size || this.halfClosed || this.leaseMs <= 0) return null;
-    return { extend_lease: { ids: [...this.held.keys()], lease_ms: this.leaseMs } };
+    const held = [...this.held.values()];
+    return {
+      extend_lease: { ids: held.map((m) => m.id), lease_ms: this.leaseMs, lease_tokens: tokens(held) },
+    };
   }
 
   /** Takes nothing new and gives back what is untouched (attempt refunded); the caller
@@ -120,10 +125,12 @@ export class Session {
     if (this.closing || this.halfClosed) return [];
     this.closing = true;
     this.queue = [];
-    const untouched = [...this.held.keys()].filter((id) => id !== this.publishing);
-    for (const id of untouched) this.held.delete(id);
+    const untouched = [...this.held.values()].filter((m) => m.id !== this.publishing);
+    for (const message of untouched) this.held.delete(message.id);
     const requests: SubscribeRequest[] = [{ set_window: { max_in_flight: 0 } }];
-    if (untouched.length) requests.push({ release: { ids: untouched } });
+    if (untouched.length) {
+      requests.push({ release: { ids: untouched.map((m) => m.id), lease_tokens: tokens(untouched) } });
+    }
     return requests;
   }
 
@@ -140,8 +147,9 @@ export class Session {
   }
 
   private giveBackRestOf(key: string | null): SubscribeRequest[] {
-    const ids = this.laterOf(key).map((m) => m.id);
-    return ids.length ? [{ release: { ids } }] : [];
+    const later = this.laterOf(key);
+    if (!later.length) return [];
+    return [{ release: { ids: later.map((m) => m.id), lease_tokens: tokens(later) } }];
   }
 }
 
@@ -157,7 +165,15 @@ function toMessage(proto: Message__Output): Message {
     headers: proto.headers ?? {},
     attempts: proto.attempts,
     createdAt: new Date(seconds * 1000 + Math.floor(nanos / 1e6)),
+    leaseToken: proto.lease_token ?? '',
   };
+}
+
+/** The lease tokens of `messages`, one per message in order; none at all when one is
+ * missing (a server before lease tokens), since the server takes one per id or none. */
+function tokens(messages: Message[]): string[] {
+  const all = messages.map((m) => m.leaseToken);
+  return all.every((token) => token) ? all : [];
 }
 
 /** An error text the server stores: no NUL (PostgreSQL cannot store it), at most 8 KiB. */

@@ -14,6 +14,10 @@ export interface Message {
   attempts: number;
   /** When the producer inserted the row (the database's clock). */
   createdAt: Date;
+  /** Names this delivery (row, attempt, lease holder); opaque. The subscriber sends it
+   * back with the message's answer, so the answer applies to this delivery only
+   * (docs/lease-tokens.md). Empty from a server before lease tokens. */
+  leaseToken: string;
 }
 
 // Outcomes other than an ack: a handler throws one. Returning (resolving) acks the

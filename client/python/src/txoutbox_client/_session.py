@@ -71,23 +71,26 @@ class Session:
         self.publishing = None
         if self.half_closed or self.held.pop(message.id, None) is None:
             return []  # its lease ran out: someone else may have it now
+        token = message.lease_token
         if error is None:
-            return [pb.SubscribeRequest(ack=pb.AckMessages(ids=[message.id]))]
+            return [pb.SubscribeRequest(ack=pb.AckMessages(
+                ids=[message.id], lease_tokens=_tokens([message])))]
         if isinstance(error, DeadLetter):
             request = pb.SubscribeRequest(dead_letter=pb.DeadLetterMessage(
-                id=message.id, error=_text(error.error)))
+                id=message.id, error=_text(error.error), lease_token=token))
             return [request, *self._give_back_rest_of(message.key)]
         if isinstance(error, Release):
-            release = pb.ReleaseMessages(ids=[message.id])
+            release = pb.ReleaseMessages(ids=[message.id], lease_tokens=_tokens([message]))
             if error.delay > 0:
                 release.retry_delay_ms = round(error.delay * 1000)
             return [pb.SubscribeRequest(release=release), *self._give_back_rest_of(message.key)]
         if isinstance(error, Nack):
-            nack = pb.NackMessage(id=message.id, error=_text(error.error))
+            nack = pb.NackMessage(id=message.id, error=_text(error.error), lease_token=token)
             if error.retry_after is not None:
                 nack.retry_delay_ms = max(0, round(error.retry_after * 1000))
         else:
-            nack = pb.NackMessage(id=message.id, error=_text(f"{type(error).__name__}: {error}"))
+            nack = pb.NackMessage(id=message.id, error=_text(f"{type(error).__name__}: {error}"),
+                                  lease_token=token)
         # The server gives back the later messages of the key this stream holds.
         self._drop_rest_of(message.key)
         return [pb.SubscribeRequest(nack=nack)]
@@ -106,7 +109,8 @@ class Session:
         if not self.held or self.half_closed or self.lease_ms <= 0:
             return None
         return pb.SubscribeRequest(extend_lease=pb.ExtendLeases(
-            ids=list(self.held), lease_ms=self.lease_ms))
+            ids=list(self.held), lease_ms=self.lease_ms,
+            lease_tokens=_tokens(self.held.values())))
 
     def close(self) -> List[pb.SubscribeRequest]:
         """Takes nothing new and gives back what is untouched (attempt refunded). The
@@ -115,12 +119,13 @@ class Session:
             return []
         self.closing = True
         self.queue.clear()
-        untouched = [id for id in self.held if id != self.publishing]
-        for id in untouched:
-            del self.held[id]
+        untouched = [m for id, m in self.held.items() if id != self.publishing]
+        for message in untouched:
+            del self.held[message.id]
         requests = [pb.SubscribeRequest(set_window=pb.SetWindow(max_in_flight=0))]
         if untouched:
-            requests.append(pb.SubscribeRequest(release=pb.ReleaseMessages(ids=untouched)))
+            requests.append(pb.SubscribeRequest(release=pb.ReleaseMessages(
+                ids=[m.id for m in untouched], lease_tokens=_tokens(untouched))))
         return requests
 
     @property
@@ -140,8 +145,19 @@ class Session:
         self._later_of(key)
 
     def _give_back_rest_of(self, key: Optional[str]) -> List[pb.SubscribeRequest]:
-        ids = [m.id for m in self._later_of(key)]
-        return [pb.SubscribeRequest(release=pb.ReleaseMessages(ids=ids))] if ids else []
+        later = self._later_of(key)
+        if not later:
+            return []
+        return [pb.SubscribeRequest(release=pb.ReleaseMessages(
+            ids=[m.id for m in later], lease_tokens=_tokens(later)))]
+
+
+def _tokens(messages: Iterable[Message]) -> List[str]:
+    """The lease tokens of ``messages``, one per message in order; none at all when one
+    is missing (a server before lease tokens), since the server takes one per id or
+    none."""
+    tokens = [m.lease_token for m in messages]
+    return tokens if all(tokens) else []
 
 
 def settled_event(settled) -> Settled:

@@ -24,6 +24,10 @@ class Message:
     attempts: int
     #: When the producer inserted the row (the database's clock), in UTC.
     created_at: datetime.datetime
+    #: Names this delivery (row, attempt, lease holder); opaque. The subscriber sends it
+    #: back with the message's answer, so the answer applies to this delivery only
+    #: (docs/lease-tokens.md). Empty from a server before lease tokens.
+    lease_token: str = ""
 
     def payload_text(self) -> str:
         """The payload as UTF-8 text (``UnicodeDecodeError`` when it is not)."""
@@ -39,6 +43,7 @@ class Message:
             headers=dict(message.headers),
             attempts=message.attempts,
             created_at=message.created_at.ToDatetime(tzinfo=datetime.timezone.utc),
+            lease_token=message.lease_token,
         )
 
 
