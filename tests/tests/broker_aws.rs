@@ -43,8 +43,8 @@ fn env() -> Vec<(&'static str, &'static str)> {
 }
 
 /// A FIFO queue: every row arrives; each key's messages in order, in the key's message
-/// group; the message id is the deduplication id; keyless rows each in a group of their
-/// own (the message id).
+/// group; the message id (behind `--msg-id-prefix`) is the deduplication id; keyless rows
+/// each in a group of their own (the message id).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     let moto = Moto::start().await;
@@ -58,7 +58,14 @@ async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     ];
 
     let endpoint = moto.endpoint();
-    let args = ["--sqs", &queue, "--aws-endpoint", &endpoint];
+    let args = [
+        "--sqs",
+        &queue,
+        "--aws-endpoint",
+        &endpoint,
+        "--msg-id-prefix",
+        "orders-",
+    ];
     let total = ids.len() + keyless.len();
     let status = relay_until_done_with_env(&server, &db, total, &args, &env()).await;
     assert_eq!(status.code(), Some(0));
@@ -68,8 +75,8 @@ async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     for message in &received {
         let sent = delivered(message);
         assert_eq!(
-            message.deduplication_id.as_deref(),
-            Some(sent.id.to_string().as_str()),
+            message.deduplication_id,
+            Some(format!("orders-{}", sent.id)),
             "{message:?}"
         );
         match &sent.key {
