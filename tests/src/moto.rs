@@ -137,6 +137,43 @@ impl Moto {
         created.queue_url().unwrap().to_owned()
     }
 
+    /// Creates the topic `name` (FIFO if it ends with `.fifo`) with the queue at
+    /// `queue_url` subscribed with raw message delivery; returns the topic's ARN.
+    pub async fn topic_to_queue(&self, name: &str, queue_url: &str) -> String {
+        let queue_arn = self
+            .sqs()
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("get_queue_attributes")
+            .attributes()
+            .and_then(|attributes| attributes.get(&QueueAttributeName::QueueArn).cloned())
+            .expect("the queue's ARN");
+        let mut create = self.sns().create_topic().name(name);
+        if name.ends_with(".fifo") {
+            create = create.attributes("FifoTopic", "true");
+        }
+        let topic = create
+            .send()
+            .await
+            .expect("create_topic")
+            .topic_arn()
+            .unwrap()
+            .to_owned();
+        self.sns()
+            .subscribe()
+            .topic_arn(&topic)
+            .protocol("sqs")
+            .endpoint(&queue_arn)
+            .attributes("RawMessageDelivery", "true")
+            .send()
+            .await
+            .expect("subscribe");
+        topic
+    }
+
     /// Receives (and deletes) messages from `queue_url` until `count` arrived, in the
     /// order SQS handed them out.
     pub async fn receive(&self, queue_url: &str, count: usize) -> Vec<Received> {

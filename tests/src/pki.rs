@@ -62,6 +62,44 @@ impl Ca {
         self.issue(client_params(common_name), dir, name)
     }
 
+    /// A client certificate with this serial number, which a revocation list names.
+    pub fn client_with_serial(
+        &self,
+        dir: &Path,
+        name: &str,
+        common_name: &str,
+        serial: u64,
+    ) -> Pair {
+        let mut params = client_params(common_name);
+        params.serial_number = Some(serial.into());
+        self.issue(params, dir, name)
+    }
+
+    /// Writes `dir/NAME.pem`: this CA's revocation list of the certificates with these
+    /// serial numbers, valid from 2024 to 2099.
+    pub fn crl(&self, dir: &Path, name: &str, revoked: &[u64]) -> PathBuf {
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2024, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|serial| rcgen::RevokedCertParams {
+                    serial_number: (*serial).into(),
+                    revocation_time: rcgen::date_time_ymd(2024, 1, 1),
+                    reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        let crl = params.signed_by(&self.cert, &self.key).unwrap();
+        let path = dir.join(format!("{name}.pem"));
+        std::fs::write(&path, crl.pem().unwrap()).unwrap();
+        path
+    }
+
     /// A client certificate that ran out in 2021.
     pub fn expired_client(&self, dir: &Path, name: &str, common_name: &str) -> Pair {
         let mut params = client_params(common_name);

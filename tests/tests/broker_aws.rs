@@ -43,8 +43,8 @@ fn env() -> Vec<(&'static str, &'static str)> {
 }
 
 /// A FIFO queue: every row arrives; each key's messages in order, in the key's message
-/// group; the message id is the deduplication id; keyless rows each in a group of their
-/// own (the message id).
+/// group; the message id (behind `--msg-id-prefix`) is the deduplication id; keyless rows
+/// each in a group of their own (the message id).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     let moto = Moto::start().await;
@@ -58,7 +58,14 @@ async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     ];
 
     let endpoint = moto.endpoint();
-    let args = ["--sqs", &queue, "--aws-endpoint", &endpoint];
+    let args = [
+        "--sqs",
+        &queue,
+        "--aws-endpoint",
+        &endpoint,
+        "--msg-id-prefix",
+        "orders-",
+    ];
     let total = ids.len() + keyless.len();
     let status = relay_until_done_with_env(&server, &db, total, &args, &env()).await;
     assert_eq!(status.code(), Some(0));
@@ -68,8 +75,8 @@ async fn relay_sqs_fifo_keeps_key_order_in_groups_deduplicated_by_id() {
     for message in &received {
         let sent = delivered(message);
         assert_eq!(
-            message.deduplication_id.as_deref(),
-            Some(sent.id.to_string().as_str()),
+            message.deduplication_id,
+            Some(format!("orders-{}", sent.id)),
             "{message:?}"
         );
         match &sent.key {
@@ -157,37 +164,7 @@ async fn relay_sns_reaches_a_subscribed_queue_as_cloudevents_in_key_order() {
     let moto = Moto::start().await;
     let name = unique_name();
     let queue = moto.queue(&format!("{name}.fifo"), &[]).await;
-    let queue_arn = moto
-        .sqs()
-        .get_queue_attributes()
-        .queue_url(&queue)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes()
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let topic = moto
-        .sns()
-        .create_topic()
-        .name(format!("{name}.fifo"))
-        .attributes("FifoTopic", "true")
-        .send()
-        .await
-        .unwrap()
-        .topic_arn()
-        .unwrap()
-        .to_owned();
-    moto.sns()
-        .subscribe()
-        .topic_arn(&topic)
-        .protocol("sqs")
-        .endpoint(&queue_arn)
-        .attributes("RawMessageDelivery", "true")
-        .send()
-        .await
-        .unwrap();
+    let topic = moto.topic_to_queue(&format!("{name}.fifo"), &queue).await;
     let db = TestDb::new().await;
     let server = Server::start_serving(&db.config("")).await;
     let ids = insert_keyed(&db, "orders.paid", 3, 4).await;

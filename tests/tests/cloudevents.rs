@@ -24,6 +24,7 @@ use txoutbox_client::nats::NatsPublisher;
 use txoutbox_client::redis_stream::redis::streams::StreamRangeReply;
 use txoutbox_client::redis_stream::redis::{self, AsyncCommands};
 use txoutbox_client::redis_stream::RedisStreamPublisher;
+use txoutbox_client::sns::SnsPublisher;
 use txoutbox_client::sqs::SqsPublisher;
 use txoutbox_client::webhook::WebhookPublisher;
 use txoutbox_client::{Message, Publisher};
@@ -379,6 +380,33 @@ async fn sqs_events_are_read_by_the_sdk() {
         let read = read_back("sqs", &attributes, None, received.body.as_bytes());
         if structured {
             assert_eq!(attributes.len(), 1, "only the content type: {attributes:?}");
+            assert_event(&read, "orders.paid", mode);
+        } else {
+            assert_event_without(&read, "orders.paid", mode, &["txoutboxid", "txoutboxkey"]);
+        }
+    }
+}
+
+/// SNS (moto), as SQS: read from a queue subscribed with raw message delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sns_events_are_read_by_the_sdk() {
+    let moto = Moto::start().await;
+    let name = unique_name();
+    let queue = moto.queue(&name, &[]).await;
+    let topic = moto.topic_to_queue(&name, &queue).await;
+    for events in modes() {
+        let mode = label(&events);
+        let structured = events.is_structured();
+        let publisher = SnsPublisher::builder(&topic)
+            .sdk_config(moto.sdk_config())
+            .cloudevents(events)
+            .build()
+            .unwrap();
+        publisher.publish(&message("orders.paid")).await.unwrap();
+        let received = moto.receive(&queue, 1).await.remove(0);
+        let attributes: Vec<(String, String)> = received.attributes.into_iter().collect();
+        let read = read_back("sqs", &attributes, None, received.body.as_bytes());
+        if structured {
             assert_event(&read, "orders.paid", mode);
         } else {
             assert_event_without(&read, "orders.paid", mode, &["txoutboxid", "txoutboxkey"]);

@@ -27,6 +27,11 @@ pub struct TlsConfig {
     /// token); a certificate that is presented must still be valid.
     #[serde(default)]
     pub client_cert_optional: bool,
+    /// With `client_ca`: certificate revocation lists (PEM) of the client CAs; a client
+    /// certificate they revoke is refused at the handshake, and so is one whose issuer
+    /// has no list here (its status is unknown). Read again with the other files.
+    #[serde(default)]
+    pub client_crls: Vec<PathBuf>,
     /// How often the files are checked for a change.
     #[serde(default = "default_reload_interval", with = "humantime_serde")]
     pub reload_interval: Duration,
@@ -202,6 +207,20 @@ pub(super) fn validate(
                     path.display()
                 ));
             }
+        }
+        for path in &tls.client_crls {
+            if let Err(error) = std::fs::metadata(path) {
+                problems.push(format!(
+                    "server.tls.client_crls: {}: cannot read it: {error}",
+                    path.display()
+                ));
+            }
+        }
+        if !tls.client_crls.is_empty() && tls.client_ca.is_none() {
+            problems.push(
+                "server.tls.client_crls: needs server.tls.client_ca (the CA whose revocations they list)"
+                    .to_owned(),
+            );
         }
         if tls.client_cert_optional && tls.client_ca.is_none() {
             problems.push(

@@ -14,7 +14,9 @@ use anyhow::Context;
 use futures::Stream;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer,
+};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, RootCertStore, ServerConfig};
 use tokio_rustls::server::TlsStream;
@@ -51,6 +53,7 @@ impl ReloadingTls {
     fn files(&self) -> Vec<&PathBuf> {
         let mut files = vec![&self.config.cert, &self.config.key];
         files.extend(self.config.client_ca.as_ref());
+        files.extend(&self.config.client_crls);
         files
     }
 
@@ -129,6 +132,12 @@ fn server_config(config: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
                     .with_context(|| format!("server.tls.client_ca = {}", path.display()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+            let verifier = match client_crls(&config.client_crls)? {
+                // The leaf's status: the CAs of `client_ca` sign clients directly, and an
+                // intermediate's list is seldom at hand.
+                Some(crls) => verifier.with_crls(crls).only_check_end_entity_revocation(),
+                None => verifier,
+            };
             let verifier = if config.client_cert_optional {
                 verifier.allow_unauthenticated()
             } else {
@@ -150,6 +159,25 @@ fn server_config(config: &TlsConfig) -> anyhow::Result<Arc<ServerConfig>> {
     })?;
     server.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(server))
+}
+
+/// The revocation lists of `server.tls.client_crls`, none when it is empty.
+fn client_crls(
+    paths: &[PathBuf],
+) -> anyhow::Result<Option<Vec<CertificateRevocationListDer<'static>>>> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut crls = Vec::new();
+    for path in paths {
+        let context = || format!("server.tls.client_crls: {}", path.display());
+        let before = crls.len();
+        for crl in CertificateRevocationListDer::pem_file_iter(path).with_context(context)? {
+            crls.push(crl.with_context(context)?);
+        }
+        anyhow::ensure!(crls.len() > before, "{}: no PEM X509 CRL in it", context());
+    }
+    Ok(Some(crls))
 }
 
 /// Connections from `listener` within the server's caps, each handshaken with the

@@ -293,3 +293,60 @@ async fn rust_subscriber_streams_over_tls_with_a_token_or_a_client_certificate()
     assert!(server.log_contains("subscription opened"));
     db.drop().await;
 }
+
+/// `client_crls`: a revoked client certificate is refused at the handshake, the others
+/// served; a list rewritten on disk (a certificate revoked since) takes effect without a
+/// restart.
+#[tokio::test]
+async fn client_certificates_revoked_by_a_crl_are_refused_and_the_crl_reloads() {
+    let db = TestDb::new().await;
+    let setup = TlsFiles::new();
+    let dir = setup.dir.path();
+    let crl = setup.ca.crl(dir, "clients.crl", &[666]);
+    let config = tls_config(&db, &setup, true).replace(
+        "reload_interval = \"200ms\"\n",
+        &format!(
+            "reload_interval = \"200ms\"\nclient_crls = [\"{}\"]\n",
+            crl.display()
+        ),
+    );
+    assert!(config.contains("client_crls"), "{config}");
+    let server = Server::start(&config).await;
+    let ca = dir.join("ca.pem");
+    let client = |pair: &txoutbox_tests::pki::Pair| {
+        Credentials::from_files(Some(&ca), Some(&pair.cert), Some(&pair.key)).unwrap()
+    };
+    let good = setup
+        .ca
+        .client_with_serial(dir, "good", "orders-relay.example", 7);
+    let revoked = setup
+        .ca
+        .client_with_serial(dir, "revoked", "orders-relay.example", 666);
+    assert_eq!(
+        list_over_tls(&server, client(&good)).await.unwrap(),
+        ["orders"]
+    );
+    let refused = list_over_tls(&server, client(&revoked)).await;
+    assert!(
+        refused.is_err(),
+        "a revoked certificate was served: {refused:?}"
+    );
+
+    // The CA revokes the good one too; the server reads the new list on its own.
+    let pid = server.pid();
+    let updated = setup.ca.crl(dir, "updated.crl", &[666, 7]);
+    std::fs::copy(&updated, &crl).unwrap();
+    eventually("the updated list in use", DEADLINE, || {
+        let credentials = client(&good);
+        let server = &server;
+        async move {
+            list_over_tls(server, credentials)
+                .await
+                .is_err()
+                .then_some(())
+        }
+    })
+    .await;
+    assert_eq!(server.pid(), pid, "no restart");
+    db.drop().await;
+}

@@ -47,6 +47,7 @@ is dead-lettered; anything else is nacked and retried with the outbox's backoff.
 #[command(after_help = EXAMPLES)]
 #[command(group(clap::ArgGroup::new("broker").required(true).args(["kafka", "nats", "amqp", "webhook", "redis", "mqtt", "sqs", "sns"])))]
 #[command(group(clap::ArgGroup::new("aws").args(["sqs", "sns"])))]
+#[command(group(clap::ArgGroup::new("deduplicating").args(["nats", "sqs", "sns"])))]
 pub struct Args {
     /// Kafka bootstrap servers, host:port[,host:port...] (feature `kafka`).
     #[arg(long, value_name = "BROKERS", help_heading = "Broker (one of)")]
@@ -114,9 +115,9 @@ pub struct Args {
         requires = "kafka"
     )]
     kafka_properties: Vec<String>,
-    /// NATS: put this before the message id in Nats-Msg-Id, when several outboxes share a
-    /// stream.
-    #[arg(long, value_name = "PREFIX", requires = "nats")]
+    /// NATS, SQS and SNS FIFO: put this before the message id in Nats-Msg-Id or
+    /// MessageDeduplicationId, when several outboxes share a stream, queue or topic.
+    #[arg(long, value_name = "PREFIX", requires = "deduplicating")]
     msg_id_prefix: Option<String>,
     /// AMQP: the exchange to publish to; \"\" is the default exchange (routing key =
     /// queue name).

@@ -272,6 +272,9 @@ macro_rules! with_aws_options {
         if let Some(endpoint) = &$args.aws_endpoint {
             builder = builder.endpoint_url(endpoint.clone());
         }
+        if let Some(prefix) = &$args.msg_id_prefix {
+            builder = builder.deduplication_id_prefix(prefix.clone());
+        }
         if let Some(events) = cloudevents($args) {
             builder = builder.cloudevents(events);
         }
