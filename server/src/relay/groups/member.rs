@@ -458,6 +458,11 @@ impl Member {
         );
     }
 
+    /// The attempt of the delivery in flight of `id`, if this member holds it.
+    pub fn attempts_held(&self, id: MessageId) -> Option<u32> {
+        self.flights.get(&id).map(|f| f.attempts)
+    }
+
     /// The attempts of a state row about to be sent (for the message it is sent as).
     pub fn attempts_of(&self, id: MessageId) -> u32 {
         self.flights.get(&id).map_or(1, |f| f.attempts)

@@ -212,27 +212,34 @@ impl Runner {
 
     /// Applies one answer in memory; its `settled` goes out after the next flush.
     fn apply(&mut self, answer: RelayResult<Answer>) -> RelayResult<()> {
-        let answer = answer?;
+        // A token of an earlier delivery of a row this stream holds again is fenced.
+        let (answer, stale) = answer?.split_stale(|id| self.member.attempts_held(id));
         let now = Utc::now();
-        let mut outcome = Outcome::default();
+        let mut outcome = Outcome {
+            fenced: stale,
+            ..Outcome::default()
+        };
         let mut settlement = Settlement::default();
         match answer {
-            Answer::Ack(ids) => self.member.ack(&ids, &mut outcome),
-            Answer::Nack { id, error, delay } => {
+            None => {}
+            // `split_stale` unwraps tokened answers.
+            Some(Answer::Tokened { .. }) => {}
+            Some(Answer::Ack(ids)) => self.member.ack(&ids, &mut outcome),
+            Some(Answer::Nack { id, error, delay }) => {
                 self.member
                     .fail(id, Failure::Nack { error, delay }, now, &mut outcome)
             }
-            Answer::Release { ids, delay } => {
+            Some(Answer::Release { ids, delay }) => {
                 for id in ids {
                     self.member
                         .fail(id, Failure::Release { delay }, now, &mut outcome);
                 }
             }
-            Answer::DeadLetter { id, error } => {
+            Some(Answer::DeadLetter { id, error }) => {
                 self.member
                     .fail(id, Failure::Dead { error }, now, &mut outcome)
             }
-            Answer::ExtendLease { ids, lease } => {
+            Some(Answer::ExtendLease { ids, lease }) => {
                 let lease = if lease.is_zero() {
                     self.spec.lease
                 } else {
@@ -253,7 +260,7 @@ impl Runner {
                     settlement.lease_expires_at = Some(now + super::member::chrono_of(lease));
                 }
             }
-            Answer::SetWindow(window) => {
+            Some(Answer::SetWindow(window)) => {
                 self.window = window;
                 self.info.set_window(window);
             }
