@@ -86,6 +86,8 @@ mod printed_hints;
 mod probes;
 #[path = "python_client.rs"]
 mod python_client;
+#[path = "relay_tls.rs"]
+mod relay_tls;
 #[path = "replica_stall.rs"]
 mod replica_stall;
 #[path = "security.rs"]
