@@ -298,3 +298,48 @@ async fn require_lease_tokens_refuses_answers_without_them() {
     );
     db.drop().await;
 }
+
+/// A stream lets a lease run out and claims the row again (attempt 2): an ack with the
+/// first delivery's token is fenced and counted without touching the row, though the
+/// stream is the row's holder; the second token acks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_stale_token_is_fenced_once_it_holds_the_row_again() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config("")).await;
+    let id = db.insert("t", Some("k"), b"p").await;
+    let mut sub = Subscriber::open(&server, "tokens", 10, 200).await;
+    let first = sub.take(1).await.remove(0);
+    assert_eq!((first.id, first.attempts), (id, 1));
+    let second = sub.take(1).await.remove(0);
+    assert_eq!((second.id, second.attempts), (id, 2), "claimed again");
+    assert_ne!(first.lease_token, second.lease_token);
+
+    let before = fenced_answers(&server).await;
+    let settled = sub
+        .answer(Req::Ack(v1::AckMessages {
+            ids: vec![],
+            lease_tokens: vec![first.lease_token.clone()],
+        }))
+        .await;
+    assert_eq!((settled.acked, settled.fenced), (vec![], vec![id]));
+    assert_eq!(db.row(id).await.0, "pending");
+    assert!(fenced_answers(&server).await > before);
+    let settled = sub
+        .answer(Req::Nack(v1::NackMessage {
+            id,
+            error: "late".into(),
+            retry_delay_ms: None,
+            lease_token: first.lease_token.clone(),
+        }))
+        .await;
+    assert_eq!(settled.fenced, [id]);
+    let settled = sub
+        .answer(Req::Ack(v1::AckMessages {
+            ids: vec![id],
+            lease_tokens: vec![second.lease_token.clone()],
+        }))
+        .await;
+    assert_eq!(settled.acked, [id]);
+    assert_eq!(db.row(id).await.0, "done");
+    db.drop().await;
+}

@@ -434,14 +434,41 @@ async fn read_answers(
     }
 }
 
-/// A stream's answer as the subscription takes it. Its lease tokens name rows of this
-/// stream's holder, which fences every answer in the table: a token is read for its id
-/// (one per id, in order), and a stream of an outbox with `require_lease_tokens` must
-/// send them.
+/// A stream's answer as the subscription takes it. Its lease tokens (one per id, in
+/// order, or instead of the ids) name deliveries: the subscription fences those of an
+/// earlier delivery than it holds ([`Answer::Tokened`]), and the table fences by the
+/// stream's holder. A stream of an outbox with `require_lease_tokens` must send them.
 fn answer(request: v1::SubscribeRequest, require_tokens: Option<&str>) -> RelayResult<Answer> {
+    let mut attempts = None;
+    let answer = plain_answer(request, require_tokens, &mut attempts)?;
+    Ok(match attempts {
+        Some(attempts) => Answer::Tokened {
+            answer: Box::new(answer),
+            attempts,
+        },
+        None => answer,
+    })
+}
+
+/// The ids and tokens of a one-message answer (nack, dead-letter): its id, its token, or
+/// both.
+fn one(id: i64, token: String) -> (Vec<i64>, Vec<String>) {
+    match token.is_empty() {
+        true => (vec![id], Vec::new()),
+        false if id == 0 => (Vec::new(), vec![token]),
+        false => (vec![id], vec![token]),
+    }
+}
+
+/// [`answer`] without its tokens, which go to `attempts` as `(id, attempt)`.
+fn plain_answer(
+    request: v1::SubscribeRequest,
+    require_tokens: Option<&str>,
+    attempts: &mut Option<Vec<(i64, u32)>>,
+) -> RelayResult<Answer> {
     use subscribe_request::Request as R;
     let invalid = |text: &str| Err(RelayError::InvalidArgument(text.to_owned()));
-    let ids = |ids: Vec<i64>, tokens: Vec<String>| -> RelayResult<Vec<i64>> {
+    let mut ids = |(ids, tokens): (Vec<i64>, Vec<String>)| -> RelayResult<Vec<i64>> {
         let (ids, tokens) =
             lease_token::answer_ids(&ids, &tokens).map_err(RelayError::InvalidArgument)?;
         match (tokens, require_tokens) {
@@ -449,39 +476,29 @@ fn answer(request: v1::SubscribeRequest, require_tokens: Option<&str>) -> RelayR
                 "outbox `{outbox}` requires lease tokens (outboxes.{outbox}.require_lease_tokens): \
                  send each message's lease_token back with its answer"
             ))),
-            _ => Ok(ids),
+            (tokens, _) => {
+                *attempts = tokens.map(|tokens| tokens.iter().map(|t| (t.id, t.attempt)).collect());
+                Ok(ids)
+            }
         }
     };
-    let id = |id: i64, token: String| -> RelayResult<i64> {
-        let tokens = if token.is_empty() {
-            vec![]
-        } else {
-            vec![token]
-        };
-        let given = if id == 0 && !tokens.is_empty() {
-            vec![]
-        } else {
-            vec![id]
-        };
-        Ok(ids(given, tokens)?[0])
-    };
     match request.request {
-        Some(R::Ack(ack)) => Ok(Answer::Ack(ids(ack.ids, ack.lease_tokens)?)),
+        Some(R::Ack(ack)) => Ok(Answer::Ack(ids((ack.ids, ack.lease_tokens))?)),
         Some(R::Nack(nack)) => Ok(Answer::Nack {
-            id: id(nack.id, nack.lease_token)?,
+            id: ids(one(nack.id, nack.lease_token))?[0],
             error: nack.error,
             delay: nack.retry_delay_ms.map(Duration::from_millis),
         }),
         Some(R::Release(release)) => Ok(Answer::Release {
-            ids: ids(release.ids, release.lease_tokens)?,
+            ids: ids((release.ids, release.lease_tokens))?,
             delay: Duration::from_millis(release.retry_delay_ms.unwrap_or(0)),
         }),
         Some(R::DeadLetter(dead)) => Ok(Answer::DeadLetter {
-            id: id(dead.id, dead.lease_token)?,
+            id: ids(one(dead.id, dead.lease_token))?[0],
             error: dead.error,
         }),
         Some(R::ExtendLease(extend)) => Ok(Answer::ExtendLease {
-            ids: ids(extend.ids, extend.lease_tokens)?,
+            ids: ids((extend.ids, extend.lease_tokens))?,
             lease: Duration::from_millis(extend.lease_ms),
         }),
         Some(R::SetWindow(window)) => Ok(Answer::SetWindow(window.max_in_flight)),

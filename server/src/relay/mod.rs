@@ -630,6 +630,11 @@ impl Outbox {
         ))
     }
 
+    /// Counts `n` answers a stream fenced for naming an earlier delivery by its token.
+    pub fn count_stale(&self, kind: AnswerKind, n: usize) {
+        self.count_fenced(kind, n);
+    }
+
     /// Gives back the leases of a subscriber that went away; attempts stay counted.
     pub async fn return_leases(&self, owner: &str, ids: &[MessageId]) -> RelayResult<u64> {
         if ids.is_empty() {

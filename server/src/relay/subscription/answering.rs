@@ -83,12 +83,17 @@ pub(super) async fn finished(answering: &mut Answering) -> Result<RelayResult<Ap
 pub(super) fn acks_behind(
     first: Vec<MessageId>,
     answers: &mut AnswerReceiver,
+    fresh: impl Fn(&Answer) -> bool,
 ) -> (Vec<Vec<MessageId>>, Option<RelayResult<Answer>>) {
     let mut total = first.len();
     let mut acks = vec![first];
     while total < MAX_COALESCED {
         match answers.try_recv() {
-            Some(Ok(Answer::Ack(ids))) if total + ids.len() <= MAX_IDS => {
+            // An ack with a stale token is not merged: it goes first, alone, next.
+            Some(Ok(answer))
+                if answer.is_ack() && total + answer.ids().len() <= MAX_IDS && fresh(&answer) =>
+            {
+                let ids = answer.ids();
                 total += ids.len();
                 acks.push(ids);
             }
@@ -105,11 +110,16 @@ pub(super) fn acks_behind(
 pub(super) fn nacks_behind(
     first: Nack,
     answers: &mut AnswerReceiver,
+    fresh: impl Fn(&Answer) -> bool,
 ) -> (Vec<Nack>, Option<RelayResult<Answer>>) {
     let mut nacks = vec![first];
     while nacks.len() < MAX_COALESCED {
         match answers.try_recv() {
-            Some(Ok(Answer::Nack { id, error, delay })) => nacks.push(Nack { id, error, delay }),
+            Some(Ok(answer)) if answer.is_nack() && fresh(&answer) => {
+                if let (Some(Answer::Nack { id, error, delay }), _) = answer.split_stale(|_| None) {
+                    nacks.push(Nack { id, error, delay });
+                }
+            }
             Some(other) => return (nacks, Some(other)),
             None => break,
         }

@@ -35,6 +35,13 @@ pub enum Answer {
     },
     /// A new window; 0 stops new batches until a later non-zero window.
     SetWindow(u32),
+    /// An answer sent with lease tokens, and the `(id, attempt)` of the delivery each
+    /// names: the loop fences those of another delivery than the one it holds
+    /// ([`Answer::split_stale`], docs/lease-tokens.md).
+    Tokened {
+        answer: Box<Answer>,
+        attempts: Vec<(MessageId, u32)>,
+    },
 }
 
 impl Answer {
@@ -49,10 +56,81 @@ impl Answer {
     /// the key's head to a later row, which this stream either also holds, so leased, or
     /// never had), so they run alongside claims.
     pub fn waits_for_claims(&self) -> bool {
-        matches!(
-            self,
-            Answer::Nack { .. } | Answer::Release { .. } | Answer::SetWindow(_)
-        )
+        match self {
+            Answer::Tokened { answer, .. } => answer.waits_for_claims(),
+            _ => matches!(
+                self,
+                Answer::Nack { .. } | Answer::Release { .. } | Answer::SetWindow(_)
+            ),
+        }
+    }
+
+    /// Whether this is an ack, with tokens or without.
+    pub fn is_ack(&self) -> bool {
+        match self {
+            Answer::Tokened { answer, .. } => answer.is_ack(),
+            _ => matches!(self, Answer::Ack(_)),
+        }
+    }
+
+    /// Whether this is a nack, with tokens or without.
+    pub fn is_nack(&self) -> bool {
+        match self {
+            Answer::Tokened { answer, .. } => answer.is_nack(),
+            _ => matches!(self, Answer::Nack { .. }),
+        }
+    }
+
+    /// The answer as applied, and the ids its tokens name at another attempt than
+    /// `held_attempt` gives for the row (an earlier delivery of a row this stream holds
+    /// again): those are fenced, never applied. A row the stream does not hold is left
+    /// to the table's fence. `None` for the answer when nothing of it is left to apply.
+    pub fn split_stale(
+        self,
+        held_attempt: impl Fn(MessageId) -> Option<u32>,
+    ) -> (Option<Answer>, Vec<MessageId>) {
+        let Answer::Tokened { answer, attempts } = self else {
+            return (Some(self), Vec::new());
+        };
+        let stale: Vec<MessageId> = attempts
+            .iter()
+            .filter(|(id, attempt)| held_attempt(*id).is_some_and(|held| held != *attempt))
+            .map(|(id, _)| *id)
+            .collect();
+        if stale.is_empty() {
+            return (Some(*answer), stale);
+        }
+        let keep = |ids: Vec<MessageId>| -> Vec<MessageId> {
+            ids.into_iter().filter(|id| !stale.contains(id)).collect()
+        };
+        let left = match *answer {
+            Answer::Ack(ids) => Some(Answer::Ack(keep(ids))),
+            Answer::Release { ids, delay } => Some(Answer::Release {
+                ids: keep(ids),
+                delay,
+            }),
+            Answer::ExtendLease { ids, lease } => Some(Answer::ExtendLease {
+                ids: keep(ids),
+                lease,
+            }),
+            _ => None,
+        }
+        .filter(|answer| !answer.ids().is_empty());
+        (left, stale)
+    }
+
+    /// The answer kind metrics count a fenced answer as.
+    pub fn kind(&self) -> Option<crate::telemetry::metrics::AnswerKind> {
+        use crate::telemetry::metrics::AnswerKind;
+        match self {
+            Answer::Ack(_) => Some(AnswerKind::Ack),
+            Answer::Nack { .. } => Some(AnswerKind::Nack),
+            Answer::Release { .. } => Some(AnswerKind::Release),
+            Answer::DeadLetter { .. } => Some(AnswerKind::DeadLetter),
+            Answer::ExtendLease { .. } => Some(AnswerKind::ExtendLease),
+            Answer::SetWindow(_) => None,
+            Answer::Tokened { answer, .. } => answer.kind(),
+        }
     }
 
     /// The messages the answer names.
@@ -63,6 +141,7 @@ impl Answer {
             }
             Answer::Nack { id, .. } | Answer::DeadLetter { id, .. } => vec![*id],
             Answer::SetWindow(_) => Vec::new(),
+            Answer::Tokened { answer, .. } => answer.ids(),
         }
     }
 
@@ -70,6 +149,7 @@ impl Answer {
     pub fn bytes(&self) -> usize {
         let text = match self {
             Answer::Nack { error, .. } | Answer::DeadLetter { error, .. } => error.len(),
+            Answer::Tokened { answer, attempts } => return answer.bytes() + 12 * attempts.len(),
             _ => 0,
         };
         64 + text + 8 * self.ids().len()
@@ -147,6 +227,10 @@ impl Settlement {
 #[derive(Debug, Default)]
 pub(super) struct Applied {
     pub settlements: Vec<Settlement>,
+    /// Ids of the first answer fenced before it ran, their token naming an earlier
+    /// delivery: added to its settlement once the held rows are accounted for (the stream
+    /// still holds the later delivery).
+    pub stale: Vec<MessageId>,
     /// Rows the stream no longer holds: answered, given back, or found fenced.
     pub finished: Vec<MessageId>,
     /// Rows whose lease now runs this long from when the loop takes the outcome.
@@ -178,7 +262,7 @@ pub(super) async fn apply_acks(
     Ok(Applied {
         settlements,
         finished: all,
-        extended: None,
+        ..Applied::default()
     })
 }
 
@@ -344,6 +428,7 @@ async fn apply_one(
         settlements: vec![settlement],
         finished,
         extended,
+        ..Applied::default()
     })
 }
 

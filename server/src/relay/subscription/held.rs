@@ -16,6 +16,8 @@ pub(super) struct Held {
     /// Each row's deadline and bytes.
     deadlines: HashMap<MessageId, (Instant, usize)>,
     by_deadline: BTreeSet<(Instant, MessageId)>,
+    /// Each row's attempt as claimed: what a lease token of a current delivery names.
+    attempts: HashMap<MessageId, u32>,
     /// The outbox's in-flight gauge, shared by its streams: each adds what it holds.
     in_flight: IntGauge,
     /// The identity's byte budget, when it has one: the rows' bytes were taken from it
@@ -34,6 +36,7 @@ impl Held {
         Self {
             deadlines: HashMap::new(),
             by_deadline: BTreeSet::new(),
+            attempts: HashMap::new(),
             in_flight,
             bytes,
         }
@@ -49,8 +52,15 @@ impl Held {
         self.deadlines.len()
     }
 
-    /// Holds a claimed row of `bytes` (already taken from the budget by the claim).
-    pub fn insert(&mut self, id: MessageId, deadline: Instant, bytes: usize) {
+    /// The attempt of the delivery of `id` this stream holds, if it holds one.
+    pub fn attempt(&self, id: MessageId) -> Option<u32> {
+        self.attempts.get(&id).copied()
+    }
+
+    /// Holds a claimed row of `bytes` (already taken from the budget by the claim) at
+    /// `attempt`.
+    pub fn insert(&mut self, id: MessageId, attempt: u32, deadline: Instant, bytes: usize) {
+        self.attempts.insert(id, attempt);
         match self.deadlines.insert(id, (deadline, bytes)) {
             Some((old, old_bytes)) => {
                 self.by_deadline.remove(&(old, id));
@@ -79,6 +89,7 @@ impl Held {
     }
 
     fn remove(&mut self, id: MessageId) -> usize {
+        self.attempts.remove(&id);
         match self.deadlines.remove(&id) {
             Some((deadline, bytes)) => {
                 self.by_deadline.remove(&(deadline, id));
@@ -105,6 +116,7 @@ impl Held {
                 break;
             }
             self.by_deadline.pop_first();
+            self.attempts.remove(&id);
             bytes += self.deadlines.remove(&id).map_or(0, |(_, bytes)| bytes);
             expired.push(id);
         }
@@ -123,6 +135,7 @@ impl Held {
         self.release(self.deadlines.values().map(|(_, bytes)| bytes).sum());
         self.deadlines.clear();
         self.by_deadline.clear();
+        self.attempts.clear();
     }
 }
 
@@ -137,9 +150,9 @@ mod tests {
         let start = Instant::now();
         let in_flight = IntGauge::new("in_flight", "rows held").unwrap();
         let mut held = Held::new(in_flight.clone(), None);
-        held.insert(1, start + Duration::from_secs(2), 10);
-        held.insert(2, start + Duration::from_secs(1), 10);
-        held.insert(3, start + Duration::from_secs(3), 10);
+        held.insert(1, 1, start + Duration::from_secs(2), 10);
+        held.insert(2, 1, start + Duration::from_secs(1), 10);
+        held.insert(3, 1, start + Duration::from_secs(3), 10);
         held.extend(2, start + Duration::from_secs(5));
         assert_eq!(held.next_deadline(), Some(start + Duration::from_secs(2)));
         assert_eq!(
@@ -161,9 +174,9 @@ mod tests {
         let mut held = Held::new(in_flight, Some(Arc::clone(&budget)));
         let mut stream = budget.open();
         stream.take(300, 1000).expect("room").keep(300);
-        held.insert(1, start + Duration::from_secs(1), 100);
-        held.insert(2, start + Duration::from_secs(2), 100);
-        held.insert(3, start + Duration::from_secs(3), 100);
+        held.insert(1, 1, start + Duration::from_secs(1), 100);
+        held.insert(2, 1, start + Duration::from_secs(2), 100);
+        held.insert(3, 1, start + Duration::from_secs(3), 100);
         held.extend(1, start + Duration::from_secs(4));
         assert_eq!(budget.used(), 300, "an extended row keeps its bytes");
         held.remove_all(&[3]);

@@ -482,7 +482,8 @@ impl Subscription {
         // before the database's lease does.
         let deadline = Instant::now() + self.spec.lease;
         for (message, bytes) in claimed.messages.iter().zip(sizes) {
-            self.held.insert(message.id, deadline, bytes);
+            self.held
+                .insert(message.id, message.attempts, deadline, bytes);
         }
         let claimed = self.parked.sort(claimed);
         if claimed.messages.is_empty() {
@@ -521,21 +522,43 @@ impl Subscription {
         let outbox = Arc::clone(&self.outbox);
         let owner = Arc::clone(&self.owner);
         let gives_back = answer.waits_for_claims();
+        let kind = answer.kind();
+        let (answer, stale) = answer.split_stale(|id| self.held.attempt(id));
+        if let (false, Some(kind)) = (stale.is_empty(), kind) {
+            self.outbox.count_stale(kind, stale.len());
+        }
+        let Some(answer) = answer else {
+            // Nothing left to apply: every token named an earlier delivery.
+            let settlement = Settlement {
+                fenced: stale,
+                ..Settlement::default()
+            };
+            self.info.settled(std::slice::from_ref(&settlement));
+            self.send(Event::Settled(settlement)).await;
+            return Ok(());
+        };
+        let held = &self.held;
+        let fresh = |answer: &Answer| {
+            let (_, stale) = answer.clone().split_stale(|id| held.attempt(id));
+            stale.is_empty()
+        };
         let (task, next) = match answer {
             Answer::SetWindow(window) => {
                 self.set_window(window).await;
                 return Ok(());
             }
             Answer::Ack(ids) => {
-                let (acks, next) = acks_behind(ids, answers);
+                let (acks, next) = acks_behind(ids, answers, fresh);
                 if let Some(unparked) = self.parked.acked(acks.iter().flatten().copied()) {
-                    self.send(Event::Batch(Batch::from(unparked))).await;
+                    let mut batch = Batch::from(unparked);
+                    batch.holder = Arc::clone(&self.owner);
+                    self.send(Event::Batch(batch)).await;
                 }
                 let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
                 (task, next)
             }
             Answer::Nack { id, error, delay } => {
-                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers);
+                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers, fresh);
                 let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
                 (task, next)
             }
@@ -549,6 +572,15 @@ impl Subscription {
                 ids.extend(behind);
                 (self.apply(Single::ExtendLease { ids, lease }), None)
             }
+            Answer::Tokened { .. } => unreachable!("split_stale unwraps tokened answers"),
+        };
+        let task = match stale.is_empty() {
+            true => task,
+            false => tokio::spawn(async move {
+                let mut applied = task.await.map_err(task_failed)??;
+                applied.stale = stale;
+                Ok(applied)
+            }),
         };
         let run = AnswerRun { task, gives_back };
         self.answering = Answering::Running { run, next };
@@ -628,6 +660,10 @@ impl Subscription {
             .collect();
         let held_before = self.held.len();
         self.account(&applied);
+        if let Some(first) = applied.settlements.first_mut() {
+            first.fenced.append(&mut applied.stale);
+            first.fenced.sort_unstable();
+        }
         for settlement in &mut applied.settlements {
             settlement.strip(|id| unseen.contains(&id));
         }
@@ -683,7 +719,8 @@ impl Subscription {
                 let sizes = hold_bytes(&claimed, run.allowance);
                 let deadline = Instant::now() + self.spec.lease;
                 for (message, bytes) in claimed.messages.iter().zip(sizes) {
-                    self.held.insert(message.id, deadline, bytes);
+                    self.held
+                        .insert(message.id, message.attempts, deadline, bytes);
                 }
             }
         }
