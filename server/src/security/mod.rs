@@ -285,3 +285,44 @@ impl Caller {
             .ok_or_else(|| Status::internal("no caller on the request: the auth layer is missing"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(token: &str, max_streams: u32) -> AuthConfig {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let identity = IdentityConfig {
+            token_sha256: Some(hex::encode(hash)),
+            token_file: None,
+            token_env: None,
+            certificate_names: Vec::new(),
+            grants: BTreeMap::from([("orders".to_owned(), vec![Scope::Subscribe])]),
+            limits: IdentityLimits {
+                max_streams: Some(max_streams),
+                ..IdentityLimits::default()
+            },
+        };
+        AuthConfig {
+            identities: BTreeMap::from([("relay".to_owned(), identity)]),
+            ..AuthConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_reload_swaps_tokens_and_keeps_the_budget_of_unchanged_limits() {
+        let first = Access::from_config(&auth("old", 4)).unwrap();
+        let rotated = Access::reloaded(&auth("new", 4), Some(&first)).unwrap();
+        assert!(rotated.by_token("old").is_none());
+        let relay = rotated.by_token("new").expect("the new token");
+        let before = first.by_token("old").unwrap();
+        assert!(Arc::ptr_eq(&relay.budget, &before.budget), "budget kept");
+
+        let raised = Access::reloaded(&auth("new", 8), Some(&rotated)).unwrap();
+        let after = raised.by_token("new").unwrap();
+        assert!(
+            !Arc::ptr_eq(&after.budget, &relay.budget),
+            "new limits, new budget"
+        );
+    }
+}
