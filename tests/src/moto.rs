@@ -210,6 +210,14 @@ impl Moto {
         received
     }
 
+    /// How many requests moto has answered so far (one log line each).
+    pub fn requests(&self) -> usize {
+        self.log()
+            .lines()
+            .filter(|line| line.contains("\"POST "))
+            .count()
+    }
+
     /// moto's output so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log.path()).unwrap_or_default()

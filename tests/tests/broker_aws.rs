@@ -4,10 +4,14 @@
 //! environment), and the test reading the queue back as a consumer would.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use base64::Engine;
 
 use txoutbox_client::sqs::aws_sdk_sqs::types::QueueAttributeName;
+use txoutbox_client::sqs::SqsPublisher;
+use txoutbox_client::{Message, Publisher};
 use txoutbox_tests::brokers::{
     assert_complete_and_in_order, insert_keyed, relay_outage_with_env, unique_name, Delivered,
     OUTAGE_KEYS, OUTAGE_PER_KEY, QUICK_RETRIES,
@@ -276,4 +280,36 @@ async fn relay_sqs_nacks_while_sqs_is_away_then_delivers_in_key_order() {
         );
     }
     db.drop().await;
+}
+
+/// Ten publishes at once (ten keys, as the runtime makes them) are one `SendMessageBatch`
+/// request, and each is confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_share_one_send_message_batch() {
+    let moto = Moto::start().await;
+    let queue = moto.queue(&unique_name(), &[]).await;
+    let publisher = Arc::new(
+        SqsPublisher::builder(&queue)
+            .sdk_config(moto.sdk_config())
+            .batch(10, Duration::from_millis(500))
+            .build()
+            .unwrap(),
+    );
+    let before = moto.requests();
+    let publishes: Vec<_> = (1..=10)
+        .map(|id| {
+            let publisher = Arc::clone(&publisher);
+            let message =
+                Message::new(id, "orders.paid", format!("m{id}")).with_key(format!("k{id}"));
+            tokio::spawn(async move { publisher.publish(&message).await })
+        })
+        .collect();
+    for publish in publishes {
+        publish.await.unwrap().unwrap();
+    }
+    assert_eq!(moto.requests() - before, 1, "{}", moto.log());
+    let received = moto.receive(&queue, 10).await;
+    let mut ids: Vec<i64> = received.iter().map(|m| delivered(m).id).collect();
+    ids.sort();
+    assert_eq!(ids, (1..=10).collect::<Vec<_>>());
 }
