@@ -18,10 +18,11 @@ use crate::grpc::relay_service::RelayService;
 use crate::health::{self, Readiness};
 use crate::relay::drain::Drain;
 use crate::relay::{Outbox, Relay};
+use crate::security;
 use crate::security::caps::Caps;
 use crate::security::layer::AuthLayer;
+use crate::security::reload::ReloadingAccess;
 use crate::security::tls::ReloadingTls;
-use crate::security::{self, Access};
 use crate::storage::columns::Columns;
 use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::{self, PostgresExtras, PostgresStorage};
@@ -260,7 +261,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> anyhow::Result<()> {
     // The credentials first: a wrong one stops the start before any database is reached.
-    let access = Arc::new(Access::from_config(&config.server.auth)?);
+    let access = ReloadingAccess::load(&config)?;
     let metrics = Arc::new(Metrics::new());
     let relay = Arc::new(build_relay(&config, &metrics)?);
     check_tables(&relay).await?;
@@ -315,6 +316,7 @@ pub async fn run(
         )))
         .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))));
     let stopped = stop_serving.clone().cancelled_owned();
+    tokio::spawn(Arc::clone(&access).watch(stop_serving.clone()));
     let mut server = match &tls {
         Some(tls) => {
             tokio::spawn(Arc::clone(tls).watch(stop_serving.clone()));
@@ -362,7 +364,7 @@ pub async fn run(
         identities = config.server.auth.identities.len(),
         "txoutboxd listening"
     );
-    if !access.enabled() && !address.ip().is_loopback() {
+    if !access.current().enabled() && !address.ip().is_loopback() {
         tracing::warn!(%address, "serving without credentials on an address other machines can reach (server.allow_insecure = true): anyone who reaches it may read and purge every outbox");
     }
 

@@ -217,6 +217,7 @@ macro_rules! storage_contract {
                 a_text_payload_is_handed_out_as_its_utf8_bytes,
                 a_null_in_a_nullable_headers_column_means_no_headers,
                 a_row_over_max_row_bytes_is_read_without_its_payload,
+                held_attempts_are_those_of_the_owners_current_deliveries,
                 dead_rows_are_listed_in_id_order_filtered_and_counted,
                 a_redriven_row_goes_before_later_rows_of_its_key,
                 redrive_and_discard_are_bounded_and_idempotent,

@@ -12,6 +12,8 @@ mod caps;
 mod limits;
 #[path = "security/refusals.rs"]
 mod refusals;
+#[path = "security/reload.rs"]
+mod reload;
 #[path = "security/scopes.rs"]
 mod scopes;
 #[path = "security/tls.rs"]

@@ -75,6 +75,13 @@ pub struct Config {
     /// says so at start with how to try it.
     #[serde(skip)]
     pub embedded_default: bool,
+    /// The file it was read from, if any (not a key: set by [`Config::load`]), read again
+    /// when the identities reload.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
+    /// The flags it was read with, applied again with the file.
+    #[serde(skip)]
+    pub overrides: Overrides,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -237,6 +244,8 @@ impl Config {
             problems,
         })?;
         config.embedded_default = embedded_default;
+        config.file = path.map(Path::to_path_buf);
+        config.overrides = overrides.clone();
         Ok(config)
     }
 

@@ -49,6 +49,10 @@ pub struct AuthConfig {
     /// Health checks and reflection answer callers without credentials (probes).
     pub public_health: bool,
     pub identities: BTreeMap<String, IdentityConfig>,
+    /// How often the configuration file and the token files are checked for a change
+    /// (SIGHUP reads them at once).
+    #[serde(with = "humantime_serde")]
+    pub reload_interval: Duration,
 }
 
 impl Default for AuthConfig {
@@ -56,6 +60,7 @@ impl Default for AuthConfig {
         Self {
             public_health: true,
             identities: BTreeMap::new(),
+            reload_interval: Duration::from_secs(10),
         }
     }
 }
@@ -131,7 +136,7 @@ impl std::fmt::Display for Scope {
 /// counts its own). `max_streams` and `max_topic_filters` have defaults no honest
 /// deployment reaches, so one identity (a leaked token, a client in a reconnect loop)
 /// cannot take the whole server; the others are unbounded unless set.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdentityLimits {
     /// `Subscribe` streams open at once.
@@ -240,6 +245,13 @@ pub(super) fn validate(
         identity.validate(name, tls, outboxes, max_message_bytes, problems);
     }
     shared_certificate_names(auth, problems);
+    check_duration(
+        problems,
+        "server.auth.reload_interval",
+        auth.reload_interval,
+        Duration::from_millis(100),
+        "10s",
+    );
     let reachable_from_elsewhere = !listen.ip().is_loopback();
     if reachable_from_elsewhere && !allow_insecure && (tls.is_none() || auth.identities.is_empty())
     {

@@ -16,6 +16,7 @@ use tower::{Layer, Service};
 
 use super::caps::Caps;
 use super::limits::StreamSlot;
+use super::reload::ReloadingAccess;
 use super::{refusals, Access, Caller, Identity};
 use crate::config::Scope;
 
@@ -23,12 +24,12 @@ const SUBSCRIBE: &str = "/txoutbox.v1.Relay/Subscribe";
 
 #[derive(Clone)]
 pub struct AuthLayer {
-    access: Arc<Access>,
+    access: Arc<ReloadingAccess>,
     caps: Caps,
 }
 
 impl AuthLayer {
-    pub fn new(access: Arc<Access>, caps: Caps) -> Self {
+    pub fn new(access: Arc<ReloadingAccess>, caps: Caps) -> Self {
         Self { access, caps }
     }
 }
@@ -48,7 +49,7 @@ impl<S> Layer<S> for AuthLayer {
 #[derive(Clone)]
 pub struct Authenticated<S> {
     inner: S,
-    access: Arc<Access>,
+    access: Arc<ReloadingAccess>,
     caps: Caps,
 }
 
@@ -232,17 +233,21 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let peer = refusals::peer_of(&request);
-        let admitted = self.access.admit(&request).and_then(|(caller, slot)| {
-            // Counted once the caller is known, so a refused caller takes no place.
-            let place = match is_unary(request.uri().path()) {
-                true => None,
-                false => Some(self.caps.open_stream().map_err(|status| Refusal {
-                    status,
-                    identity: caller.identity().cloned(),
-                })?),
-            };
-            Ok((caller, (slot, place)))
-        });
+        let admitted = self
+            .access
+            .current()
+            .admit(&request)
+            .and_then(|(caller, slot)| {
+                // Counted once the caller is known, so a refused caller takes no place.
+                let place = match is_unary(request.uri().path()) {
+                    true => None,
+                    false => Some(self.caps.open_stream().map_err(|status| Refusal {
+                        status,
+                        identity: caller.identity().cloned(),
+                    })?),
+                };
+                Ok((caller, (slot, place)))
+            });
         match admitted {
             Err(Refusal { status, identity }) => {
                 let path = request.uri().path();

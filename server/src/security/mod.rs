@@ -21,6 +21,7 @@ pub mod caps;
 pub mod layer;
 pub mod limits;
 pub mod refusals;
+pub mod reload;
 pub mod tls;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -30,7 +31,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tonic::Status;
 
-use crate::config::{AuthConfig, IdentityConfig, Scope, EVERY_OUTBOX};
+use crate::config::{AuthConfig, IdentityConfig, IdentityLimits, Scope, EVERY_OUTBOX};
 use crate::relay::{Outbox, Relay};
 use limits::IdentityBudget;
 
@@ -46,7 +47,11 @@ pub struct Identity {
     token_sha256: Option<[u8; 32]>,
     certificate_names: Vec<String>,
     grants: BTreeMap<String, BTreeSet<Scope>>,
-    pub budget: IdentityBudget,
+    /// What `budget` was made from, to tell after a reload whether it still applies.
+    limits: IdentityLimits,
+    /// Shared with the identity of the same name and limits after a reload, so its open
+    /// streams keep counting.
+    pub budget: Arc<IdentityBudget>,
 }
 
 /// Who made a call, as the layer established it.
@@ -62,10 +67,22 @@ pub enum Caller {
 impl Access {
     /// Reads the tokens of `token_file` and `token_env` (validation checked they exist).
     pub fn from_config(auth: &AuthConfig) -> anyhow::Result<Self> {
+        Self::reloaded(auth, None)
+    }
+
+    /// [`Access::from_config`] after `previous`: an identity whose name and limits did
+    /// not change keeps its budget (its open streams, its calls this second).
+    pub fn reloaded(auth: &AuthConfig, previous: Option<&Access>) -> anyhow::Result<Self> {
         let identities: Vec<Arc<Identity>> = auth
             .identities
             .iter()
-            .map(|(name, identity)| Identity::from_config(name, identity).map(Arc::new))
+            .map(|(name, identity)| {
+                let budget = previous
+                    .and_then(|access| access.identities.iter().find(|old| &old.name == name))
+                    .filter(|old| old.limits == identity.limits)
+                    .map(|old| Arc::clone(&old.budget));
+                Identity::from_config(name, identity, budget).map(Arc::new)
+            })
             .collect::<anyhow::Result<_>>()?;
         let shared = shared_tokens(&identities);
         if !shared.is_empty() {
@@ -135,7 +152,11 @@ fn shared_tokens(identities: &[Arc<Identity>]) -> Vec<String> {
 }
 
 impl Identity {
-    fn from_config(name: &str, config: &IdentityConfig) -> anyhow::Result<Self> {
+    fn from_config(
+        name: &str,
+        config: &IdentityConfig,
+        budget: Option<Arc<IdentityBudget>>,
+    ) -> anyhow::Result<Self> {
         use anyhow::Context;
         let key = format!("server.auth.identities.{name}");
         let token = if let Some(path) = &config.token_file {
@@ -150,7 +171,14 @@ impl Identity {
         };
         let token_sha256 = match (token, &config.token_sha256) {
             // A file or a variable usually ends with a newline nobody meant as the token's.
-            (Some(token), _) => Some(Sha256::digest(token.trim().as_bytes()).into()),
+            (Some(token), _) => {
+                // An empty token would let in a caller sending `Bearer ` and nothing else.
+                anyhow::ensure!(
+                    !token.trim().is_empty(),
+                    "{key}: its token_file or token_env is empty"
+                );
+                Some(Sha256::digest(token.trim().as_bytes()).into())
+            }
             (None, Some(hex_digest)) => {
                 let mut hash = [0u8; 32];
                 hex::decode_to_slice(hex_digest, &mut hash)
@@ -168,7 +196,8 @@ impl Identity {
                 .iter()
                 .map(|(outbox, scopes)| (outbox.clone(), scopes.iter().copied().collect()))
                 .collect(),
-            budget: IdentityBudget::new(name, &config.limits),
+            budget: budget.unwrap_or_else(|| Arc::new(IdentityBudget::new(name, &config.limits))),
+            limits: config.limits.clone(),
         })
     }
 
@@ -254,5 +283,46 @@ impl Caller {
             .get::<Caller>()
             .cloned()
             .ok_or_else(|| Status::internal("no caller on the request: the auth layer is missing"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(token: &str, max_streams: u32) -> AuthConfig {
+        let hash: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let identity = IdentityConfig {
+            token_sha256: Some(hex::encode(hash)),
+            token_file: None,
+            token_env: None,
+            certificate_names: Vec::new(),
+            grants: BTreeMap::from([("orders".to_owned(), vec![Scope::Subscribe])]),
+            limits: IdentityLimits {
+                max_streams: Some(max_streams),
+                ..IdentityLimits::default()
+            },
+        };
+        AuthConfig {
+            identities: BTreeMap::from([("relay".to_owned(), identity)]),
+            ..AuthConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_reload_swaps_tokens_and_keeps_the_budget_of_unchanged_limits() {
+        let first = Access::from_config(&auth("old", 4)).unwrap();
+        let rotated = Access::reloaded(&auth("new", 4), Some(&first)).unwrap();
+        assert!(rotated.by_token("old").is_none());
+        let relay = rotated.by_token("new").expect("the new token");
+        let before = first.by_token("old").unwrap();
+        assert!(Arc::ptr_eq(&relay.budget, &before.budget), "budget kept");
+
+        let raised = Access::reloaded(&auth("new", 8), Some(&rotated)).unwrap();
+        let after = raised.by_token("new").unwrap();
+        assert!(
+            !Arc::ptr_eq(&after.budget, &relay.budget),
+            "new limits, new budget"
+        );
     }
 }

@@ -1,7 +1,7 @@
 //! The contract's cases of errors, insert signals, races with late answers, batches of
 //! nacks, answers with repeated and unsorted ids, and teams' own tables; see `cases.rs`.
 
-use txoutbox_server::storage::{NackRequest, NackResult, StorageError};
+use txoutbox_server::storage::{NackRequest, NackResult, SortedIds, StorageError};
 
 use super::*;
 
@@ -455,4 +455,35 @@ pub async fn a_row_over_max_row_bytes_is_read_without_its_payload(backend: &impl
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].message.too_large, Some(stored));
     assert!(dead[0].message.payload.is_empty());
+}
+
+/// `held_attempts` names the rows an owner holds with the attempt of its delivery: what
+/// answers with lease tokens compare their tokens with. A lease run out still counts as
+/// held until someone claims the row again, which moves the attempt on.
+pub async fn held_attempts_are_those_of_the_owners_current_deliveries(backend: &impl Backend) {
+    let storage = backend.open(Setup::default()).await;
+    let a = insert(&*storage, "t", "a", Some("ka")).await;
+    let b = insert(&*storage, "t", "b", Some("kb")).await;
+    let claimed = claim(&*storage, "w1", 10, SHORT_LEASE).await;
+    assert_eq!(ids(&claimed), [a, b]);
+    let both: SortedIds = [a, b].into();
+    assert_eq!(
+        storage.held_attempts(&both, "w1").await.unwrap(),
+        [(a, 1), (b, 1)]
+    );
+    assert!(storage.held_attempts(&both, "w2").await.unwrap().is_empty());
+    assert!(storage
+        .held_attempts(&SortedIds::default(), "w1")
+        .await
+        .unwrap()
+        .is_empty());
+    storage.ack(&[b].into(), "w1").await.unwrap();
+    outlive_short_lease().await;
+    assert_eq!(
+        storage.held_attempts(&both, "w1").await.unwrap(),
+        [(a, 1)],
+        "an expired lease, not claimed again"
+    );
+    assert_eq!(ids(&claim(&*storage, "w1", 10, LEASE).await), [a]);
+    assert_eq!(storage.held_attempts(&both, "w1").await.unwrap(), [(a, 2)]);
 }
