@@ -53,6 +53,7 @@ use crate::brokers::aws::{
 use crate::brokers::batch::{same_outcome, Batcher, SendBatch};
 use crate::{ClientError, Message, PublishError, Publisher};
 
+pub use crate::brokers::aws::group_id;
 /// The AWS SDK's configuration loader, for [`SnsPublisherBuilder::sdk_config`].
 pub use aws_config;
 /// The AWS SDK for SNS itself.
