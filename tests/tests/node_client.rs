@@ -38,6 +38,8 @@ const ROWS: [(Option<&str>, &str); 5] = [
 /// Answers without lease tokens are refused: the client must send each message's
 /// token back (docs/lease-tokens.md).
 const TOKENS_REQUIRED: &str = "require_lease_tokens = true";
+/// Two subscription groups on the outbox (docs/groups.md).
+const TWO_GROUPS: &str = "[outboxes.orders.groups.a]\n[outboxes.orders.groups.b]";
 
 #[tokio::test]
 async fn node_subscriber_receives_and_acks_in_order() {
@@ -352,6 +354,25 @@ async fn node_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
         stderr.contains("NOT_FOUND") && stderr.contains("`nope`"),
         "{stderr}"
     );
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_subscribers_of_two_groups_each_receive_every_row() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(TWO_GROUPS)).await;
+    let ids = insert_rows(&db).await;
+
+    // Both at once: each group has its own positions, neither waits for the other.
+    let a = spawn(&server.address, &["--group", "a", "--count", "5"]);
+    let b = spawn(&server.address, &["--group", "b", "--count", "5"]);
+    let ((a, _), (b, _)) = tokio::join!(run_to_end(a), run_to_end(b));
+
+    for (group, lines) in [("a", a), ("b", b)] {
+        client_common::assert_every_row_once_in_key_order(&lines, &ids, &ROWS, group);
+    }
+    // A group keeps its positions in its own tables: the rows themselves stay untouched.
+    assert_eq!(db.count("pending").await, 5);
     db.drop().await;
 }
 

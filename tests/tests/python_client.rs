@@ -40,6 +40,8 @@ const ROWS: [(Option<&str>, &str); 5] = [
 /// Answers without lease tokens are refused: the client must send each message's
 /// token back (docs/lease-tokens.md).
 const TOKENS_REQUIRED: &str = "require_lease_tokens = true";
+/// Two subscription groups on the outbox (docs/groups.md).
+const TWO_GROUPS: &str = "[outboxes.orders.groups.a]\n[outboxes.orders.groups.b]";
 
 #[tokio::test]
 async fn python_subscriber_receives_and_acks_in_order() {
@@ -317,6 +319,41 @@ async fn python_subscriber_gives_up_after_max_reconnects() {
         stderr.contains("giving up after 2 reconnections"),
         "{stderr}"
     );
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_subscribers_of_two_groups_each_receive_every_row() {
+    let db = TestDb::new().await;
+    let server = Server::start_serving(&db.config(TWO_GROUPS)).await;
+    let ids = insert_rows(&db).await;
+
+    // Both at once: each group has its own positions, neither waits for the other.
+    let a = spawn_script(&with_server(
+        &server.address,
+        &["--group", "a", "--count", "5"],
+    ));
+    let b = spawn_script(&with_server(
+        &server.address,
+        &["--group", "b", "--count", "5"],
+    ));
+    let (a, b) = tokio::join!(wait_script(a), wait_script(b));
+
+    for (group, output) in [("a", a), ("b", b)] {
+        assert!(
+            output.status.success(),
+            "group {group}: exited with {}",
+            output.status
+        );
+        client_common::assert_every_row_once_in_key_order(
+            &json_lines(&output.stdout),
+            &ids,
+            &ROWS,
+            group,
+        );
+    }
+    // A group keeps its positions in its own tables: the rows themselves stay untouched.
+    assert_eq!(db.count("pending").await, 5);
     db.drop().await;
 }
 

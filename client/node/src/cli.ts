@@ -20,7 +20,7 @@ import {
 } from './index';
 
 const USAGE = `usage: txoutbox-subscribe [--server host:port]... [--outbox NAME] [--subscriber NAME]
-         [--topic T]... [--max-in-flight N] [--lease-ms MS] [--count N]
+         [--topic T]... [--group G] [--max-in-flight N] [--lease-ms MS] [--count N]
          [--nack-first-attempt] [--publish-delay-ms MS] [--connect-timeout S]
          [--max-reconnects N] [--token TOKEN] [--tls] [--tls-ca FILE]
          [--tls-cert FILE --tls-key FILE]`;
@@ -43,6 +43,7 @@ function options() {
         outbox: { type: 'string', default: 'default' },
         subscriber: { type: 'string', default: 'txoutbox-subscribe' },
         topic: { type: 'string', multiple: true, default: [] },
+        group: { type: 'string', default: '' },
         'max-in-flight': { type: 'string', default: '100' },
         'lease-ms': { type: 'string', default: '0' },
         count: { type: 'string', default: '0' },
@@ -78,6 +79,7 @@ function options() {
     outbox: values.outbox as string,
     subscriber: values.subscriber as string,
     topics: values.topic as string[],
+    group: values.group as string,
     maxInFlight: number('max-in-flight'),
     leaseMs: number('lease-ms'),
     count: number('count'),
@@ -153,6 +155,7 @@ async function main(): Promise<number> {
     outbox: args.outbox,
     name: args.subscriber,
     topics: args.topics,
+    group: args.group,
     maxInFlight: args.maxInFlight,
     leaseMs: args.leaseMs,
     credentials: args.credentials,

@@ -22,6 +22,7 @@ export interface SessionOptions {
   outbox: string;
   name: string;
   topics: string[];
+  group: string;
   maxInFlight: number;
   leaseMs: number;
 }
@@ -41,9 +42,11 @@ export class Session {
   }
 
   open(): SubscribeRequest {
-    const { outbox, name, topics, maxInFlight, leaseMs } = this.options;
+    const { outbox, name, topics, group, maxInFlight, leaseMs } = this.options;
     return {
-      open: { outbox, subscriber: name, topics, max_in_flight: maxInFlight, lease_ms: leaseMs },
+      open: {
+        outbox, subscriber: name, topics, group, max_in_flight: maxInFlight, lease_ms: leaseMs,
+      },
     };
   }
 

@@ -27,6 +27,10 @@ export interface SubscriberOptions {
   name?: string;
   /** Only these topics (default: every topic). */
   topics?: string[];
+  /** Join this subscription group of the outbox (required when it declares groups, and
+   * then without `topics`): every group receives every row, and the subscribers of one
+   * group share its rows by key. */
+  group?: string;
   /** Most messages held unanswered at once (default 100). */
   maxInFlight?: number;
   /** Lease per message in milliseconds (default: the outbox's `lease`). */
@@ -78,6 +82,7 @@ export class Subscriber {
       outbox: settings.outbox,
       name: settings.name ?? 'txoutbox-node',
       topics: settings.topics ?? [],
+      group: settings.group ?? '',
       maxInFlight: settings.maxInFlight ?? 100,
       leaseMs: settings.leaseMs ?? 0,
       connectTimeoutMs: settings.connectTimeoutMs ?? 10_000,

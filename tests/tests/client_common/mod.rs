@@ -238,3 +238,40 @@ pub async fn insert_one_key(db: &TestDb, count: usize) -> Vec<i64> {
     }
     ids
 }
+
+/// The JSON lines a package's `txoutbox-subscribe` printed for one subscription group:
+/// every row of `ids` (inserted as `rows`) exactly once, acked on its first attempt, and
+/// each key's rows in id order (a group keeps key order, not the order across keys).
+pub fn assert_every_row_once_in_key_order(
+    lines: &[serde_json::Value],
+    ids: &[i64],
+    rows: &[(Option<&str>, &str)],
+    group: &str,
+) {
+    let got: Vec<i64> = lines.iter().map(|l| l["id"].as_i64().unwrap()).collect();
+    let mut sorted = got.clone();
+    sorted.sort_unstable();
+    assert_eq!(sorted, ids, "group {group}: every row once; got {got:?}");
+    for line in lines {
+        let at = ids.iter().position(|id| line["id"] == *id).unwrap();
+        let (key, payload) = rows[at];
+        assert_eq!(line["key"], serde_json::json!(key), "group {group}: {line}");
+        assert_eq!(line["payload"], payload, "group {group}: {line}");
+        assert_eq!(line["attempts"], 1, "group {group}: {line}");
+        assert_eq!(line["answer"], "ack", "group {group}: {line}");
+    }
+    let mut per_key: BTreeMap<String, Vec<i64>> = BTreeMap::new();
+    for line in lines.iter().filter(|l| !l["key"].is_null()) {
+        let key = line["key"].as_str().unwrap().to_owned();
+        per_key
+            .entry(key)
+            .or_default()
+            .push(line["id"].as_i64().unwrap());
+    }
+    for (key, got) in per_key {
+        assert!(
+            got.is_sorted(),
+            "group {group}: key {key} out of order: {got:?}"
+        );
+    }
+}

@@ -32,6 +32,7 @@ class AsyncSubscriber:
         *,
         name: str = "txoutbox-python",
         topics: Iterable[str] = (),
+        group: str = "",
         max_in_flight: int = 100,
         lease: Optional[float] = None,
         credentials: Optional[Credentials] = None,
@@ -40,7 +41,7 @@ class AsyncSubscriber:
         on_event: Optional[Callable[[Event], None]] = None,
     ):
         self._options = make_options(
-            servers, outbox, name=name, topics=topics, max_in_flight=max_in_flight,
+            servers, outbox, name=name, topics=topics, group=group, max_in_flight=max_in_flight,
             lease=lease, credentials=credentials, connect_timeout=connect_timeout,
             max_reconnects=max_reconnects)
         self._on_event = on_event

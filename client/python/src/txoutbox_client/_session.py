@@ -43,6 +43,7 @@ class Session:
             outbox=options.outbox,
             subscriber=options.name,
             topics=list(options.topics),
+            group=options.group,
             max_in_flight=options.max_in_flight,
             lease_ms=options.lease_ms,
         ))
@@ -181,7 +182,7 @@ def _text(error: str) -> str:
 
 
 def make_options(servers: Union[str, Sequence[str]], outbox: str, *, name: str,
-                 topics: Iterable[str], max_in_flight: int, lease: Optional[float],
+                 topics: Iterable[str], group: str, max_in_flight: int, lease: Optional[float],
                  credentials: Optional[Credentials], connect_timeout: float,
                  max_reconnects: Optional[int]) -> _Options:
     """The arguments of a subscriber (sync or asyncio), checked."""
@@ -193,6 +194,7 @@ def make_options(servers: Union[str, Sequence[str]], outbox: str, *, name: str,
         outbox=outbox,
         name=name,
         topics=list(topics),
+        group=group,
         max_in_flight=max_in_flight,
         lease_ms=0 if lease is None else round(lease * 1000),
         credentials=credentials or Credentials(),

@@ -34,6 +34,9 @@ class Subscriber:
 
     ``lease`` (seconds; ``None``: the outbox's ``lease``) is how long each message stays
     leased without an answer; ``max_in_flight`` how many the server sends before answers.
+    ``group`` joins a subscription group of the outbox (required when it declares groups,
+    and then without ``topics``): every group receives every row, and the subscribers of
+    one group share its rows by key.
     """
 
     def __init__(
@@ -43,6 +46,7 @@ class Subscriber:
         *,
         name: str = "txoutbox-python",
         topics: Iterable[str] = (),
+        group: str = "",
         max_in_flight: int = 100,
         lease: Optional[float] = None,
         credentials: Optional[Credentials] = None,
@@ -51,7 +55,7 @@ class Subscriber:
         on_event: Optional[Callable[[Event], None]] = None,
     ):
         self._options = make_options(
-            servers, outbox, name=name, topics=topics, max_in_flight=max_in_flight,
+            servers, outbox, name=name, topics=topics, group=group, max_in_flight=max_in_flight,
             lease=lease, credentials=credentials, connect_timeout=connect_timeout,
             max_reconnects=max_reconnects)
         self._on_event = on_event

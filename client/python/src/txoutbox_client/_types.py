@@ -192,6 +192,7 @@ class _Options:
     outbox: str
     name: str
     topics: Sequence[str]
+    group: str
     max_in_flight: int
     lease_ms: int
     credentials: Credentials

@@ -40,6 +40,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="this subscriber's name in the server's logs and stats")
     parser.add_argument("--topic", action="append", default=[], dest="topics",
                         help="only this topic (repeatable); default: every topic")
+    parser.add_argument("--group", default="",
+                        help="join this subscription group of the outbox (required when it "
+                             "declares groups; not with --topic)")
     parser.add_argument("--max-in-flight", type=int, default=100,
                         help="most messages held unanswered at once (1-10000)")
     parser.add_argument("--lease-ms", type=int, default=0,
@@ -153,6 +156,7 @@ def main(argv=None) -> None:
             args.servers, args.outbox,
             name=args.subscriber,
             topics=args.topics,
+            group=args.group,
             max_in_flight=args.max_in_flight,
             lease=args.lease_ms / 1000 if args.lease_ms else None,
             credentials=credentials,
