@@ -153,6 +153,15 @@ impl Part {
         reached
     }
 
+    /// Whether [`Part::settled_position`] would move the position: settled rows at the
+    /// head of `open` that no flush has written yet.
+    fn position_would_move(&self) -> bool {
+        let bound = self.queue.front().map(|row| row.position);
+        self.open
+            .first_key_value()
+            .is_some_and(|(&position, &settled)| settled && bound.is_none_or(|b| position <= b))
+    }
+
     pub fn state_rows(&self) -> impl Iterator<Item = &StateRow> {
         self.state.values()
     }
@@ -696,7 +705,10 @@ impl Member {
         flushes
     }
 
-    /// Partitions marked leaving with nothing in flight and nothing to write.
+    /// Partitions marked leaving with nothing in flight and nothing to write. An ack
+    /// applied since the last flush moved the position in memory only: released before
+    /// that flush, the partition's next owner would read from the old position and
+    /// deliver the acked rows again.
     pub fn quiet_leaving(&self) -> Vec<u32> {
         self.parts
             .iter()
@@ -704,6 +716,7 @@ impl Member {
                 p.leaving
                     && p.upserts.is_empty()
                     && p.deletes.is_empty()
+                    && !p.position_would_move()
                     && !self.flights.values().any(|f| f.partition == **n)
             })
             .map(|(n, _)| *n)

@@ -235,3 +235,20 @@ fn an_expired_lease_retries_at_once_keeping_the_attempt() {
     assert_eq!(sent(&d), vec![1]);
     assert_eq!(m.attempts_of(1), 2);
 }
+
+/// A partition handed over right after an ack, before the flush that writes its
+/// position, would have its next owner deliver the acked row again: it is quiet only
+/// once that position is taken for the flush.
+#[test]
+fn a_leaving_partition_is_quiet_only_once_its_acks_are_flushed() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1, 2]);
+    m.parts.get_mut(&0).expect("partition 0").leaving = true;
+    assert!(m.quiet_leaving().is_empty(), "rows in flight");
+    let mut outcome = Outcome::default();
+    m.ack(&[1, 2], &mut outcome);
+    assert!(m.quiet_leaving().is_empty(), "acked, not flushed");
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 2 }));
+    assert_eq!(m.quiet_leaving(), vec![0]);
+}
