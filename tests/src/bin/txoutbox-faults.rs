@@ -4,7 +4,7 @@
 //! history checker's report. Exits 1 on a loss, an order violation or a duplicate no
 //! fault explains. The logic lives in `txoutbox_tests::faults`; docs/guarantees.md, "Proof".
 //!
-//! `cargo run --release -p txoutbox-tests --bin txoutbox-faults -- --backend postgres --duration 10m [--seed N]`
+//! `cargo run --release -p txoutbox-tests --bin txoutbox-faults -- --backend postgres --duration 10m [--seed N] [--groups]`
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -28,6 +28,10 @@ struct Options {
     /// Producer rows per second.
     #[arg(long, default_value_t = 400)]
     rate: u32,
+    /// Deliver through two subscription groups (`a`, `b`) instead of per-row claims:
+    /// each group is judged alone (PostgreSQL and SQLite).
+    #[arg(long)]
+    groups: bool,
     /// Keep the journals and subscriber logs even when the run passes.
     #[arg(long)]
     keep_files: bool,
@@ -56,6 +60,9 @@ fn main() -> ExitCode {
         options.duration,
         dir.join("fault-subscriber"),
     );
+    if options.groups {
+        plan = plan.on_groups();
+    }
     plan.workload.rate = options.rate;
     plan.keep_files = options.keep_files;
     let runtime = tokio::runtime::Builder::new_multi_thread()

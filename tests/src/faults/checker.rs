@@ -17,6 +17,11 @@
 //!   Also the producer's insert latency while it lasted (at least [`LATENCY_WINDOW`]);
 //!   and for a fault that strikes a replica, the new rows the other replica's subscribers
 //!   received meanwhile and their longest gap.
+//!
+//! With subscription groups every group receives every row, so [`check_groups`] judges
+//! each group alone, by the same rules, on the publishes of its members: a row is lost
+//! for a group its members never published or that the group had not passed at the end
+//! of the drain, and a duplicate is a second publish within the group.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -134,6 +139,11 @@ pub struct FaultFindings {
 
 #[derive(Debug, Default)]
 pub struct Findings {
+    /// The subscription group judged; `None` with per-row claims.
+    pub group: Option<String>,
+    /// With groups: what the group had not passed when the drain ended (its `Stats`),
+    /// `None` when it had passed every row.
+    pub unpassed: Option<String>,
     pub committed: usize,
     pub inserts_failed: usize,
     pub publishes: usize,
@@ -157,6 +167,7 @@ pub struct Findings {
 }
 
 impl Findings {
+    /// Rows lost by id; a group's [`Findings::unpassed`] is counted apart.
     pub fn lost(&self) -> usize {
         let mut lost: HashSet<i64> = self.never_published.iter().copied().collect();
         lost.extend(self.not_done.iter().map(|(id, _)| *id));
@@ -254,6 +265,34 @@ pub fn check(input: &Input<'_>) -> Findings {
     findings.statements_quiet = of(&quiet, |i| i.statement_us);
     findings.statements_relay_faults = of(&relay, |i| i.statement_us);
     findings
+}
+
+/// Judges each of `groups` on its members' publishes alone; `unpassed` is what each group
+/// had not passed at the end of the drain, by group (absent: everything passed).
+pub fn check_groups(
+    input: &Input<'_>,
+    groups: &[String],
+    unpassed: &HashMap<String, String>,
+) -> Vec<Findings> {
+    groups
+        .iter()
+        .map(|group| {
+            let publishes: Vec<Publish> = input
+                .publishes
+                .iter()
+                .filter(|p| p.group.as_ref() == Some(group))
+                .cloned()
+                .collect();
+            let mut findings = check(&Input {
+                publishes: &publishes,
+                unfinished: &[],
+                ..*input
+            });
+            findings.group = Some(group.clone());
+            findings.unpassed = unpassed.get(group).cloned();
+            findings
+        })
+        .collect()
 }
 
 fn order_violations(input: &Input<'_>) -> Vec<OrderViolation> {

@@ -43,6 +43,19 @@ backoff.base = "100ms"
 backoff.maximum = "1s"
 "#;
 
+/// The outbox's groups, each ordered by key, its partitions leased as long as the
+/// subscribers' messages: a dead replica's partitions move on as soon as its rows would.
+/// Retries are the outbox's ([`OUTBOX_EXTRA`]).
+fn groups_config(groups: &[String]) -> String {
+    let lease = super::processes::LEASE_MS;
+    groups
+        .iter()
+        .map(|group| {
+            format!("[outboxes.orders.groups.{group}]\nordering = \"key\"\nlease = \"{lease}ms\"\n")
+        })
+        .collect()
+}
+
 impl Database {
     pub async fn create(backend: Backend) -> Self {
         match backend {
@@ -75,8 +88,16 @@ impl Database {
         Ok(Some(address))
     }
 
-    /// The configuration of replica `name`, reaching a networked database through `link`.
-    pub fn replica_config(&self, name: &str, link: Option<SocketAddr>) -> String {
+    /// The configuration of replica `name`, reaching a networked database through `link`,
+    /// its outbox declaring `groups` (none: per-row claims).
+    pub fn replica_config(
+        &self,
+        name: &str,
+        link: Option<SocketAddr>,
+        groups: &[String],
+    ) -> String {
+        let extra = format!("{OUTBOX_EXTRA}{}", groups_config(groups));
+        let extra = extra.as_str();
         let through = |url: &str| match (link, host_port(url)) {
             (Some(link), Some(authority)) => url.replacen(authority, &link.to_string(), 1),
             _ => url.to_owned(),
@@ -86,10 +107,10 @@ impl Database {
                 let url = through(&db.url);
                 let separator = if url.contains('?') { '&' } else { '?' };
                 let url = format!("{url}{separator}application_name={PREFIX}-{name}");
-                db.config_at(&url, OUTBOX_EXTRA)
+                db.config_at(&url, extra)
             }
-            Self::Mariadb(db) => db.config_at(&through(&db.url), OUTBOX_EXTRA),
-            Self::Sqlite(db) => db.config(OUTBOX_EXTRA),
+            Self::Mariadb(db) => db.config_at(&through(&db.url), extra),
+            Self::Sqlite(db) => db.config(extra),
         }
     }
 

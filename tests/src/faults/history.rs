@@ -42,6 +42,8 @@ pub struct Insert {
 pub struct Publish {
     pub at_us: i64,
     pub subscriber: String,
+    /// The subscription group it was delivered to; `None` with per-row claims.
+    pub group: Option<String>,
     pub id: i64,
     pub key: Option<String>,
     pub seq: u64,
@@ -72,13 +74,19 @@ impl Journals {
         Ok(())
     }
 
-    /// Reads the Python example's stdout (`--timestamps` JSON lines) of subscriber `name`.
-    pub fn read_python(&mut self, path: &Path, name: &str) -> std::io::Result<()> {
+    /// Reads the Python example's stdout (`--timestamps` JSON lines) of subscriber `name`,
+    /// a member of `group` when given (its lines do not say: one process joins one group).
+    pub fn read_python(
+        &mut self,
+        path: &Path,
+        name: &str,
+        group: Option<&str>,
+    ) -> std::io::Result<()> {
         for line in std::fs::read_to_string(path)?
             .lines()
             .filter(|l| !l.is_empty())
         {
-            match parse_python_line(line, name) {
+            match parse_python_line(line, name, group) {
                 Some(Some(publish)) => self.publishes.push(publish),
                 Some(None) => {}
                 None => self.torn_lines += 1,
@@ -105,9 +113,19 @@ fn parse_rust_line(line: &str) -> Option<Publish> {
     };
     let seq = fields.next()?.parse().ok()?;
     let attempt = fields.next()?.parse().ok()?;
+    // A seventh field, with groups: the group it was delivered to.
+    let group = match fields.next() {
+        None => None,
+        Some("") => return None,
+        Some(group) => Some(group.to_owned()),
+    };
+    if fields.next().is_some() {
+        return None;
+    }
     Some(Publish {
         at_us,
         subscriber,
+        group,
         id,
         key,
         seq,
@@ -116,7 +134,7 @@ fn parse_rust_line(line: &str) -> Option<Publish> {
 }
 
 /// `Some(None)` for a line that is whole but no publish (an answer other than ack).
-fn parse_python_line(line: &str, name: &str) -> Option<Option<Publish>> {
+fn parse_python_line(line: &str, name: &str, group: Option<&str>) -> Option<Option<Publish>> {
     let value: serde_json::Value = serde_json::from_str(line).ok()?;
     if value["answer"].as_str()? != "ack" {
         return Some(None);
@@ -125,6 +143,7 @@ fn parse_python_line(line: &str, name: &str) -> Option<Option<Publish>> {
     Some(Some(Publish {
         at_us: value["published_at_us"].as_i64()?,
         subscriber: name.to_owned(),
+        group: group.map(str::to_owned),
         id: value["id"].as_i64()?,
         key: (key != "-").then(|| key.to_owned()),
         seq: seq.parse().ok()?,
@@ -146,13 +165,22 @@ mod tests {
         let keyless = parse_rust_line("1\trust-1\t43\t-\t9\t1").unwrap();
         assert_eq!(keyless.key, None);
         assert!(parse_rust_line("1\trust-1\t4").is_none());
+        assert_eq!(rust.group, None);
+        let grouped = parse_rust_line("1\trust-1\t42\tk7\t3\t2\ta").unwrap();
+        assert_eq!(grouped.group.as_deref(), Some("a"));
+        // Torn inside the group field: a line of six fields and a dangling tab.
+        assert!(parse_rust_line("1\trust-1\t42\tk7\t3\t2\t").is_none());
 
         let line = r#"{"id": 5, "key": "k1", "payload": "k1:8", "attempts": 1, "answer": "ack", "published_at_us": 17}"#;
-        let python = parse_python_line(line, "py-1").unwrap().unwrap();
+        let python = parse_python_line(line, "py-1", None).unwrap().unwrap();
         assert_eq!((python.at_us, python.id, python.seq), (17, 5, 8));
         let nack = r#"{"id": 5, "payload": "k1:8", "answer": "nack"}"#;
-        assert!(parse_python_line(nack, "py-1").unwrap().is_none());
-        assert!(parse_python_line(r#"{"id": 5, "pay"#, "py-1").is_none());
+        assert!(parse_python_line(nack, "py-1", None).unwrap().is_none());
+        assert!(parse_python_line(r#"{"id": 5, "pay"#, "py-1", None).is_none());
+        let grouped = parse_python_line(line, "py-1-b", Some("b"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(grouped.group.as_deref(), Some("b"));
     }
 
     /// A line cut by `kill -9` must not take the next process's first publish with it.
@@ -190,7 +218,7 @@ mod tests {
 
         let mut journals = Journals::default();
         journals.read_rust(&rust)?;
-        journals.read_python(&python, "py-1")?;
+        journals.read_python(&python, "py-1", None)?;
         let ids: Vec<i64> = journals.publishes.iter().map(|p| p.id).collect();
         assert_eq!(ids, [42, 44, 6]);
         assert_eq!(journals.torn_lines, 2);

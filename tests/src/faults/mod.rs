@@ -3,6 +3,11 @@
 //! of each per replica), a producer at a steady rate, and a driver injecting one fault at
 //! a time; then a drain, and the [`checker`] over everything recorded.
 //!
+//! With [`Plan::groups`] the outbox declares subscription groups instead (docs/groups.md):
+//! each replica's Rust subscriber joins every group, and a Python one per group joins it,
+//! so every group has members of both runtimes on both replicas; the checker judges each
+//! group alone.
+//!
 //! [`run`] is the whole of it; `tests/tests/faults.rs` runs it briefly on each backend and
 //! `txoutbox-faults` (a binary of this crate) for as long as asked, printing the same
 //! [`report`]. Every wait is bounded, every process is the run's own and signalled by its
@@ -26,6 +31,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::time::Instant;
+use txoutbox_proto::v1::admin_client::AdminClient;
+use txoutbox_proto::v1::StatsRequest;
 
 use checker::{Findings, Input};
 use database::{Backend, Database};
@@ -48,6 +55,9 @@ pub struct Plan {
     pub drain: Duration,
     /// The `fault-subscriber` binary.
     pub fault_subscriber: PathBuf,
+    /// Subscription groups the outbox declares (each ordered by key); none: per-row
+    /// claims. PostgreSQL and SQLite only.
+    pub groups: Vec<String>,
     /// Keep the journals and subscriber logs (their directory is printed).
     pub keep_files: bool,
 }
@@ -72,15 +82,26 @@ impl Plan {
             tail: Duration::from_secs(8),
             drain: Duration::from_secs(90),
             fault_subscriber,
+            groups: Vec::new(),
             keep_files: false,
         }
     }
+
+    /// The same run on two subscription groups, `a` and `b`.
+    pub fn on_groups(mut self) -> Self {
+        self.groups = GROUPS.iter().map(|g| g.to_string()).collect();
+        self
+    }
 }
+
+/// The groups of [`Plan::on_groups`].
+pub const GROUPS: [&str; 2] = ["a", "b"];
 
 pub struct Outcome {
     pub plan: Plan,
     pub faults: Vec<Fault>,
-    pub findings: Findings,
+    /// One per group; one of no group with per-row claims.
+    pub findings: Vec<Findings>,
     pub subscribers: Vec<(String, Runtime, usize, u32)>,
     pub replica_restarts: Vec<u32>,
     pub torn_lines: usize,
@@ -91,8 +112,26 @@ pub struct Outcome {
 impl Outcome {
     /// What breaks a guarantee: losses, order violations, unexplained duplicates.
     pub fn failures(&self) -> Vec<String> {
-        let mut failures = self.losses_and_reorders();
-        let findings = &self.findings;
+        self.findings
+            .iter()
+            .flat_map(|findings| {
+                let failures = self.failures_of(findings);
+                let group = findings.group.clone();
+                failures.into_iter().map(move |failure| match &group {
+                    Some(group) => format!("group {group}: {failure}"),
+                    None => failure,
+                })
+            })
+            .collect()
+    }
+
+    /// Committed rows, the same for every group.
+    pub fn committed(&self) -> usize {
+        self.findings.first().map_or(0, |f| f.committed)
+    }
+
+    fn failures_of(&self, findings: &Findings) -> Vec<String> {
+        let mut failures = losses_and_reorders(findings);
         if !findings.duplicates_unexplained.is_empty() {
             // Times in seconds from the first fault, as in the report.
             let origin = self.faults.first().map_or(0, |f| f.start_us);
@@ -122,28 +161,32 @@ impl Outcome {
         }
         failures
     }
+}
 
-    /// Losses and order violations only.
-    fn losses_and_reorders(&self) -> Vec<String> {
-        let findings = &self.findings;
-        let mut failures = Vec::new();
-        if findings.lost() > 0 {
-            failures.push(format!(
-                "{} rows lost (never published: {:?}; not done: {:?})",
-                findings.lost(),
-                head(&findings.never_published),
-                head(&findings.not_done)
-            ));
-        }
-        if !findings.order_violations.is_empty() {
-            failures.push(format!(
-                "{} per-key order violations, first: {:?}",
-                findings.order_violations.len(),
-                head(&findings.order_violations)
-            ));
-        }
-        failures
+/// Losses and order violations only.
+fn losses_and_reorders(findings: &Findings) -> Vec<String> {
+    let mut failures = Vec::new();
+    if let Some(unpassed) = &findings.unpassed {
+        failures.push(format!(
+            "rows not passed at the end of the drain: {unpassed}"
+        ));
     }
+    if findings.lost() > 0 {
+        failures.push(format!(
+            "{} rows lost (never published: {:?}; not done: {:?})",
+            findings.lost(),
+            head(&findings.never_published),
+            head(&findings.not_done)
+        ));
+    }
+    if !findings.order_violations.is_empty() {
+        failures.push(format!(
+            "{} per-key order violations, first: {:?}",
+            findings.order_violations.len(),
+            head(&findings.order_violations)
+        ));
+    }
+    failures
 }
 
 fn head<T: Clone>(items: &[T]) -> Vec<T> {
@@ -158,29 +201,48 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
     let dir = tempfile::Builder::new()
         .prefix("txoutbox-faults-")
         .tempdir()?;
+    anyhow::ensure!(
+        plan.groups.is_empty() || plan.backend != Backend::Mariadb,
+        "subscription groups need PostgreSQL or SQLite"
+    );
     let db = Arc::new(Database::create(plan.backend).await);
     eprintln!(
-        "[faults] {:?}, seed {}, files in {}",
+        "[faults] {:?}{}, seed {}, files in {}",
         plan.backend,
+        if plan.groups.is_empty() {
+            String::new()
+        } else {
+            format!(" on groups {}", plan.groups.join(", "))
+        },
         plan.seed,
         dir.path().display()
     );
     let mut replicas = vec![
-        Replica::start("r1", &db).await?,
-        Replica::start("r2", &db).await?,
+        Replica::start("r1", &db, &plan.groups).await?,
+        Replica::start("r2", &db, &plan.groups).await?,
     ];
     let mut subscribers = Vec::new();
     for (index, replica) in replicas.iter().enumerate() {
         let n = index + 1;
-        for (name, runtime) in [
-            (format!("rust-{n}"), Runtime::Rust),
-            (format!("py-{n}"), Runtime::Python),
-        ] {
+        let mut cast = vec![(format!("rust-{n}"), Runtime::Rust, plan.groups.clone())];
+        if plan.groups.is_empty() {
+            cast.push((format!("py-{n}"), Runtime::Python, Vec::new()));
+        }
+        // The Python example joins one group per process.
+        for group in &plan.groups {
+            cast.push((
+                format!("py-{n}-{group}"),
+                Runtime::Python,
+                vec![group.clone()],
+            ));
+        }
+        for (name, runtime, groups) in cast {
             let address = replica.client_link.address();
             subscribers.push(SubscriberProcess::start(
                 &programs,
                 &name,
                 runtime,
+                groups,
                 index,
                 address,
                 dir.path(),
@@ -210,7 +272,13 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
     let inserts = producer.await?;
 
     let committed: Vec<i64> = inserts.iter().filter_map(|i| i.id).collect();
-    let unfinished = drain(&db, &committed, plan.drain, &mut cast).await?;
+    let (unfinished, unpassed) = if plan.groups.is_empty() {
+        let unfinished = drain(&db, &committed, plan.drain, &mut cast).await?;
+        (unfinished, HashMap::new())
+    } else {
+        let unpassed = drain_groups(&plan.groups, plan.drain, &mut cast).await;
+        (Vec::new(), unpassed)
+    };
     let subscriber_summary = subscribers
         .iter()
         .map(|s| (s.name.clone(), s.runtime, s.replica, s.restarts))
@@ -227,11 +295,12 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
             subscriber.name.clone(),
             subscriber.runtime,
         );
+        let group = subscriber.groups.first().cloned();
         subscriber.stop().await;
         if journal.exists() {
             match runtime {
                 Runtime::Rust => journals.read_rust(&journal)?,
-                Runtime::Python => journals.read_python(&journal, &name)?,
+                Runtime::Python => journals.read_python(&journal, &name, group.as_deref())?,
             }
         }
     }
@@ -239,13 +308,18 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
         replica.stop().await;
     }
     let journals = journals.sorted();
-    let findings = checker::check(&Input {
+    let input = Input {
         inserts: &inserts,
         publishes: &journals.publishes,
         faults: &faults,
         unfinished: &unfinished,
         replica_of: &replica_of,
-    });
+    };
+    let findings = if plan.groups.is_empty() {
+        vec![checker::check(&input)]
+    } else {
+        checker::check_groups(&input, &plan.groups, &unpassed)
+    };
     if let Ok(db) = Arc::try_unwrap(db) {
         db.drop().await;
     }
@@ -287,4 +361,64 @@ async fn drain(
         }
         driver::idle(cast, Duration::from_millis(500)).await;
     }
+}
+
+/// Waits (bounded by `deadline`) until every group has passed every row (`Stats`: no
+/// lag, nothing retrying, held or dead), keeping the subscribers running. Returns what
+/// each group that had not still showed then. The rows of an outbox with groups stay
+/// `pending` (groups never write them): their positions are what tells.
+async fn drain_groups(
+    groups: &[String],
+    deadline: Duration,
+    cast: &mut Cast<'_>,
+) -> HashMap<String, String> {
+    let until = Instant::now() + deadline;
+    loop {
+        let unpassed = match groups_unpassed(groups, cast).await {
+            Ok(unpassed) => unpassed,
+            Err(error) => groups
+                .iter()
+                .map(|g| (g.clone(), format!("no Stats: {error:#}")))
+                .collect(),
+        };
+        if unpassed.is_empty() || Instant::now() >= until {
+            return unpassed;
+        }
+        driver::idle(cast, Duration::from_millis(500)).await;
+    }
+}
+
+/// Each group that has not passed every row, with what its `Stats` shows.
+async fn groups_unpassed(
+    groups: &[String],
+    cast: &Cast<'_>,
+) -> anyhow::Result<HashMap<String, String>> {
+    let channel = tonic::transport::Endpoint::from_shared(cast.replicas[0].server().url())?
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await?;
+    let stats = AdminClient::new(channel)
+        .stats(StatsRequest {
+            outbox: "orders".into(),
+        })
+        .await?
+        .into_inner();
+    let mut unpassed = HashMap::new();
+    for group in groups {
+        let Some(found) = stats.groups.iter().find(|g| &g.group == group) else {
+            unpassed.insert(group.clone(), "not in Stats".to_owned());
+            continue;
+        };
+        if found.lag_rows + found.retrying + found.held + found.dead > 0 {
+            unpassed.insert(
+                group.clone(),
+                format!(
+                    "{} rows past its positions, {} retrying, {} held, {} dead",
+                    found.lag_rows, found.retrying, found.held, found.dead
+                ),
+            );
+        }
+    }
+    Ok(unpassed)
 }

@@ -32,12 +32,13 @@ pub struct Replica {
 }
 
 impl Replica {
-    pub async fn start(name: &str, db: &Database) -> anyhow::Result<Self> {
+    /// A replica of an outbox declaring `groups` (none: per-row claims).
+    pub async fn start(name: &str, db: &Database, groups: &[String]) -> anyhow::Result<Self> {
         let db_link = match db.server_address()? {
             Some(address) => Some(Link::start(address).await?),
             None => None,
         };
-        let config = db.replica_config(name, db_link.as_ref().map(Link::address));
+        let config = db.replica_config(name, db_link.as_ref().map(Link::address), groups);
         let server = start_server(&config).await;
         let client_link = Link::start(server.address.parse()?).await?;
         Ok(Self {
@@ -149,6 +150,9 @@ impl Programs {
 pub struct SubscriberProcess {
     pub name: String,
     pub runtime: Runtime,
+    /// The subscription groups it joins (the Python example: one); empty with per-row
+    /// claims.
+    pub groups: Vec<String>,
     /// Index of the replica it subscribes to.
     pub replica: usize,
     /// The replica's client link.
@@ -168,16 +172,18 @@ impl SubscriberProcess {
         programs: &Programs,
         name: &str,
         runtime: Runtime,
+        groups: Vec<String>,
         replica: usize,
         server: SocketAddr,
         dir: &Path,
     ) -> anyhow::Result<Self> {
         let journal = dir.join(format!("{name}.journal"));
         let stderr = dir.join(format!("{name}.stderr"));
-        let child = spawn(programs, name, runtime, server, &journal, &stderr)?;
+        let child = spawn(programs, name, runtime, &groups, server, &journal, &stderr)?;
         Ok(Self {
             name: name.to_owned(),
             runtime,
+            groups,
             replica,
             server,
             journal,
@@ -228,6 +234,7 @@ impl SubscriberProcess {
             programs,
             &self.name,
             self.runtime,
+            &self.groups,
             self.server,
             &self.journal,
             &self.stderr,
@@ -262,6 +269,7 @@ fn spawn(
     programs: &Programs,
     name: &str,
     runtime: Runtime,
+    groups: &[String],
     server: SocketAddr,
     journal: &Path,
     stderr: &Path,
@@ -281,6 +289,7 @@ fn spawn(
                 .args([&format!("http://{server}"), "orders", name])
                 .arg(journal)
                 .arg(&lease)
+                .args((!groups.is_empty()).then(|| groups.join(",")))
                 .stdout(Stdio::null())
                 .env("RUST_LOG", "warn");
             command
@@ -293,6 +302,9 @@ fn spawn(
                 .args(["--max-in-flight", "100", "--timestamps"])
                 .args(["--connect-timeout", "60"])
                 .stdout(append(journal)?);
+            if let Some(group) = groups.first() {
+                command.args(["--group", group]);
+            }
             command
         }
     };

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
-use super::checker::{Latency, Recovery};
+use super::checker::{Findings, Latency, Recovery};
 use super::processes::Runtime;
 use super::Outcome;
 
@@ -19,7 +19,125 @@ pub const RECOVERY_LIMIT_S: f64 = 5.0;
 pub fn render(outcome: &Outcome) -> String {
     let mut out = String::new();
     let plan = &outcome.plan;
-    let findings = &outcome.findings;
+    for findings in &outcome.findings {
+        if let Some(group) = &findings.group {
+            let _ = writeln!(out, "group {group}:");
+        }
+        fault_table(&mut out, outcome, findings);
+    }
+
+    let _ = writeln!(out);
+    let subscribers: Vec<String> = outcome
+        .subscribers
+        .iter()
+        .map(|(name, runtime, replica, restarts)| {
+            let runtime = match runtime {
+                Runtime::Rust => "Rust",
+                Runtime::Python => "Python",
+            };
+            format!("{name} ({runtime}, r{}, {restarts} restarts)", replica + 1)
+        })
+        .collect();
+    let groups = if plan.groups.is_empty() {
+        "per-row claims".to_owned()
+    } else {
+        format!("groups {}", plan.groups.join(", "))
+    };
+    let _ = writeln!(
+        out,
+        "backend {:?} ({groups}), seed {}, {:.0}s in all; producer {} rows/s over {} keys ({} hot) + keyless",
+        plan.backend,
+        plan.seed,
+        outcome.elapsed.as_secs_f64(),
+        plan.workload.rate,
+        plan.workload.keys,
+        plan.workload.hot_keys
+    );
+    let _ = writeln!(
+        out,
+        "replicas r1, r2 (restarts {:?}); subscribers {}",
+        outcome.replica_restarts,
+        subscribers.join(", ")
+    );
+    let Some(first) = outcome.findings.first() else {
+        return out;
+    };
+    let _ = writeln!(
+        out,
+        "rows committed {} (failed inserts {}), torn journal lines {}",
+        first.committed, first.inserts_failed, outcome.torn_lines
+    );
+    let mut kinds: BTreeMap<_, usize> = BTreeMap::new();
+    for fault in &outcome.faults {
+        *kinds.entry(fault.kind).or_default() += 1;
+    }
+    let kinds: Vec<String> = kinds
+        .iter()
+        .map(|(kind, n)| format!("{} x{n}", kind.label()))
+        .collect();
+    let _ = writeln!(out, "faults {}: {}", outcome.faults.len(), kinds.join(", "));
+    for findings in &outcome.findings {
+        delivery_summary(&mut out, findings);
+    }
+    // The producer's figures do not depend on the group: the first's.
+    let _ = writeln!(
+        out,
+        "producer inserts: quiet {}; during relay faults {} ms",
+        latency(&first.inserts_quiet),
+        latency(&first.inserts_relay_faults)
+    );
+    let _ = writeln!(
+        out,
+        "their statements before the commit (where a wait on the relay would show): \
+         quiet {}; during relay faults {} ms",
+        latency(&first.statements_quiet),
+        latency(&first.statements_relay_faults)
+    );
+    let relay_p99 = first
+        .per_fault
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| outcome.faults[*i].kind.strikes_replica())
+        .max_by(|a, b| a.1.inserts.p99_ms.total_cmp(&b.1.inserts.p99_ms));
+    if let Some((index, found)) = relay_p99 {
+        let _ = writeln!(
+            out,
+            "worst insert p99 during one relay fault: {:.1} ms, max {:.1} ms (fault #{})",
+            found.inserts.p99_ms,
+            found.inserts.max_ms,
+            index + 1
+        );
+    }
+    let statement_p99 = first
+        .per_fault
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| outcome.faults[*i].kind.strikes_replica())
+        .max_by(|a, b| a.1.statements.p99_ms.total_cmp(&b.1.statements.p99_ms));
+    if let Some((index, found)) = statement_p99 {
+        let _ = writeln!(
+            out,
+            "worst statement p99 during one relay fault: {:.1} ms, max {:.1} ms (fault #{})",
+            found.statements.p99_ms,
+            found.statements.max_ms,
+            index + 1
+        );
+    }
+    let notes = warnings(outcome);
+    for failure in outcome.failures() {
+        let _ = writeln!(out, "FAILED: {failure}");
+    }
+    for note in notes {
+        let _ = writeln!(out, "WARNING: {note}");
+    }
+    if let Some(files) = &outcome.files {
+        let _ = writeln!(out, "journals and logs kept in {}", files.display());
+    }
+    out
+}
+
+/// One line per fault, with what `findings` (one group's, or the per-row run's) saw.
+fn fault_table(out: &mut String, outcome: &Outcome, findings: &Findings) {
     let first = outcome.faults.first().map_or(0, |f| f.start_us);
     let _ = writeln!(
         out,
@@ -57,47 +175,26 @@ pub fn render(outcome: &Outcome) -> String {
             found.duplicates
         );
     }
+}
 
-    let _ = writeln!(out);
-    let subscribers: Vec<String> = outcome
-        .subscribers
-        .iter()
-        .map(|(name, runtime, replica, restarts)| {
-            let runtime = match runtime {
-                Runtime::Rust => "Rust",
-                Runtime::Python => "Python",
-            };
-            format!("{name} ({runtime}, r{}, {restarts} restarts)", replica + 1)
-        })
-        .collect();
+/// Deliveries, losses, order, duplicates and recovery of one group (or the per-row run).
+fn delivery_summary(out: &mut String, findings: &Findings) {
+    let prefix = findings
+        .group
+        .as_ref()
+        .map_or(String::new(), |g| format!("group {g}: "));
     let _ = writeln!(
         out,
-        "backend {:?}, seed {}, {:.0}s in all; producer {} rows/s over {} keys ({} hot) + keyless",
-        plan.backend,
-        plan.seed,
-        outcome.elapsed.as_secs_f64(),
-        plan.workload.rate,
-        plan.workload.keys,
-        plan.workload.hot_keys
+        "{prefix}delivered {}, publishes {}",
+        findings.delivered, findings.publishes
     );
+    let unpassed = findings
+        .unpassed
+        .as_ref()
+        .map_or(String::new(), |u| format!("; not passed at the end: {u}"));
     let _ = writeln!(
         out,
-        "replicas r1, r2 (restarts {:?}); subscribers {}",
-        outcome.replica_restarts,
-        subscribers.join(", ")
-    );
-    let _ = writeln!(
-        out,
-        "rows committed {} (failed inserts {}), delivered {}, publishes {}, torn journal lines {}",
-        findings.committed,
-        findings.inserts_failed,
-        findings.delivered,
-        findings.publishes,
-        outcome.torn_lines
-    );
-    let _ = writeln!(
-        out,
-        "lost {} (never published {}, not done at the end {}); order violations {}",
+        "{prefix}lost {} (never published {}, not done at the end {}){unpassed}; order violations {}",
         findings.lost(),
         findings.never_published.len(),
         findings.not_done.len(),
@@ -105,19 +202,10 @@ pub fn render(outcome: &Outcome) -> String {
     );
     let _ = writeln!(
         out,
-        "duplicates {} explained by a fault, {} unexplained",
+        "{prefix}duplicates {} explained by a fault, {} unexplained",
         findings.duplicates_explained,
         findings.duplicates_unexplained.len()
     );
-    let mut kinds: BTreeMap<_, usize> = BTreeMap::new();
-    for fault in &outcome.faults {
-        *kinds.entry(fault.kind).or_default() += 1;
-    }
-    let kinds: Vec<String> = kinds
-        .iter()
-        .map(|(kind, n)| format!("{} x{n}", kind.label()))
-        .collect();
-    let _ = writeln!(out, "faults {}: {}", outcome.faults.len(), kinds.join(", "));
     let worst_recovery = findings
         .per_fault
         .iter()
@@ -132,50 +220,7 @@ pub fn render(outcome: &Outcome) -> String {
         };
         let _ = writeln!(
             out,
-            "worst time to 90% of the earlier throughput: {seconds} (fault #{})",
-            index + 1
-        );
-    }
-    let _ = writeln!(
-        out,
-        "producer inserts: quiet {}; during relay faults {} ms",
-        latency(&findings.inserts_quiet),
-        latency(&findings.inserts_relay_faults)
-    );
-    let _ = writeln!(
-        out,
-        "their statements before the commit (where a wait on the relay would show): \
-         quiet {}; during relay faults {} ms",
-        latency(&findings.statements_quiet),
-        latency(&findings.statements_relay_faults)
-    );
-    let relay_p99 = findings
-        .per_fault
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| outcome.faults[*i].kind.strikes_replica())
-        .max_by(|a, b| a.1.inserts.p99_ms.total_cmp(&b.1.inserts.p99_ms));
-    if let Some((index, found)) = relay_p99 {
-        let _ = writeln!(
-            out,
-            "worst insert p99 during one relay fault: {:.1} ms, max {:.1} ms (fault #{})",
-            found.inserts.p99_ms,
-            found.inserts.max_ms,
-            index + 1
-        );
-    }
-    let statement_p99 = findings
-        .per_fault
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| outcome.faults[*i].kind.strikes_replica())
-        .max_by(|a, b| a.1.statements.p99_ms.total_cmp(&b.1.statements.p99_ms));
-    if let Some((index, found)) = statement_p99 {
-        let _ = writeln!(
-            out,
-            "worst statement p99 during one relay fault: {:.1} ms, max {:.1} ms (fault #{})",
-            found.statements.p99_ms,
-            found.statements.max_ms,
+            "{prefix}worst time to 90% of the earlier throughput: {seconds} (fault #{})",
             index + 1
         );
     }
@@ -189,34 +234,35 @@ pub fn render(outcome: &Outcome) -> String {
         let kept = gaps.iter().all(|(_, gap)| *gap <= HEALTHY_GAP_LIMIT_S);
         let _ = writeln!(
             out,
-            "the other replica kept delivering in every replica fault: {} (longest gap {gap:.1}s, fault #{}; limit {HEALTHY_GAP_LIMIT_S}s)",
+            "{prefix}the other replica kept delivering in every replica fault: {} (longest gap {gap:.1}s, fault #{}; limit {HEALTHY_GAP_LIMIT_S}s)",
             if kept { "yes" } else { "NO" },
             index + 1
         );
     }
-    let notes = warnings(outcome);
-    for failure in outcome.failures() {
-        let _ = writeln!(out, "FAILED: {failure}");
-    }
-    for note in notes {
-        let _ = writeln!(out, "WARNING: {note}");
-    }
-    if let Some(files) = &outcome.files {
-        let _ = writeln!(out, "journals and logs kept in {}", files.display());
-    }
-    out
 }
 
 /// Timing findings of issue 9's bar: reported, never a test failure (the machine's load
 /// moves them).
 pub fn warnings(outcome: &Outcome) -> Vec<String> {
     let mut notes = Vec::new();
-    for (index, (fault, found)) in outcome
-        .faults
-        .iter()
-        .zip(&outcome.findings.per_fault)
-        .enumerate()
-    {
+    for (index, findings) in outcome.findings.iter().enumerate() {
+        let prefix = findings
+            .group
+            .as_ref()
+            .map_or(String::new(), |g| format!("group {g}: "));
+        // The producer's figures are the same for every group: said once.
+        notes.extend(
+            warnings_of(outcome, findings, index == 0)
+                .into_iter()
+                .map(|note| format!("{prefix}{note}")),
+        );
+    }
+    notes
+}
+
+fn warnings_of(outcome: &Outcome, findings: &Findings, producer: bool) -> Vec<String> {
+    let mut notes = Vec::new();
+    for (index, (fault, found)) in outcome.faults.iter().zip(&findings.per_fault).enumerate() {
         let n = index + 1;
         let label = fault.kind.label();
         if let Some(healthy) = found.healthy {
@@ -226,7 +272,7 @@ pub fn warnings(outcome: &Outcome) -> Vec<String> {
                     fault.target, healthy.longest_gap_s
                 ));
             }
-            if found.inserts.p99_ms >= INSERT_P99_LIMIT_MS {
+            if producer && found.inserts.p99_ms >= INSERT_P99_LIMIT_MS {
                 notes.push(format!(
                     "fault #{n} ({label} on {}): producer insert p99 {:.1} ms \
                      (its statements before the commit: p99 {:.1} ms)",

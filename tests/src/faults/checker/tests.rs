@@ -23,6 +23,7 @@ fn publish(id: i64, key: &str, seq: u64, subscriber: &str, at_us: i64) -> Publis
     Publish {
         at_us,
         subscriber: subscriber.to_owned(),
+        group: None,
         id,
         key: Some(key.to_owned()),
         seq,
@@ -224,4 +225,126 @@ fn a_fault_after_which_the_producer_stops_is_not_measured() {
     }
     let findings = run(&inserts, &publishes, &[stop], &[]);
     assert_eq!(findings.per_fault[0].recovery, Recovery::NotWithin);
+}
+
+fn in_group(group: &str, mut publish: Publish) -> Publish {
+    publish.group = Some(group.to_owned());
+    publish
+}
+
+/// Group `a` gets everything in order; group `b` never gets row 2 and gets `j:1` before
+/// `j:0`, and had not passed everything when the drain ended. Only `b` has findings, and
+/// a row each group got once is no duplicate.
+#[test]
+fn each_group_is_judged_alone() {
+    let inserts = [
+        insert(1, "k", 0, 0),
+        insert(2, "k", 1, 1),
+        insert(3, "j", 0, 2),
+        insert(4, "j", 1, 3),
+    ];
+    let publishes = [
+        in_group("a", publish(1, "k", 0, "a", 10)),
+        in_group("b", publish(1, "k", 0, "b", 11)),
+        in_group("a", publish(2, "k", 1, "a", 20)),
+        in_group("a", publish(3, "j", 0, "a", 30)),
+        in_group("b", publish(4, "j", 1, "b", 31)),
+        in_group("a", publish(4, "j", 1, "a", 40)),
+        in_group("b", publish(3, "j", 0, "b", 41)),
+    ];
+    let groups = ["a".to_owned(), "b".to_owned()];
+    let unpassed = HashMap::from([("b".to_owned(), "1 rows past its positions".to_owned())]);
+    let replica_of = replicas();
+    let input = Input {
+        inserts: &inserts,
+        publishes: &publishes,
+        faults: &[],
+        unfinished: &[],
+        replica_of: &replica_of,
+    };
+    let [a, b] = check_groups(&input, &groups, &unpassed)
+        .try_into()
+        .expect("one findings per group");
+    assert_eq!(a.group.as_deref(), Some("a"));
+    assert_eq!((a.lost(), a.delivered, a.publishes), (0, 4, 4));
+    assert!(a.order_violations.is_empty());
+    assert!(a.duplicates_unexplained.is_empty());
+    assert_eq!(a.unpassed, None);
+
+    assert_eq!(b.group.as_deref(), Some("b"));
+    assert_eq!(b.never_published, [2]);
+    let [violation] = b.order_violations.as_slice() else {
+        panic!("one violation expected: {:?}", b.order_violations);
+    };
+    assert_eq!(
+        (
+            violation.key.as_str(),
+            violation.published,
+            violation.missing
+        ),
+        ("j", 1, 0)
+    );
+    assert!(b.duplicates_unexplained.is_empty());
+    assert!(b.unpassed.is_some());
+
+    // The run fails on `b`'s findings, each named by its group, and on nothing of `a`'s.
+    let plan = crate::faults::Plan::new(
+        crate::faults::database::Backend::Postgres,
+        1,
+        std::time::Duration::from_secs(1),
+        "fault-subscriber".into(),
+    )
+    .on_groups();
+    let outcome = crate::faults::Outcome {
+        plan,
+        faults: Vec::new(),
+        findings: vec![a, b],
+        subscribers: Vec::new(),
+        replica_restarts: Vec::new(),
+        torn_lines: 0,
+        elapsed: std::time::Duration::from_secs(1),
+        files: None,
+    };
+    let failures = outcome.failures();
+    assert_eq!(failures.len(), 3, "{failures:?}");
+    assert!(
+        failures.iter().all(|f| f.starts_with("group b: ")),
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("1 rows lost")),
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("order violations")),
+        "{failures:?}"
+    );
+    assert!(
+        failures.iter().any(|f| f.contains("not passed")),
+        "{failures:?}"
+    );
+}
+
+/// A row published twice in one group with no fault is a duplicate of that group only.
+#[test]
+fn a_duplicate_within_one_group_is_found_in_that_group() {
+    let inserts = [insert(1, "k", 0, 0)];
+    let publishes = [
+        in_group("a", publish(1, "k", 0, "a", S)),
+        in_group("b", publish(1, "k", 0, "b", 2 * S)),
+        in_group("b", publish(1, "k", 0, "a", 3 * S)),
+    ];
+    let replica_of = replicas();
+    let input = Input {
+        inserts: &inserts,
+        publishes: &publishes,
+        faults: &[],
+        unfinished: &[],
+        replica_of: &replica_of,
+    };
+    let groups = ["a".to_owned(), "b".to_owned()];
+    let findings = check_groups(&input, &groups, &HashMap::new());
+    assert!(findings[0].duplicates_unexplained.is_empty());
+    assert_eq!(findings[1].duplicates_unexplained.len(), 1);
+    assert_eq!(findings[1].lost(), 0);
 }
