@@ -60,8 +60,11 @@ class Session:
         """The next message to publish, marked as publishing; ``None`` when there is
         nothing (or the stream is closing)."""
         while self.queue and not self.closing:
-            message = self.queue.popleft()
-            if message.id in self.held:
+            queued = self.queue.popleft()
+            # The latest delivery of the id: one sent again after its lease ran out
+            # carries a new lease token, and an answer with the old one is fenced.
+            message = self.held.get(queued.id)
+            if message is not None:
                 self.publishing = message.id
                 return message
         return None
@@ -70,8 +73,12 @@ class Session:
         """The requests that answer ``message``, whose publish returned (``error`` None)
         or raised ``error``."""
         self.publishing = None
-        if self.half_closed or self.held.pop(message.id, None) is None:
+        current = self.held.pop(message.id, None)
+        if self.half_closed or current is None:
             return []  # its lease ran out: someone else may have it now
+        # Sent again while it was being published (its lease ran out, then this stream
+        # got it back): the answer carries the lease of the latest delivery.
+        message = current
         token = message.lease_token
         if error is None:
             return [pb.SubscribeRequest(ack=pb.AckMessages(
