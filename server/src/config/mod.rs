@@ -2,7 +2,7 @@
 //! command-line flags, validated once at start.
 //!
 //! Databases are declared once under `[databases.NAME]` and outboxes reference them by
-//! name under `[outboxes.NAME]`. Every per-outbox knob of the seed has a home here.
+//! name under `[outboxes.NAME]`. Every per-outbox knob has a home here.
 //! Unknown keys are errors (a typo must not silently fall back to a default), and every
 //! validation problem is reported at once, each naming the key and what is allowed.
 //!
