@@ -386,8 +386,16 @@ pub async fn run(
     let metrics_address = match metrics_listener {
         Some(listener) => {
             let metrics_address = listener.local_addr()?;
+            let counted = relay
+                .outboxes()
+                .map(|outbox| depth::Counted {
+                    outbox: outbox.name.clone(),
+                    storage: Arc::clone(outbox.depth_storage()),
+                    metrics: outbox.metrics().clone(),
+                })
+                .collect();
             tokio::spawn(depth::watch(
-                Arc::clone(&relay),
+                counted,
                 Arc::clone(&metrics),
                 config.server.metrics_depth_interval,
                 stop_metrics.clone(),
@@ -395,8 +403,9 @@ pub async fn run(
             let stopped = stop_metrics.clone().cancelled_owned();
             let metrics = Arc::clone(&metrics);
             let readiness = Arc::clone(&readiness);
+            let not_ready: metrics_http::NotReady = Arc::new(move || readiness.problems());
             tokio::spawn(async move {
-                if let Err(error) = metrics_http::serve(listener, metrics, readiness, stopped).await
+                if let Err(error) = metrics_http::serve(listener, metrics, not_ready, stopped).await
                 {
                     tracing::error!(%error, "the metrics listener failed");
                 }

@@ -24,7 +24,7 @@ use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, Subsc
 use crate::relay::{
     limits, validate_subscriber, validate_topics, Outbox, Relay, RelayError, RelayResult,
 };
-use crate::security::limits::WindowReservation;
+use crate::security::quotas::WindowReservation;
 use crate::security::Caller;
 use crate::storage::NackResult;
 use crate::telemetry::metrics::AnswerKind;
