@@ -3,10 +3,10 @@
 //! [`crate::storage::blocked`] for what it costs).
 
 use super::dead_letters::limit;
-use super::{Outbox, RelayResult};
+use super::{Admin, RelayResult};
 use crate::storage::{BlockedKey, MessageId};
 
-impl Outbox {
+impl Admin {
     /// Blocked keys whose head id is above `after_id`; `page` 0 means the default size.
     pub async fn blocked_keys(
         &self,

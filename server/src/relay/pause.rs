@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{limits, Outbox, RelayResult};
-use crate::storage::Pauses;
+use crate::storage::{Pauses, Storage};
 
 /// How stale a replica's view of the pauses may be.
 pub const PAUSE_REFRESH: Duration = Duration::from_secs(1);
@@ -33,13 +32,34 @@ struct Seen {
 }
 
 impl PauseView {
+    /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
+    /// database that cannot be read keeps the last view: the claim that follows meets the
+    /// same database and reports the outage itself.
+    pub async fn read(&self, storage: &dyn Storage, outbox: &str) -> Pauses {
+        if let Some(pauses) = self.fresh() {
+            return pauses;
+        }
+        match storage.pauses().await {
+            Ok(pauses) => {
+                self.remember(pauses.clone());
+                pauses
+            }
+            Err(error) => {
+                tracing::debug!(outbox, %error, "could not read the pauses; keeping the last view");
+                let last = self.last();
+                self.remember(last.clone());
+                last
+            }
+        }
+    }
+
     fn fresh(&self) -> Option<Pauses> {
         let state = self.state.lock().unwrap();
         let seen = state.as_ref()?;
         (seen.at.elapsed() < PAUSE_REFRESH).then(|| seen.pauses.clone())
     }
 
-    fn remember(&self, pauses: Pauses) {
+    pub(super) fn remember(&self, pauses: Pauses) {
         *self.state.lock().unwrap() = Some(Seen {
             at: Instant::now(),
             pauses,
@@ -94,46 +114,6 @@ impl ClaimScope {
             topics: kept,
             paused_topics: Vec::new(),
         }
-    }
-}
-
-impl Outbox {
-    /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
-    /// database that cannot be read keeps the last view: the claim that follows meets the
-    /// same database and reports the outage itself.
-    pub async fn pauses(&self) -> Pauses {
-        if let Some(pauses) = self.pause.fresh() {
-            return pauses;
-        }
-        match self.storage.pauses().await {
-            Ok(pauses) => {
-                self.pause.remember(pauses.clone());
-                pauses
-            }
-            Err(error) => {
-                tracing::debug!(outbox = %self.name, %error, "could not read the pauses; keeping the last view");
-                let last = self.pause.last();
-                self.pause.remember(last.clone());
-                last
-            }
-        }
-    }
-
-    /// The pauses as the database holds them now (for admin output).
-    pub async fn pauses_now(&self) -> RelayResult<Pauses> {
-        let pauses = self.storage.pauses().await?;
-        self.pause.remember(pauses.clone());
-        Ok(pauses)
-    }
-
-    /// Pauses or resumes `topics` (empty: the whole outbox) on every replica; returns the
-    /// state after.
-    pub async fn set_paused(&self, topics: &[String], paused: bool) -> RelayResult<Pauses> {
-        limits::topics(topics)?;
-        let pauses = self.storage.set_paused(topics, paused).await?;
-        self.pause.remember(pauses.clone());
-        tracing::info!(outbox = %self.name, ?topics, paused, "pause changed");
-        Ok(pauses)
     }
 }
 

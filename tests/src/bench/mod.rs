@@ -237,8 +237,8 @@ async fn drain_once(
 
 /// pgmq (delete and archive, at txoutboxd's durability and at its default), the physical
 /// limit, and txoutboxd's keyless drain with `synchronous_commit = on` and with
-/// `delete_on_ack` (pgmq's `delete` counterpart), for 1 and 4 consumers: the keyless
-/// comparison of issue 16.
+/// `delete_on_ack` (pgmq's `delete` counterpart), for 1 and 4 consumers: what a keyless
+/// message costs here against a queue built for PostgreSQL.
 async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
     for n in worker_counts(Workload::Keyless) {
         for durability in [Durability::Off, Durability::Default] {

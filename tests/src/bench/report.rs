@@ -1,5 +1,5 @@
 //! The one table: every figure with its spread, the ratios of the same runs, the target
-//! of issue 5 it answers to, and whether it is met. Printed as a markdown table (readable
+//! it answers to, and whether it is met. Printed as a markdown table (readable
 //! as plain text too), optionally written as markdown and JSON.
 
 mod groups;
@@ -118,7 +118,7 @@ const HEADER: [&str; 11] = [
     "ours / pgmq",
     "ours / limit",
     "ours / ceiling",
-    "target (issues 5, 16)",
+    "target",
     "verdict",
     "notes",
 ];
