@@ -45,9 +45,15 @@ backoff.maximum = "1s"
 
 /// The outbox's groups, each ordered by key, its partitions leased as long as the
 /// subscribers' messages: a dead replica's partitions move on as soon as its rows would.
+/// On SQLite, longer: its one writer at a time (two replicas' heartbeats, flushes and
+/// the producer's inserts) held heartbeats for over 2 s on a busy machine, their
+/// partitions ran out and were delivered again by the next owner with no fault at all.
 /// Retries are the outbox's ([`OUTBOX_EXTRA`]).
-fn groups_config(groups: &[String]) -> String {
-    let lease = super::processes::LEASE_MS;
+fn groups_config(groups: &[String], backend: Backend) -> String {
+    let lease = match backend {
+        Backend::Sqlite => 10_000,
+        _ => super::processes::LEASE_MS,
+    };
     groups
         .iter()
         .map(|group| {
@@ -96,7 +102,7 @@ impl Database {
         link: Option<SocketAddr>,
         groups: &[String],
     ) -> String {
-        let extra = format!("{OUTBOX_EXTRA}{}", groups_config(groups));
+        let extra = format!("{OUTBOX_EXTRA}{}", groups_config(groups, self.backend()));
         let extra = extra.as_str();
         let through = |url: &str| match (link, host_port(url)) {
             (Some(link), Some(authority)) => url.replacen(authority, &link.to_string(), 1),
