@@ -3,7 +3,7 @@
 //! [`crate::storage::blocked`] for what it costs).
 
 use super::dead_letters::limit;
-use super::{Outbox, RelayResult};
+use super::{Outbox, RelayError, RelayResult};
 use crate::storage::{BlockedKey, MessageId};
 
 impl Outbox {
@@ -13,6 +13,36 @@ impl Outbox {
         after_id: MessageId,
         page: u32,
     ) -> RelayResult<Vec<BlockedKey>> {
+        self.per_row_blocked()?;
         Ok(self.storage.blocked_keys(after_id, limit(page)?).await?)
+    }
+
+    /// The keys of `group` held back by a failed row, by head id above `after_id`.
+    pub async fn group_blocked_keys(
+        &self,
+        group: &str,
+        after_id: MessageId,
+        page: u32,
+    ) -> RelayResult<Vec<BlockedKey>> {
+        let groups = self.groups().map_err(super::groups::no_groups_argument)?;
+        let settings = groups.settings(group)?;
+        let page = limit(page)?;
+        let store = &groups.store;
+        let holds = settings.dead_letter_holds_key;
+        Ok(store.blocked_keys(group, holds, after_id, page).await?)
+    }
+
+    /// The per-row blocked keys of an outbox delivered by groups would always be none.
+    fn per_row_blocked(&self) -> RelayResult<()> {
+        let Ok(groups) = self.groups() else {
+            return Ok(());
+        };
+        let names: Vec<&str> = groups.names().collect();
+        Err(RelayError::InvalidArgument(format!(
+            "outbox {} is delivered by subscription groups ({}): name one in `group` \
+             (txoutbox blocked --group NAME)",
+            self.name,
+            names.join(", ")
+        )))
     }
 }

@@ -105,7 +105,7 @@ impl Outbox {
         if let Some(pauses) = self.pause.fresh() {
             return pauses;
         }
-        match self.storage.pauses().await {
+        match self.read_pauses().await {
             Ok(pauses) => {
                 self.pause.remember(pauses.clone());
                 pauses
@@ -121,8 +121,17 @@ impl Outbox {
 
     /// The pauses as the database holds them now (for admin output).
     pub async fn pauses_now(&self) -> RelayResult<Pauses> {
-        let pauses = self.storage.pauses().await?;
+        let pauses = self.read_pauses().await?;
         self.pause.remember(pauses.clone());
+        Ok(pauses)
+    }
+
+    /// The outbox's and its topics' pauses, and its groups'.
+    async fn read_pauses(&self) -> RelayResult<Pauses> {
+        let mut pauses = self.storage.pauses().await?;
+        if let Ok(groups) = self.groups() {
+            pauses.groups = groups.store.paused().await?;
+        }
         Ok(pauses)
     }
 
@@ -130,9 +139,28 @@ impl Outbox {
     /// state after.
     pub async fn set_paused(&self, topics: &[String], paused: bool) -> RelayResult<Pauses> {
         limits::topics(topics)?;
-        let pauses = self.storage.set_paused(topics, paused).await?;
+        let mut pauses = self.storage.set_paused(topics, paused).await?;
+        if let Ok(groups) = self.groups() {
+            pauses.groups = groups.store.paused().await?;
+        }
         self.pause.remember(pauses.clone());
         tracing::info!(outbox = %self.name, ?topics, paused, "pause changed");
+        Ok(pauses)
+    }
+
+    /// Pauses or resumes one subscription group on every replica: its streams are handed
+    /// nothing (answers still apply, positions stay) while the other groups go on.
+    /// Returns the state after.
+    pub async fn set_group_paused(&self, group: &str, paused: bool) -> RelayResult<Pauses> {
+        let groups = self.groups().map_err(super::groups::no_groups_argument)?;
+        groups.settings(group)?;
+        let paused_groups = groups.store.set_paused(group, paused).await?;
+        let pauses = Pauses {
+            groups: paused_groups,
+            ..self.storage.pauses().await?
+        };
+        self.pause.remember(pauses.clone());
+        tracing::info!(outbox = %self.name, group, paused, "group pause changed");
         Ok(pauses)
     }
 }
