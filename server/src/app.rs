@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
 use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
@@ -335,76 +336,25 @@ pub async fn run(
         config.server.health_interval,
         stop_health.clone(),
     ));
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(txoutbox_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .context("building the reflection service")?;
-
     let address = listener.local_addr()?;
-    let tls = config
-        .server
-        .tls
-        .as_ref()
-        .map(ReloadingTls::load)
-        .transpose()
-        .context("server.tls")?;
     let stop_serving = CancellationToken::new();
-    let caps = Caps::new(&config.server);
-    let router = Server::builder()
-        // Detects subscribers behind a cut network, so their leases come back promptly.
-        .http2_keepalive_interval(Some(Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        // Streams per connection: a client opening more waits for one to end (tonic
-        // passes "unlimited" to hyper otherwise).
-        .max_concurrent_streams(config.server.max_streams_per_connection)
-        // A span per call (admin calls included), the parent of the relay's own spans.
-        .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
-        .layer(AuthLayer::new(Arc::clone(&access), caps.clone()))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(RelayServer::new(RelayService::new(
-            Arc::clone(&relay),
-            drain.clone(),
-        )))
-        .add_service(AdminServer::new(AdminService::new(Arc::clone(&relay))));
-    let stopped = stop_serving.clone().cancelled_owned();
-    tokio::spawn(Arc::clone(&access).watch(stop_serving.clone()));
-    let mut server = match &tls {
-        Some(tls) => {
-            tokio::spawn(Arc::clone(tls).watch(stop_serving.clone()));
-            let incoming =
-                security::tls::incoming(listener, Arc::clone(tls), &caps, stop_serving.clone());
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
-        }
-        None => {
-            let incoming = caps.incoming(listener, stop_serving.clone(), |stream, _| async move {
-                Some(stream)
-            });
-            tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
-        }
+    let grpc = Grpc {
+        relay: &relay,
+        access: &access,
+        drain: &drain,
+        stop: &stop_serving,
     };
+    let (mut server, tls) = grpc.serve(&config, listener, Routes::new(health_service))?;
     let stop_metrics = CancellationToken::new();
     let metrics_address = match metrics_listener {
-        Some(listener) => {
-            let metrics_address = listener.local_addr()?;
-            tokio::spawn(depth::watch(
-                Arc::clone(&relay),
-                Arc::clone(&metrics),
-                config.server.metrics_depth_interval,
-                stop_metrics.clone(),
-            ));
-            let stopped = stop_metrics.clone().cancelled_owned();
-            let metrics = Arc::clone(&metrics);
-            let readiness = Arc::clone(&readiness);
-            tokio::spawn(async move {
-                if let Err(error) = metrics_http::serve(listener, metrics, readiness, stopped).await
-                {
-                    tracing::error!(%error, "the metrics listener failed");
-                }
-            });
-            Some(metrics_address)
-        }
+        Some(listener) => Some(serve_metrics(
+            listener,
+            &relay,
+            &metrics,
+            &readiness,
+            config.server.metrics_depth_interval,
+            &stop_metrics,
+        )?),
         None => None,
     };
     let outboxes: Vec<&str> = relay.outboxes().map(|o| o.name.as_str()).collect();
@@ -412,7 +362,7 @@ pub async fn run(
         %address,
         metrics_address = metrics_address.map(|a| a.to_string()),
         outboxes = ?outboxes,
-        tls = tls.is_some(),
+        tls = tls,
         mutual_tls = config.server.tls.as_ref().is_some_and(|t| t.client_ca.is_some()),
         identities = config.server.auth.identities.len(),
         "txoutboxd listening"
@@ -453,4 +403,112 @@ pub async fn run(
         .context("gRPC server failed")?;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The gRPC server's shared parts: what its services serve, who may call, the drain they
+/// obey, and what stops it.
+struct Grpc<'a> {
+    relay: &'a Arc<Relay>,
+    access: &'a Arc<ReloadingAccess>,
+    drain: &'a Drain,
+    stop: &'a CancellationToken,
+}
+
+/// The task serving gRPC until stopped, with the server's result.
+type ServerTask = tokio::task::JoinHandle<Result<(), tonic::transport::Error>>;
+
+impl Grpc<'_> {
+    /// Serves the relay, admin, reflection and `health` services on `listener` (over TLS
+    /// when configured) until `stop`; also whether it serves TLS.
+    fn serve(
+        &self,
+        config: &Config,
+        listener: TcpListener,
+        health: Routes,
+    ) -> anyhow::Result<(ServerTask, bool)> {
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(txoutbox_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .context("building the reflection service")?;
+        let tls = config
+            .server
+            .tls
+            .as_ref()
+            .map(ReloadingTls::load)
+            .transpose()
+            .context("server.tls")?;
+        let caps = Caps::new(&config.server);
+        let router = Server::builder()
+            // Detects subscribers behind a cut network, so their leases come back promptly.
+            .http2_keepalive_interval(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            // Streams per connection: a client opening more waits for one to end (tonic
+            // passes "unlimited" to hyper otherwise).
+            .max_concurrent_streams(config.server.max_streams_per_connection)
+            // A span per call (admin calls included), the parent of the relay's own spans.
+            .trace_fn(|request| tracing::info_span!("grpc", path = %request.uri().path()))
+            .layer(AuthLayer::new(Arc::clone(self.access), caps.clone()))
+            .add_routes(health)
+            .add_service(reflection)
+            .add_service(RelayServer::new(RelayService::new(
+                Arc::clone(self.relay),
+                self.drain.clone(),
+            )))
+            .add_service(AdminServer::new(AdminService::new(Arc::clone(self.relay))));
+        let stopped = self.stop.clone().cancelled_owned();
+        tokio::spawn(Arc::clone(self.access).watch(self.stop.clone()));
+        let server = match &tls {
+            Some(tls) => {
+                tokio::spawn(Arc::clone(tls).watch(self.stop.clone()));
+                let incoming =
+                    security::tls::incoming(listener, Arc::clone(tls), &caps, self.stop.clone());
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
+            None => {
+                let incoming = caps.incoming(listener, self.stop.clone(), |stream, _| async move {
+                    Some(stream)
+                });
+                tokio::spawn(router.serve_with_incoming_shutdown(incoming, stopped))
+            }
+        };
+        Ok((server, tls.is_some()))
+    }
+}
+
+/// Serves the metrics and the probes on `listener`, and refreshes the depth gauges every
+/// `depth_interval`, until `stop`; returns the address served.
+fn serve_metrics(
+    listener: TcpListener,
+    relay: &Relay,
+    metrics: &Arc<Metrics>,
+    readiness: &Arc<Readiness>,
+    depth_interval: Duration,
+    stop: &CancellationToken,
+) -> anyhow::Result<std::net::SocketAddr> {
+    let address = listener.local_addr()?;
+    let counted = relay
+        .outboxes()
+        .map(|outbox| depth::Counted {
+            outbox: outbox.name.clone(),
+            storage: Arc::clone(outbox.depth_storage()),
+            metrics: outbox.metrics().clone(),
+        })
+        .collect();
+    tokio::spawn(depth::watch(
+        counted,
+        Arc::clone(metrics),
+        depth_interval,
+        stop.clone(),
+    ));
+    let stopped = stop.clone().cancelled_owned();
+    let metrics = Arc::clone(metrics);
+    let readiness = Arc::clone(readiness);
+    let not_ready: metrics_http::NotReady = Arc::new(move || readiness.problems());
+    tokio::spawn(async move {
+        if let Err(error) = metrics_http::serve(listener, metrics, not_ready, stopped).await {
+            tracing::error!(%error, "the metrics listener failed");
+        }
+    });
+    Ok(address)
 }

@@ -47,6 +47,11 @@ async fn quick_mode_runs_every_section_and_prints_the_table() {
         "| pg cost ",
         "synchronous_commit = on",
         "1 subscriber, delete_on_ack",
+        "| groups ",
+        "group drain, 1,000 keys, ordering key",
+        "4 groups on one backlog",
+        "commit → receive through a group",
+        "into the grouped outbox",
     ] {
         assert!(stdout.contains(section), "no `{section}` row in:\n{stdout}");
     }

@@ -387,7 +387,7 @@ async fn relay_to_kafka_delivers_in_order_and_stops_on_sigterm() {
     db.drop().await;
 }
 
-/// Issue 12: `--tls-ca` and `--token` (or `TXOUTBOX_TOKEN`), and `--tls-cert`/`--tls-key`
+/// `--tls-ca` and `--token` (or `TXOUTBOX_TOKEN`), and `--tls-cert`/`--tls-key`
 /// under mutual TLS; addresses default to https:// with any TLS option.
 #[tokio::test]
 async fn cli_speaks_tls_with_a_token_or_a_client_certificate() {

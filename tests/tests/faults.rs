@@ -1,4 +1,4 @@
-//! The fault-injection suite in CI (issue 9): on each backend, two replicas, four
+//! The fault-injection suite in CI: on each backend, two replicas, four
 //! subscriber processes (the Rust runtime and the Python example) and a steady producer
 //! while every kind of fault strikes at least twice, one at a time; the run fails on any
 //! lost row, per-key order violation or duplicate no fault explains. The report is

@@ -1,4 +1,4 @@
-//! Bad input from careless or hostile callers (issue 10, cases 6 to 12), against a real
+//! Bad input from careless or hostile callers, against a real
 //! `txoutboxd`: every bad string, name, request, answer, URL and duration gets the right
 //! status with a message that says what to change, before any SQL, and loses nothing.
 

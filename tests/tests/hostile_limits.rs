@@ -1,4 +1,4 @@
-//! Careless and hostile clients against a real `txoutboxd` (issue 10, cases 1 to 5):
+//! Careless and hostile clients against a real `txoutboxd`:
 //! responses a default gRPC client can take, a silent client that cannot pin the
 //! server's memory, a burst of answers that leaves the connection alone, idle streams
 //! that cost nothing per insert, health checks that need no pool connection, and a
@@ -315,7 +315,7 @@ async fn an_insert_costs_a_few_claims_however_many_filters_the_idle_streams_have
     db.drop().await;
 }
 
-/// Case 5 (and issue 13): the depth gauges counted on the health checks' only connection,
+/// The depth gauges once counted on the health checks' only connection,
 /// so a count waiting for a table lock (up to `lock_timeout`, 10 s) held it, and the health
 /// check of another outbox of the database found no connection within the acquire timeout
 /// (3 s) and turned it NOT_SERVING.

@@ -1,4 +1,4 @@
-//! Operations (issue 14) against a real `txoutboxd` on every backend: dead letters listed,
+//! Operations against a real `txoutboxd` on every backend: dead letters listed,
 //! counted, re-driven in id order per key (checked through a real streaming subscriber)
 //! and discarded; an outbox paused and resumed across two replicas and a restart; through
 //! the Admin RPCs and the `txoutbox` command line; the subscribers of two replicas.

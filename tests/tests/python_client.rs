@@ -134,7 +134,7 @@ async fn python_subscriber_explains_a_bad_address_and_an_unknown_outbox() {
     db.drop().await;
 }
 
-/// Issue 10, case 1: rows of 1.5 MiB made batches over the 4 MiB a gRPC client accepts
+/// Rows of 1.5 MiB once made batches over the 4 MiB a gRPC client accepts
 /// by default, and the example failed on them for ever. Batches now fit its default.
 #[tokio::test]
 async fn python_subscriber_with_default_options_takes_megabyte_rows() {

@@ -1,5 +1,6 @@
 //! A replica cut off from PostgreSQL in the middle of its work (paused, or partitioned)
-//! must stop no other replica and hold up no producer (issue 9, guarantees 9 and 10).
+//! must stop no other replica and hold up no producer (docs/guarantees.md,
+//! guarantees 9 and 10).
 //!
 //! One replica reaches the database through a [`PgLink`] that is cut right after it sent
 //! a given statement; the cut lasts until the test ends. Each test then checks that the

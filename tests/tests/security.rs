@@ -1,4 +1,4 @@
-//! Security against a real `txoutboxd` (issue 12): every RPC refused without a credential
+//! Security against a real `txoutboxd`: every RPC refused without a credential
 //! and outside its scope, TLS and mutual TLS with certificates made at test time (an
 //! untrusted and an expired one refused), a rotated certificate picked up without a
 //! restart, limits per identity, audit events, and the refusal to serve other machines

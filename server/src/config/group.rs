@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::outbox::BackoffConfig;
+use super::backoff::BackoffConfig;
 use super::{check_duration, Backend, MIN_LEASE};
 use crate::storage::ident;
 
@@ -148,23 +148,7 @@ pub(super) fn validate(
             problems.push(format!("{group_key}.max_attempts: must be at least 1"));
         }
         if let Some(backoff) = group.backoff {
-            if backoff.maximum < backoff.base {
-                problems.push(format!(
-                    "{group_key}.backoff.maximum: must be at least backoff.base"
-                ));
-            }
-            if !(1.0..=100.0).contains(&backoff.factor) {
-                problems.push(format!(
-                    "{group_key}.backoff.factor = {}: must be within 1..=100",
-                    backoff.factor
-                ));
-            }
-            if !(0.0..=1.0).contains(&backoff.jitter) {
-                problems.push(format!(
-                    "{group_key}.backoff.jitter = {}: must be within 0..=1",
-                    backoff.jitter
-                ));
-            }
+            backoff.check(&group_key, problems);
         }
     }
 }

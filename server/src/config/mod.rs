@@ -2,7 +2,7 @@
 //! command-line flags, validated once at start.
 //!
 //! Databases are declared once under `[databases.NAME]` and outboxes reference them by
-//! name under `[outboxes.NAME]`. Every per-outbox knob of the seed has a home here.
+//! name under `[outboxes.NAME]`. Every per-outbox knob has a home here.
 //! Unknown keys are errors (a typo must not silently fall back to a default), and every
 //! validation problem is reported at once, each naming the key and what is allowed.
 //!
@@ -12,6 +12,7 @@
 //! With no configuration file, [`EMBEDDED_DEFAULT`] is the bottom layer: one SQLite outbox,
 //! so `txoutboxd` with no arguments serves something a newcomer can try at once.
 
+mod backoff;
 mod database;
 mod embedded;
 pub mod group;
@@ -26,11 +27,12 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+pub use self::backoff::BackoffConfig;
 pub use self::database::{redact, Backend, DatabaseConfig, DatabaseUrl};
 use self::embedded::{environment_declares_outboxes, sqlite_url};
 pub use self::embedded::{EMBEDDED_DEFAULT, EMBEDDED_NAME};
 pub use self::group::{GroupConfig, GroupOrdering, GroupSettings, GroupStart};
-pub use self::outbox::{BackoffConfig, OutboxConfig, PollConfig};
+pub use self::outbox::{OutboxConfig, PollConfig};
 pub use crate::storage::postgres::SynchronousCommit;
 
 mod security;

@@ -5,13 +5,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::backoff::{BackoffConfig, MAX_FACTOR};
 use super::group::{self, GroupConfig};
 use super::{check_duration, DatabaseConfig, MAX_WINDOW, MIN_LEASE};
 use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident;
-
-/// Largest growth factor (`poll.factor`, `backoff.factor`).
-const MAX_FACTOR: f64 = 100.0;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -99,30 +97,6 @@ impl Default for OutboxConfig {
     }
 }
 
-/// Retry delay for attempt `n` is `min(base * factor^(n-1), maximum)`, multiplied by a
-/// random factor in `[1 - jitter, 1 + jitter]`.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct BackoffConfig {
-    #[serde(with = "humantime_serde")]
-    pub base: Duration,
-    pub factor: f64,
-    #[serde(with = "humantime_serde")]
-    pub maximum: Duration,
-    pub jitter: f64,
-}
-
-impl Default for BackoffConfig {
-    fn default() -> Self {
-        Self {
-            base: Duration::from_secs(1),
-            factor: 2.0,
-            maximum: Duration::from_secs(5 * 60),
-            jitter: 0.25,
-        }
-    }
-}
-
 /// Idle polling, the fallback when no insert notification arrives: the wait between
 /// empty claims grows from `min` by `factor` up to `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -156,22 +130,7 @@ impl OutboxConfig {
         if let Err(why) = ident::validate(name) {
             problems.push(format!("{key}: outbox name {why}"));
         }
-        if self.database.is_empty() {
-            problems.push(format!(
-                "{key}.database: missing; name one of the [databases.*] entries"
-            ));
-        } else if !databases.contains_key(&self.database) {
-            let known: Vec<&str> = databases.keys().map(String::as_str).collect();
-            problems.push(format!(
-                "{key}.database = {:?}: no such database; configured: {}",
-                self.database,
-                if known.is_empty() {
-                    "none (add a [databases.NAME] table)".to_owned()
-                } else {
-                    known.join(", ")
-                }
-            ));
-        }
+        self.check_database(&key, databases, problems);
         let identifiers = [
             ("table", Some(&self.table)),
             ("schema", self.schema.as_ref()),
@@ -204,6 +163,37 @@ impl OutboxConfig {
                 backend.check_outbox(&key, self, &self.database, &database.url, problems);
             }
         }
+        self.check_durations(&key, problems);
+        self.check_bounds(&key, problems);
+    }
+
+    /// The problems of `database`: missing, or no such `[databases.NAME]`.
+    fn check_database(
+        &self,
+        key: &str,
+        databases: &BTreeMap<String, DatabaseConfig>,
+        problems: &mut Vec<String>,
+    ) {
+        if self.database.is_empty() {
+            problems.push(format!(
+                "{key}.database: missing; name one of the [databases.*] entries"
+            ));
+        } else if !databases.contains_key(&self.database) {
+            let known: Vec<&str> = databases.keys().map(String::as_str).collect();
+            problems.push(format!(
+                "{key}.database = {:?}: no such database; configured: {}",
+                self.database,
+                if known.is_empty() {
+                    "none (add a [databases.NAME] table)".to_owned()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+    }
+
+    /// The problems of every duration key, each against its own lower bound.
+    fn check_durations(&self, key: &str, problems: &mut Vec<String>) {
         let durations = [
             ("lease", self.lease, MIN_LEASE, "30s"),
             ("max_lease", self.max_lease, MIN_LEASE, "15m"),
@@ -231,6 +221,10 @@ impl OutboxConfig {
         for (field, value, min, example) in durations {
             check_duration(problems, &format!("{key}.{field}"), value, min, example);
         }
+    }
+
+    /// The problems of the counts, of keys that need each other, of `backoff` and `poll`.
+    fn check_bounds(&self, key: &str, problems: &mut Vec<String>) {
         if self.dead_letter_holds_key && !self.strict_ordering {
             problems.push(format!(
                 "{key}.dead_letter_holds_key: needs strict_ordering = true (without per-key \
@@ -257,24 +251,7 @@ impl OutboxConfig {
                 "{key}.max_topic_filters: must be at least 1 (default 64)"
             ));
         }
-        let backoff = &self.backoff;
-        if !(1.0..=MAX_FACTOR).contains(&backoff.factor) {
-            problems.push(format!(
-                "{key}.backoff.factor = {}: must be within 1..={MAX_FACTOR}",
-                backoff.factor
-            ));
-        }
-        if backoff.maximum < backoff.base {
-            problems.push(format!(
-                "{key}.backoff.maximum: must be at least backoff.base"
-            ));
-        }
-        if !(0.0..=1.0).contains(&backoff.jitter) {
-            problems.push(format!(
-                "{key}.backoff.jitter = {}: must be within 0..=1",
-                backoff.jitter
-            ));
-        }
+        self.backoff.check(key, problems);
         let poll = &self.poll;
         if poll.min.is_zero() || poll.max < poll.min {
             problems.push(format!("{key}.poll: need 0 < poll.min <= poll.max"));

@@ -34,7 +34,7 @@ impl v1::admin_server::Admin for AdminService {
         for outbox in self.relay.outboxes().filter(|o| caller.sees(&o.name)) {
             // An outbox whose database is down is still listed: with this replica's
             // last view of its pauses.
-            let pauses = match outbox.pauses_now().await {
+            let pauses = match outbox.admin.pauses_now().await {
                 Ok(pauses) => pauses,
                 Err(_) => outbox.pauses().await,
             };
@@ -49,8 +49,8 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::StatsResponse>, Status> {
         let caller = Caller::of(&request)?;
         let outbox = caller.outbox(&self.relay, Scope::Read, &request.get_ref().outbox)?;
-        let stats = outbox.stats().await?;
-        let pauses = match outbox.pauses_now().await {
+        let stats = outbox.admin.stats().await?;
+        let pauses = match outbox.admin.pauses_now().await {
             Ok(pauses) => pauses,
             Err(_) => outbox.pauses().await,
         };
@@ -59,9 +59,9 @@ impl v1::admin_server::Admin for AdminService {
             pauses,
             delivered_last_minute: match outbox.has_groups() {
                 true => None,
-                false => outbox.delivered_last_minute().await?,
+                false => outbox.admin.delivered_last_minute().await?,
             },
-            fenced_answers: outbox.fenced_count(),
+            fenced_answers: outbox.answers.fenced_count(),
             groups,
             frontier_delay,
         };
@@ -92,7 +92,7 @@ impl v1::admin_server::Admin for AdminService {
                     .purge(older_than)
                     .await
                     .map_err(crate::relay::RelayError::from)?,
-                Err(_) => outbox.purge(older_than).await?,
+                Err(_) => outbox.admin.purge(older_than).await?,
             };
             tracing::info!(outbox = %outbox.name, deleted, older_than = %humantime::format_duration(older_than), "purged delivered rows");
             Ok(v1::PurgeResponse { deleted })
@@ -143,7 +143,7 @@ impl v1::admin_server::Admin for AdminService {
                 payload: request.payload,
                 headers: request.headers.into_iter().collect(),
             };
-            let id = outbox.insert(message).await?;
+            let id = outbox.admin.insert(message).await?;
             Ok(v1::InsertMessageResponse { id })
         }
         .await;
@@ -220,14 +220,9 @@ impl v1::admin_server::Admin for AdminService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Read, &request.outbox)?;
-        let keys = match request.group.as_str() {
-            "" => outbox.blocked_keys(request.after_id, request.limit).await?,
-            group => {
-                outbox
-                    .group_blocked_keys(group, request.after_id, request.limit)
-                    .await?
-            }
-        };
+        let keys = outbox
+            .blocked_keys(&request.group, request.after_id, request.limit)
+            .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
         let next_after_id = match keys.last() {
             Some(last) if keys.len() == page as usize => last.head_id,
@@ -267,9 +262,10 @@ impl AdminService {
         name: &str,
     ) -> Result<v1::ListSubscribersResponse, Status> {
         let outbox = caller.outbox(&self.relay, Scope::Read, name)?;
-        let lease_holders = outbox.lease_holders().await?;
+        let lease_holders = outbox.admin.lease_holders().await?;
         Ok(v1::ListSubscribersResponse {
             connected: outbox
+                .admin
                 .connected()
                 .into_iter()
                 .map(convert::connected_subscriber)
@@ -292,7 +288,7 @@ impl AdminService {
         let outcome = async {
             let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
             let pauses = match PauseTarget::of(topics, group)? {
-                PauseTarget::Topics(topics) => outbox.set_paused(topics, paused).await?,
+                PauseTarget::Topics(topics) => outbox.admin.set_paused(topics, paused).await?,
                 PauseTarget::Group(group) => outbox.set_group_paused(group, paused).await?,
             };
             Ok(v1::PauseResponse {

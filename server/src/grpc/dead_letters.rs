@@ -94,11 +94,12 @@ pub async fn list(
         let filter = filter(request.selector)?;
         arguments = format!("{arguments} {}", describe(&filter));
         let rows = outbox
+            .admin
             .list_dead(&filter, request.after_id, request.limit)
             .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
         let full = rows.len() == page as usize;
-        let (dead_letters, truncated) = within(rows, outbox.response_budget());
+        let (dead_letters, truncated) = within(rows, outbox.claims.response_budget());
         let next_after_id = match dead_letters.last() {
             Some(last) if full || truncated => last.id,
             _ => 0,
@@ -167,7 +168,7 @@ pub async fn count(
     request: v1::CountDeadLettersRequest,
 ) -> Result<v1::CountDeadLettersResponse, Status> {
     let outbox = caller.outbox(relay, Scope::Read, &request.outbox)?;
-    let counts = outbox.count_dead(&filter(request.selector)?).await?;
+    let counts = outbox.admin.count_dead(&filter(request.selector)?).await?;
     Ok(v1::CountDeadLettersResponse {
         counts: counts
             .groups
@@ -187,40 +188,17 @@ pub async fn redrive(
     caller: &Caller,
     request: v1::RedriveDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
-    if !request.group.is_empty() {
-        return super::groups::change_dead(
-            relay,
-            caller,
-            &request.outbox,
-            &request.group,
-            request.selector,
-            request.limit,
-            request.dry_run,
-            true,
-        )
-        .await;
-    }
-    let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
-    let outcome = async {
-        let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
-        let filter = filter(request.selector)?;
-        arguments = format!("{arguments} {}", describe(&filter));
-        let delay = match request.delay {
-            Some(delay) => Duration::try_from(delay)
-                .map_err(|_| Status::invalid_argument("delay must not be negative"))?,
-            None => Duration::ZERO,
-        };
-        let action = outbox
-            .redrive_dead(&filter, request.limit, delay, request.dry_run)
-            .await?;
-        Ok(v1::DeadLetterActionResponse {
-            ids: action.ids,
-            more: action.more,
-        })
-    }
-    .await;
-    audit::record(caller, "redrive", &request.outbox, &arguments, &outcome);
-    outcome
+    let selected = Selected {
+        outbox: request.outbox,
+        group: request.group,
+        selector: request.selector,
+        limit: request.limit,
+        dry_run: request.dry_run,
+    };
+    let delay = request.delay;
+    selected
+        .change(relay, caller, Change::Redrive { delay })
+        .await
 }
 
 pub async fn discard(
@@ -228,33 +206,88 @@ pub async fn discard(
     caller: &Caller,
     request: v1::DiscardDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
-    if !request.group.is_empty() {
-        return super::groups::change_dead(
-            relay,
-            caller,
-            &request.outbox,
-            &request.group,
-            request.selector,
-            request.limit,
-            request.dry_run,
-            false,
-        )
+    let selected = Selected {
+        outbox: request.outbox,
+        group: request.group,
+        selector: request.selector,
+        limit: request.limit,
+        dry_run: request.dry_run,
+    };
+    selected.change(relay, caller, Change::Discard).await
+}
+
+/// What a re-drive or a discard selects: the same fields in both requests.
+struct Selected {
+    outbox: String,
+    group: String,
+    selector: Option<v1::DeadLetterSelector>,
+    limit: u32,
+    dry_run: bool,
+}
+
+/// What is done to the selected dead letters.
+enum Change {
+    Redrive {
+        delay: Option<prost_types::Duration>,
+    },
+    Discard,
+}
+
+impl Selected {
+    /// Applies `change` (with `dry_run`, only lists what it would take) to the outbox's
+    /// dead letters, or to a group's when the request names one, and records it in the
+    /// audit trail.
+    async fn change(
+        self,
+        relay: &Relay,
+        caller: &Caller,
+        change: Change,
+    ) -> Result<v1::DeadLetterActionResponse, Status> {
+        let redrive = matches!(change, Change::Redrive { .. });
+        if !self.group.is_empty() {
+            return super::groups::change_dead(
+                relay,
+                caller,
+                &self.outbox,
+                &self.group,
+                self.selector,
+                self.limit,
+                self.dry_run,
+                redrive,
+            )
+            .await;
+        }
+        let mut arguments = format!("limit={} dry_run={}", self.limit, self.dry_run);
+        let outcome = async {
+            let outbox = caller.outbox(relay, Scope::Admin, &self.outbox)?;
+            let filter = filter(self.selector)?;
+            arguments = format!("{arguments} {}", describe(&filter));
+            let admin = &outbox.admin;
+            let action = match change {
+                Change::Redrive { delay } => {
+                    let delay = match delay {
+                        Some(delay) => Duration::try_from(delay)
+                            .map_err(|_| Status::invalid_argument("delay must not be negative"))?,
+                        None => Duration::ZERO,
+                    };
+                    admin
+                        .redrive_dead(&filter, self.limit, delay, self.dry_run)
+                        .await?
+                }
+                Change::Discard => {
+                    admin
+                        .discard_dead(&filter, self.limit, self.dry_run)
+                        .await?
+                }
+            };
+            Ok(v1::DeadLetterActionResponse {
+                ids: action.ids,
+                more: action.more,
+            })
+        }
         .await;
+        let action = if redrive { "redrive" } else { "discard" };
+        audit::record(caller, action, &self.outbox, &arguments, &outcome);
+        outcome
     }
-    let mut arguments = format!("limit={} dry_run={}", request.limit, request.dry_run);
-    let outcome = async {
-        let outbox = caller.outbox(relay, Scope::Admin, &request.outbox)?;
-        let filter = filter(request.selector)?;
-        arguments = format!("{arguments} {}", describe(&filter));
-        let action = outbox
-            .discard_dead(&filter, request.limit, request.dry_run)
-            .await?;
-        Ok(v1::DeadLetterActionResponse {
-            ids: action.ids,
-            more: action.more,
-        })
-    }
-    .await;
-    audit::record(caller, "discard", &request.outbox, &arguments, &outcome);
-    outcome
 }

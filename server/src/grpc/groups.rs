@@ -147,7 +147,8 @@ pub async fn list_dead(
                 died_at: Some(row.dead_at),
             })
             .collect();
-        let (dead_letters, truncated) = super::dead_letters::within(rows, outbox.response_budget());
+        let (dead_letters, truncated) =
+            super::dead_letters::within(rows, outbox.claims.response_budget());
         let next_after_id = match dead_letters.last() {
             Some(last) if full || truncated => last.id,
             _ => 0,

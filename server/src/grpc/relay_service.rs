@@ -24,7 +24,7 @@ use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, Subsc
 use crate::relay::{
     limits, validate_subscriber, validate_topics, Outbox, Relay, RelayError, RelayResult,
 };
-use crate::security::limits::WindowReservation;
+use crate::security::quotas::WindowReservation;
 use crate::security::Caller;
 use crate::storage::NackResult;
 use crate::telemetry::metrics::AnswerKind;
@@ -111,7 +111,7 @@ impl v1::relay_server::Relay for RelayService {
         };
         let lease = match (&group, open.lease_ms) {
             (Some((groups, name)), 0) => groups.settings(name)?.lease,
-            _ => outbox.lease(Duration::from_millis(open.lease_ms))?,
+            _ => outbox.claims.lease(Duration::from_millis(open.lease_ms))?,
         };
         let spec = SubscriptionSpec {
             lease,
@@ -136,7 +136,7 @@ impl v1::relay_server::Relay for RelayService {
             })
             .transpose()?;
         let delivery = match group {
-            None => Delivery::Rows(outbox.idle_poll(&spec.topics)?),
+            None => Delivery::Rows(outbox.claims.idle_poll(&spec.topics)?),
             Some((groups, name)) => Delivery::Group(groups, name),
         };
         let window = match caller.identity() {
@@ -195,7 +195,9 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         outbox.per_row()?;
-        let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
+        let lease = outbox
+            .claims
+            .lease(Duration::from_millis(request.lease_ms))?;
         // An identity's max_bytes_in_flight: the claim gets what its streams leave (see
         // `IdentityLimits::max_bytes_in_flight`), and is not counted once it returns.
         let bytes = caller
@@ -208,6 +210,7 @@ impl v1::relay_server::Relay for RelayService {
         }
         let holder = unary_holder(&caller, &request.worker_id)?;
         let (claimed, left_out) = outbox
+            .claims
             .claim_within(
                 &holder,
                 request.batch_size,
@@ -249,7 +252,7 @@ impl v1::relay_server::Relay for RelayService {
         let holder = unary_holder(&caller, &request.worker_id)?;
         let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
         let (ids, stale) = current(outbox, AnswerKind::Ack, &holder, tokened).await?;
-        let (acked, fenced) = outbox.ack(&holder, &ids).await?;
+        let (acked, fenced) = outbox.answers.ack(&holder, &ids).await?;
         Ok(Response::new(v1::AckResponse {
             acked,
             fenced: merged(fenced, stale),
@@ -269,7 +272,12 @@ impl v1::relay_server::Relay for RelayService {
         let tokened = one_answer(outbox, request.id, &request.lease_token)?;
         let (ids, _) = current(outbox, AnswerKind::Nack, &holder, tokened).await?;
         let result = match ids[..] {
-            [id] => outbox.nack(&holder, id, &request.error, delay).await?,
+            [id] => {
+                outbox
+                    .answers
+                    .nack(&holder, id, &request.error, delay)
+                    .await?
+            }
             _ => NackResult::Fenced,
         };
         let response = match result {
@@ -304,7 +312,7 @@ impl v1::relay_server::Relay for RelayService {
         let holder = unary_holder(&caller, &request.worker_id)?;
         let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
         let (ids, stale) = current(outbox, AnswerKind::Release, &holder, tokened).await?;
-        let (released, fenced) = outbox.release(&holder, &ids, delay).await?;
+        let (released, fenced) = outbox.answers.release(&holder, &ids, delay).await?;
         Ok(Response::new(v1::ReleaseResponse {
             released,
             fenced: merged(fenced, stale),
@@ -323,7 +331,12 @@ impl v1::relay_server::Relay for RelayService {
         let tokened = one_answer(outbox, request.id, &request.lease_token)?;
         let (ids, _) = current(outbox, AnswerKind::DeadLetter, &holder, tokened).await?;
         let dead_lettered = match ids[..] {
-            [id] => outbox.dead_letter(&holder, id, &request.error).await?,
+            [id] => {
+                outbox
+                    .answers
+                    .dead_letter(&holder, id, &request.error)
+                    .await?
+            }
             _ => false,
         };
         Ok(Response::new(v1::DeadLetterResponse { dead_lettered }))
@@ -337,11 +350,13 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
         outbox.per_row()?;
-        let lease = outbox.lease(Duration::from_millis(request.lease_ms))?;
+        let lease = outbox
+            .claims
+            .lease(Duration::from_millis(request.lease_ms))?;
         let holder = unary_holder(&caller, &request.worker_id)?;
         let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
         let (ids, stale) = current(outbox, AnswerKind::ExtendLease, &holder, tokened).await?;
-        let (extended, fenced) = outbox.extend_lease(&holder, &ids, lease).await?;
+        let (extended, fenced) = outbox.answers.extend_lease(&holder, &ids, lease).await?;
         Ok(Response::new(v1::ExtendLeaseResponse {
             extended: extended.ids.into_vec(),
             fenced: merged(fenced, stale),
@@ -407,7 +422,12 @@ async fn current(
 ) -> RelayResult<(Vec<i64>, Vec<i64>)> {
     match tokens {
         None => Ok((ids, Vec::new())),
-        Some(tokens) => outbox.current_deliveries(kind, holder, &tokens).await,
+        Some(tokens) => {
+            outbox
+                .answers
+                .current_deliveries(kind, holder, &tokens)
+                .await
+        }
     }
 }
 

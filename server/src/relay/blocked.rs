@@ -3,33 +3,42 @@
 //! [`crate::storage::blocked`] for what it costs).
 
 use super::dead_letters::limit;
-use super::{Outbox, RelayError, RelayResult};
+use super::groups::no_groups_argument;
+use super::{Admin, Outbox, RelayError, RelayResult};
 use crate::storage::{BlockedKey, MessageId};
 
-impl Outbox {
+impl Admin {
     /// Blocked keys whose head id is above `after_id`; `page` 0 means the default size.
     pub async fn blocked_keys(
         &self,
         after_id: MessageId,
         page: u32,
     ) -> RelayResult<Vec<BlockedKey>> {
-        self.per_row_blocked()?;
         Ok(self.storage.blocked_keys(after_id, limit(page)?).await?)
     }
+}
 
-    /// The keys of `group` held back by a failed row, by head id above `after_id`.
-    pub async fn group_blocked_keys(
+impl Outbox {
+    /// The keys held back in `group` (empty: the outbox's per-row state), by head id
+    /// above `after_id`.
+    pub async fn blocked_keys(
         &self,
         group: &str,
         after_id: MessageId,
         page: u32,
     ) -> RelayResult<Vec<BlockedKey>> {
-        let groups = self.groups().map_err(super::groups::no_groups_argument)?;
+        if group.is_empty() {
+            self.per_row_blocked()?;
+            return self.admin.blocked_keys(after_id, page).await;
+        }
+        let groups = self.groups().map_err(no_groups_argument)?;
         let settings = groups.settings(group)?;
         let page = limit(page)?;
-        let store = &groups.store;
         let holds = settings.dead_letter_holds_key;
-        Ok(store.blocked_keys(group, holds, after_id, page).await?)
+        Ok(groups
+            .store
+            .blocked_keys(group, holds, after_id, page)
+            .await?)
     }
 
     /// The per-row blocked keys of an outbox delivered by groups would always be none.

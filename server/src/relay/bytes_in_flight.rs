@@ -7,7 +7,7 @@
 //! without claiming. Here a stream that is about to claim takes an *allowance* under one
 //! lock: at most one response's bytes, at most its fair share (the budget over the
 //! identity's open streams) and at least the row it needs next; the claim is capped at
-//! that many bytes ([`super::Outbox::claim_within`]), the stream keeps what the rows
+//! that many bytes ([`super::Claims::claim_within`]), the stream keeps what the rows
 //! used (released row by row as they settle or their leases run out, see
 //! `subscription::held`) and gives back the rest at once.
 //!

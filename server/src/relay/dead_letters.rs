@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{limits, Outbox, RelayError, RelayResult};
+use super::{limits, Admin, RelayError, RelayResult};
 use crate::config::MAX_DURATION;
 use crate::storage::dead;
 use crate::storage::{DeadCounts, DeadFilter, DeadLetter, MessageId};
@@ -69,7 +69,7 @@ fn check(filter: &DeadFilter) -> RelayResult<()> {
     Ok(())
 }
 
-impl Outbox {
+impl Admin {
     pub async fn list_dead(
         &self,
         filter: &DeadFilter,

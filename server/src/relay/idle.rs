@@ -59,7 +59,7 @@
 //!
 //! The bound is per outbox; an identity's share of it is its
 //! `server.auth.identities.NAME.limits.max_topic_filters` (distinct filters among its
-//! open streams of one outbox, see `security::limits`), so with that set one client
+//! open streams of one outbox, see `security::quotas`), so with that set one client
 //! cannot hold every slot and keep the others' new filters out. Without it (or without
 //! authentication) a client that holds every slot keeps new filters out (never streams
 //! on filters in use) until its streams end.

@@ -33,9 +33,7 @@ pub const MAX_NAME_BYTES: usize = 200;
 /// Longest lease holder as written to the table (a name namespaced by its identity, or a
 /// stream's name and id): what MySQL's `leased_by VARCHAR(255)` holds.
 pub const MAX_HOLDER_BYTES: usize = 255;
-/// Longest topic, in characters.
-pub const MAX_TOPIC_CHARS: usize = 255;
-pub use crate::storage::MAX_KEY_CHARS;
+pub use crate::storage::{MAX_KEY_CHARS, MAX_TOPIC_CHARS};
 /// Most characters of a caller's string echoed in an error message.
 const MAX_ECHO_CHARS: usize = 64;
 

@@ -14,8 +14,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{limits, Outbox, RelayResult};
-use crate::storage::Pauses;
+use super::groups::no_groups_argument;
+use super::{Outbox, RelayResult};
+use crate::storage::groups::GroupStore;
+use crate::storage::{Pauses, Storage, StorageResult};
 
 /// How stale a replica's view of the pauses may be.
 pub const PAUSE_REFRESH: Duration = Duration::from_secs(1);
@@ -33,13 +35,39 @@ struct Seen {
 }
 
 impl PauseView {
+    /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
+    /// database that cannot be read keeps the last view: the claim that follows meets the
+    /// same database and reports the outage itself.
+    pub async fn read(
+        &self,
+        storage: &dyn Storage,
+        groups: Option<&dyn GroupStore>,
+        outbox: &str,
+    ) -> Pauses {
+        if let Some(pauses) = self.fresh() {
+            return pauses;
+        }
+        match current(storage, groups).await {
+            Ok(pauses) => {
+                self.remember(pauses.clone());
+                pauses
+            }
+            Err(error) => {
+                tracing::debug!(outbox, %error, "could not read the pauses; keeping the last view");
+                let last = self.last();
+                self.remember(last.clone());
+                last
+            }
+        }
+    }
+
     fn fresh(&self) -> Option<Pauses> {
         let state = self.state.lock().unwrap();
         let seen = state.as_ref()?;
         (seen.at.elapsed() < PAUSE_REFRESH).then(|| seen.pauses.clone())
     }
 
-    fn remember(&self, pauses: Pauses) {
+    pub(super) fn remember(&self, pauses: Pauses) {
         *self.state.lock().unwrap() = Some(Seen {
             at: Instant::now(),
             pauses,
@@ -54,6 +82,37 @@ impl PauseView {
             .as_ref()
             .map(|seen| seen.pauses.clone())
             .unwrap_or_default()
+    }
+}
+
+/// The outbox's and its topics' pauses as the database holds them, and its groups' when
+/// it has any.
+pub async fn current(
+    storage: &dyn Storage,
+    groups: Option<&dyn GroupStore>,
+) -> StorageResult<Pauses> {
+    let mut pauses = storage.pauses().await?;
+    if let Some(groups) = groups {
+        pauses.groups = groups.paused().await?;
+    }
+    Ok(pauses)
+}
+
+impl Outbox {
+    /// Pauses or resumes one subscription group on every replica: its streams are handed
+    /// nothing (answers still apply, positions stay) while the other groups go on.
+    /// Returns the state after.
+    pub async fn set_group_paused(&self, group: &str, paused: bool) -> RelayResult<Pauses> {
+        let groups = self.groups().map_err(no_groups_argument)?;
+        groups.settings(group)?;
+        let paused_groups = groups.store.set_paused(group, paused).await?;
+        let pauses = Pauses {
+            groups: paused_groups,
+            ..self.storage.pauses().await?
+        };
+        self.pause.remember(pauses.clone());
+        tracing::info!(outbox = %self.name, group, paused, "group pause changed");
+        Ok(pauses)
     }
 }
 
@@ -94,74 +153,6 @@ impl ClaimScope {
             topics: kept,
             paused_topics: Vec::new(),
         }
-    }
-}
-
-impl Outbox {
-    /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
-    /// database that cannot be read keeps the last view: the claim that follows meets the
-    /// same database and reports the outage itself.
-    pub async fn pauses(&self) -> Pauses {
-        if let Some(pauses) = self.pause.fresh() {
-            return pauses;
-        }
-        match self.read_pauses().await {
-            Ok(pauses) => {
-                self.pause.remember(pauses.clone());
-                pauses
-            }
-            Err(error) => {
-                tracing::debug!(outbox = %self.name, %error, "could not read the pauses; keeping the last view");
-                let last = self.pause.last();
-                self.pause.remember(last.clone());
-                last
-            }
-        }
-    }
-
-    /// The pauses as the database holds them now (for admin output).
-    pub async fn pauses_now(&self) -> RelayResult<Pauses> {
-        let pauses = self.read_pauses().await?;
-        self.pause.remember(pauses.clone());
-        Ok(pauses)
-    }
-
-    /// The outbox's and its topics' pauses, and its groups'.
-    async fn read_pauses(&self) -> RelayResult<Pauses> {
-        let mut pauses = self.storage.pauses().await?;
-        if let Ok(groups) = self.groups() {
-            pauses.groups = groups.store.paused().await?;
-        }
-        Ok(pauses)
-    }
-
-    /// Pauses or resumes `topics` (empty: the whole outbox) on every replica; returns the
-    /// state after.
-    pub async fn set_paused(&self, topics: &[String], paused: bool) -> RelayResult<Pauses> {
-        limits::topics(topics)?;
-        let mut pauses = self.storage.set_paused(topics, paused).await?;
-        if let Ok(groups) = self.groups() {
-            pauses.groups = groups.store.paused().await?;
-        }
-        self.pause.remember(pauses.clone());
-        tracing::info!(outbox = %self.name, ?topics, paused, "pause changed");
-        Ok(pauses)
-    }
-
-    /// Pauses or resumes one subscription group on every replica: its streams are handed
-    /// nothing (answers still apply, positions stay) while the other groups go on.
-    /// Returns the state after.
-    pub async fn set_group_paused(&self, group: &str, paused: bool) -> RelayResult<Pauses> {
-        let groups = self.groups().map_err(super::groups::no_groups_argument)?;
-        groups.settings(group)?;
-        let paused_groups = groups.store.set_paused(group, paused).await?;
-        let pauses = Pauses {
-            groups: paused_groups,
-            ..self.storage.pauses().await?
-        };
-        self.pause.remember(pauses.clone());
-        tracing::info!(outbox = %self.name, group, paused, "group pause changed");
-        Ok(pauses)
     }
 }
 

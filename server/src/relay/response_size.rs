@@ -1,5 +1,5 @@
 //! How many bytes claimed rows take in a response on the wire, so that
-//! [`Outbox::claim`](super::Outbox::claim) keeps what one response of
+//! [`Claims::claim`](super::Claims::claim) keeps what one response of
 //! `server.max_message_bytes` holds. The relay knows no protobuf: these are upper bounds of
 //! the encoding, which `grpc::convert`'s tests check against the real thing.
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use chrono::{DateTime, Utc};
 
 use super::subscription::{Settlement, SubscriptionSpec};
-use super::{Outbox, RelayResult};
+use super::{Admin, RelayResult};
 use crate::storage::LeaseHolder;
 
 /// The streams of one outbox connected to this replica.
@@ -158,7 +158,7 @@ impl StreamInfo {
     }
 }
 
-impl Outbox {
+impl Admin {
     /// The streams of this outbox connected to this replica.
     pub fn connected(&self) -> Vec<StreamView> {
         self.subscribers.list()

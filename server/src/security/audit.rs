@@ -10,7 +10,7 @@ use tonic::Status;
 
 use super::{refusals, Caller};
 
-pub const TARGET: &str = "txoutbox::audit";
+pub use crate::telemetry::logging::AUDIT_TARGET as TARGET;
 
 /// Records `action` by `caller` on `outbox`; `arguments` is a short `key=value` text.
 pub fn record<T>(

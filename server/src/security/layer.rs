@@ -15,7 +15,7 @@ use tonic::Status;
 use tower::{Layer, Service};
 
 use super::caps::Caps;
-use super::limits::StreamSlot;
+use super::quotas::StreamSlot;
 use super::reload::ReloadingAccess;
 use super::{refusals, Access, Caller, Identity};
 use crate::config::Scope;

@@ -8,7 +8,7 @@
 //! - the handlers reach an outbox only through [`Caller::outbox`], which checks the scope
 //!   on that outbox (the outbox name travels inside the protobuf message, which the layer
 //!   does not decode);
-//! - [`limits`]: per-identity bounds; [`caps`]: server-wide ones (streams, connections,
+//! - [`quotas`]: per-identity bounds; [`caps`]: server-wide ones (streams, connections,
 //!   TLS handshakes); [`audit`]: admin actions as structured events;
 //!   [`refusals`]: refused calls logged with the peer address, rate-limited per peer.
 //!
@@ -19,7 +19,7 @@
 pub mod audit;
 pub mod caps;
 pub mod layer;
-pub mod limits;
+pub mod quotas;
 pub mod refusals;
 pub mod reload;
 pub mod tls;
@@ -33,7 +33,7 @@ use tonic::Status;
 
 use crate::config::{AuthConfig, IdentityConfig, IdentityLimits, Scope, EVERY_OUTBOX};
 use crate::relay::{Outbox, Relay};
-use limits::IdentityBudget;
+use quotas::IdentityBudget;
 
 /// The identities of `[server.auth]`, with their tokens hashed and their budgets.
 pub struct Access {

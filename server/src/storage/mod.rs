@@ -63,6 +63,10 @@ pub const PURGE_BATCH: i64 = 10_000;
 /// the PostgreSQL and SQLite tables check it (`CHECK`), so producers meet it too.
 pub const MAX_KEY_CHARS: usize = 255;
 
+/// Longest topic, in characters: what every backend's own table holds and indexes, as
+/// for keys; the relay refuses a longer one before any SQL.
+pub const MAX_TOPIC_CHARS: usize = 255;
+
 /// One row handed to a publisher.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {

@@ -24,12 +24,22 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::Metrics;
-use crate::relay::Relay;
+use super::metrics::{Metrics, OutboxMetrics};
+use crate::storage::Storage;
 
-/// Refreshes every outbox's depth gauges every `interval` until `stop`.
+/// One outbox as the depth gauges count it.
+pub struct Counted {
+    pub outbox: String,
+    /// The storage the counts run on: connections of the gauges' own (see the module
+    /// doc).
+    pub storage: Arc<dyn Storage>,
+    /// Where a failed count is counted as a storage error.
+    pub metrics: OutboxMetrics,
+}
+
+/// Refreshes the depth gauges of every outbox of `outboxes` every `interval` until `stop`.
 pub async fn watch(
-    relay: Arc<Relay>,
+    outboxes: Vec<Counted>,
     metrics: Arc<Metrics>,
     interval: Duration,
     stop: CancellationToken,
@@ -42,12 +52,12 @@ pub async fn watch(
             () = stop.cancelled() => return,
             _ = ticks.tick() => {}
         }
-        for outbox in relay.outboxes() {
-            match outbox.depth_storage().stats().await {
-                Ok(stats) => metrics.set_depth(&outbox.name, &stats),
+        for counted in &outboxes {
+            match counted.storage.stats().await {
+                Ok(stats) => metrics.set_depth(&counted.outbox, &stats),
                 Err(error) => {
-                    outbox.metrics().storage_error(&error);
-                    tracing::debug!(outbox = %outbox.name, %error, "depth gauges not refreshed");
+                    counted.metrics.storage_error(&error);
+                    tracing::debug!(outbox = %counted.outbox, %error, "depth gauges not refreshed");
                 }
             }
         }

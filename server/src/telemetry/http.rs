@@ -22,26 +22,29 @@ use axum::Router;
 use tokio::net::TcpListener;
 
 use super::metrics::Metrics;
-use crate::health::Readiness;
+
+/// Why the server is not ready, one line a reason; none when it is (the health watch's
+/// last results: `health::Readiness`).
+pub type NotReady = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
 
 #[derive(Clone)]
 struct Probes {
     metrics: Arc<Metrics>,
-    readiness: Arc<Readiness>,
+    not_ready: NotReady,
 }
 
 /// Serves the metrics and the probes on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
-    readiness: Arc<Readiness>,
+    not_ready: NotReady,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(scrape))
         .route("/healthz", get(alive))
         .route("/readyz", get(ready))
-        .with_state(Probes { metrics, readiness });
+        .with_state(Probes { metrics, not_ready });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
@@ -60,7 +63,7 @@ async fn alive() -> &'static str {
 }
 
 async fn ready(State(probes): State<Probes>) -> (StatusCode, String) {
-    let problems = probes.readiness.problems();
+    let problems = (probes.not_ready)();
     if problems.is_empty() {
         return (StatusCode::OK, "ready\n".to_owned());
     }

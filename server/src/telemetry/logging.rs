@@ -10,7 +10,10 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Layer};
 
 use crate::config::LogFormat;
-use crate::security::audit;
+
+/// The tracing target of the audit trail (`security::audit`): kept at `info` whatever
+/// `RUST_LOG` filters, unless `RUST_LOG` names it.
+pub const AUDIT_TARGET: &str = "txoutbox::audit";
 
 /// Flushes the spans not exported yet when dropped (at the end of `main`).
 #[must_use = "dropping the guard stops the trace export"]
@@ -35,10 +38,10 @@ fn filter(rust_log: Option<&str>) -> EnvFilter {
     let filter = rust_log
         .and_then(|directives| EnvFilter::try_new(directives).ok())
         .unwrap_or_else(|| EnvFilter::new("info"));
-    if rust_log.is_some_and(|directives| directives.contains(audit::TARGET)) {
+    if rust_log.is_some_and(|directives| directives.contains(AUDIT_TARGET)) {
         return filter;
     }
-    let audit = format!("{}=info", audit::TARGET)
+    let audit = format!("{AUDIT_TARGET}=info")
         .parse()
         .expect("a valid directive");
     filter.add_directive(audit)

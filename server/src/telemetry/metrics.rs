@@ -23,7 +23,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
-use crate::storage::{Stats, StorageError};
+use crate::storage::{Stats, StorageError, StorageResult};
 
 /// Seconds buckets of a database round trip: claims and answers.
 const DURATION_BUCKETS: &[f64] = &[
@@ -427,6 +427,11 @@ impl OutboxMetrics {
 
     pub fn answer_duration(&self, answer: AnswerKind) -> &Histogram {
         &self.answer_duration[answer_index(answer)]
+    }
+
+    /// Counts a failed storage call by its kind of error.
+    pub fn counted<T>(&self, result: StorageResult<T>) -> StorageResult<T> {
+        result.inspect_err(|error| self.storage_error(error))
     }
 
     pub fn storage_error(&self, error: &StorageError) {

@@ -27,6 +27,10 @@ pub enum Section {
     /// pgmq and the physical limit on the keyless backlog (and txoutboxd's keyless drain
     /// with `synchronous_commit = on`, beside pgmq at its default).
     Peers,
+    /// Subscription groups: keyless, keyed and hot-key group drains beside pgmq, their
+    /// PostgreSQL CPU per delivery, four groups on one backlog, commit-to-receive latency,
+    /// and what a hot key's producers wait with groups, a plain table and strict ordering.
+    Groups,
 }
 
 /// Measures txoutboxd against the SQL-only ceiling and the Python original, in one run
@@ -58,7 +62,7 @@ pub struct Options {
     /// Only these sections (comma-separated); default all.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Section>,
-    /// Only these backlogs for the drain, ceiling and python sections (comma-separated);
+    /// Only these backlogs for the drain, ceiling, python and groups sections (comma-separated);
     /// default all. `--only drain,ceiling,python,peers --workloads keyless --rows 20000
     /// --runs 1` is the keyless comparison in about a minute, for a busy machine.
     #[arg(long, value_enum, value_delimiter = ',')]
@@ -99,6 +103,10 @@ pub struct Options {
     /// Idle subscriber streams held open for the memory figure.
     #[arg(long)]
     pub idle_streams: Option<usize>,
+    /// How long each of the 64 hot-key producers runs per table in the groups section,
+    /// seconds (default 8; quick 1).
+    #[arg(long)]
+    pub producer_seconds: Option<f64>,
     /// Idle streams beside the one subscriber with work, for the idle-cost figures
     /// (comma-separated; default 0,1000,10000).
     #[arg(long, value_delimiter = ',')]
@@ -159,6 +167,8 @@ pub struct Plan {
     pub latency_duration: Duration,
     pub claim_sizes: Vec<u64>,
     pub claim_samples: usize,
+    /// How long the hot-key producers of the groups section run per table.
+    pub producer_duration: Duration,
     pub idle_streams: usize,
     pub idle_cost_streams: Vec<usize>,
     pub idle_cost_distinct: Vec<usize>,
@@ -243,6 +253,9 @@ impl Plan {
             ),
             claim_sizes,
             claim_samples: options.claim_samples.unwrap_or(pick(quick, 9, 3)),
+            producer_duration: Duration::from_secs_f64(
+                options.producer_seconds.unwrap_or(pick(quick, 8.0, 1.0)),
+            ),
             idle_streams: options.idle_streams.unwrap_or(pick(quick, 1000, 50)),
             idle_cost_streams: if options.idle_cost_streams.is_empty() {
                 pick(quick, vec![0, 1000, 10_000], vec![0, 50])

@@ -164,11 +164,24 @@ pub async fn stop_server(plan: &Plan, mut server: Server, label: &str) {
 
 /// A Rust client runtime on `url` whose publisher returns at once.
 pub fn noop_subscriber(plan: &Plan, url: String, name: &str) -> anyhow::Result<Subscriber> {
-    Ok(Subscriber::builder([url], OUTBOX)
+    noop_group_subscriber(plan, url, name, None)
+}
+
+/// [`noop_subscriber`] joining the subscription group `group`, if given.
+pub fn noop_group_subscriber(
+    plan: &Plan,
+    url: String,
+    name: &str,
+    group: Option<&str>,
+) -> anyhow::Result<Subscriber> {
+    let mut builder = Subscriber::builder([url], OUTBOX)
         .name(name)
         .max_in_flight(plan.window)
-        .concurrency(plan.window as usize)
-        .build(|_message: Message| async { Ok::<_, PublishError>(()) })?)
+        .concurrency(plan.window as usize);
+    if let Some(group) = group {
+        builder = builder.group(group);
+    }
+    Ok(builder.build(|_message: Message| async { Ok::<_, PublishError>(()) })?)
 }
 
 /// Scrapes every server's `/metrics` once a second, as a Prometheus would, until aborted.

@@ -1,4 +1,4 @@
-//! What idle streams cost the subscriber that has work (issue 10, case 5): one subscriber
+//! What idle streams cost the subscriber that has work: one subscriber
 //! with no topic filter receives rows a producer inserts at a steady rate, each in its own
 //! transaction, while `N` streams whose filter matches nothing stay open and idle; for N
 //! in `--idle-cost-streams` (0, 1,000 and 10,000 by default).

@@ -8,7 +8,8 @@
 //! are slightly optimistic by that much; a row received before its producer saw the
 //! commit return counts as zero. Both stamps come from the same monotonic clock in
 //! this process. Rows are spread over `--keys` keys with strict ordering on, the
-//! default configuration.
+//! default configuration, or delivered through a subscription group ordered by key
+//! ([`measure_on`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -43,29 +44,51 @@ impl Latencies {
 
 /// One latency measurement, with LISTEN/NOTIFY wake-ups (`notify`) or polling only.
 pub async fn measure(plan: &Plan, notify: bool) -> anyhow::Result<Latencies> {
+    measure_on(plan, notify, None).await
+}
+
+/// [`measure`] on an outbox that declares the subscription group `group` (ordered by
+/// key), which the subscriber joins; per-row claims with strict ordering without one.
+pub async fn measure_on(
+    plan: &Plan,
+    notify: bool,
+    group: Option<&str>,
+) -> anyhow::Result<Latencies> {
     let schema = BenchSchema::create(&plan.database_url, "latency").await?;
-    let result = measure_in(plan, &schema, notify).await;
+    let result = measure_in(plan, &schema, notify, group).await;
     schema.drop().await;
     result
 }
 
-async fn measure_in(plan: &Plan, schema: &BenchSchema, notify: bool) -> anyhow::Result<Latencies> {
+async fn measure_in(
+    plan: &Plan,
+    schema: &BenchSchema,
+    notify: bool,
+    group: Option<&str>,
+) -> anyhow::Result<Latencies> {
     let channel = notify.then(|| format!("{}_wake", schema.name));
-    let config = server_config(plan, &schema.name, true, channel.as_deref());
-    // The server creates the table, its key heads and the notify trigger.
-    let config = format!("{config}create_schema = true\n");
+    let config = server_config(plan, &schema.name, group.is_none(), channel.as_deref());
+    // The server creates the table, its key heads (or the groups' tables) and the notify
+    // trigger.
+    let mut config = format!("{config}create_schema = true\n");
+    if let Some(group) = group {
+        config += &format!("[outboxes.{OUTBOX}.groups.{group}]\n");
+    }
     let server = start_server(plan, &config).await;
 
     let arrivals: Arc<Mutex<HashMap<i64, Instant>>> = Arc::default();
     let recorded = Arc::clone(&arrivals);
-    let subscriber = Subscriber::builder([server.url()], OUTBOX)
+    let mut builder = Subscriber::builder([server.url()], OUTBOX)
         .name("bench-latency")
         .max_in_flight(plan.window)
-        .concurrency(plan.window as usize)
-        .build(move |message: Message| {
-            recorded.lock().unwrap().insert(message.id, Instant::now());
-            async { Ok::<_, PublishError>(()) }
-        })?;
+        .concurrency(plan.window as usize);
+    if let Some(group) = group {
+        builder = builder.group(group);
+    }
+    let subscriber = builder.build(move |message: Message| {
+        recorded.lock().unwrap().insert(message.id, Instant::now());
+        async { Ok::<_, PublishError>(()) }
+    })?;
     let mut events = subscriber.events();
     let handle = subscriber.spawn();
     // Wait until the stream is open, so the first rows do not measure the connection.
@@ -77,6 +100,25 @@ async fn measure_in(plan: &Plan, schema: &BenchSchema, notify: bool) -> anyhow::
         }
     })
     .await?;
+    if group.is_some() {
+        // A member reads only the partitions it owns: every one taken first.
+        let free = format!(
+            "SELECT count(*) FROM {}_group_partitions WHERE owner IS NULL",
+            schema.table()
+        );
+        wait_until(
+            "the group's stream to own every partition",
+            Duration::from_secs(30),
+            Duration::from_millis(20),
+            || async {
+                sqlx::query_scalar::<_, i64>(&free)
+                    .fetch_one(&schema.pool)
+                    .await
+                    .is_ok_and(|n| n == 0)
+            },
+        )
+        .await?;
+    }
     // Let the first (empty) claims and the poller settle into their idle rhythm.
     tokio::time::sleep(Duration::from_millis(300)).await;
 
@@ -93,7 +135,12 @@ async fn measure_in(plan: &Plan, schema: &BenchSchema, notify: bool) -> anyhow::
     )
     .await;
     let _ = tokio::time::timeout(Duration::from_secs(30), handle.stop()).await;
-    stop_server(plan, server, "latency").await;
+    let label = if group.is_some() {
+        "latency-group"
+    } else {
+        "latency"
+    };
+    stop_server(plan, server, label).await;
     outcome?;
 
     let arrivals = arrivals.lock().unwrap();

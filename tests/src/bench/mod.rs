@@ -15,7 +15,10 @@
 //! - [`claim_cost`]: one claim's time against the size and shape of the backlog;
 //! - [`memory`]: `txoutboxd`'s RSS with many idle subscriber streams;
 //! - [`idle_cost`]: what idle streams cost a subscriber with work: its insert-to-batch
-//!   latency and the database transactions per insert.
+//!   latency and the database transactions per insert;
+//! - [`groups`]: subscription groups: group drains beside pgmq, their cost per delivery,
+//!   four groups on one backlog, latency through a group, and what producers of a hot
+//!   key wait.
 //!
 //! [`report`] turns the measurements into the one table. A measurement that fails is
 //! left out of the table with a note saying why; the others still run.
@@ -24,6 +27,7 @@ pub mod ceiling;
 pub mod claim_cost;
 pub mod config;
 pub mod drain;
+pub mod groups;
 pub mod idle_cost;
 pub mod latency;
 pub mod memory;
@@ -117,6 +121,9 @@ pub async fn run(plan: &Plan) -> anyhow::Result<Report> {
             if workload == Workload::Keyless && plan.wants(Section::Peers) {
                 peers_once(&mut m, plan, run).await;
             }
+        }
+        if plan.wants(Section::Groups) {
+            groups_once(&mut m, plan, run).await;
         }
         if plan.wants(Section::Latency) {
             for notify in [true, false] {
@@ -230,8 +237,8 @@ async fn drain_once(
 
 /// pgmq (delete and archive, at txoutboxd's durability and at its default), the physical
 /// limit, and txoutboxd's keyless drain with `synchronous_commit = on` and with
-/// `delete_on_ack` (pgmq's `delete` counterpart), for 1 and 4 consumers: the keyless
-/// comparison of issue 16.
+/// `delete_on_ack` (pgmq's `delete` counterpart), for 1 and 4 consumers: what a keyless
+/// message costs here against a queue built for PostgreSQL.
 async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
     for n in worker_counts(Workload::Keyless) {
         for durability in [Durability::Off, Durability::Default] {
@@ -253,6 +260,85 @@ async fn peers_once(m: &mut Measurements, plan: &Plan, run: usize) {
             }
         }
     }
+}
+
+/// The subscription groups section: pgmq beside the keyless group drains (unless `peers`
+/// measured it in this run already), the group drains, four groups on one backlog,
+/// latency through a group, and the hot key's producers.
+async fn groups_once(m: &mut Measurements, plan: &Plan, run: usize) {
+    if plan.workloads.contains(&Workload::Keyless) {
+        for n in worker_counts(Workload::Keyless) {
+            let key = report::pgmq_key(PgmqAck::Delete, Durability::Off, n);
+            if m.has(&key, run) {
+                continue;
+            }
+            let what = format!("pgmq Delete, {n} consumer(s), sync-off (beside the groups)");
+            let drained = peers::pgmq(plan, PgmqAck::Delete, Durability::Off, n);
+            if let Some(result) = attempt(m, plan, run, &what, drained).await {
+                record_peer(m, &key, run, &result);
+            }
+        }
+    }
+    for &workload in &plan.workloads {
+        for &topology in topologies(workload) {
+            group_drain_once(m, plan, run, workload, topology, 1).await;
+        }
+    }
+    if plan.workloads.contains(&Workload::Keyless) {
+        group_drain_once(m, plan, run, Workload::Keyless, (1, 1), groups::MANY).await;
+    }
+    let what = "latency through a group, LISTEN/NOTIFY";
+    let measured = latency::measure_on(plan, true, Some("g0"));
+    if let Some(latency) = attempt(m, plan, run, what, measured).await {
+        for (name, value) in latency.percentiles() {
+            m.record(report::group_latency_key(name), run, value);
+        }
+    }
+    for table in groups::ProducerTable::ALL {
+        let what = format!(
+            "{} producers of one hot key, {} table",
+            groups::PRODUCERS,
+            table.label()
+        );
+        let measured = groups::hot_key_producers(plan, table);
+        if let Some(times) = attempt(m, plan, run, &what, measured).await {
+            for (name, value) in times.figures() {
+                m.record(report::producer_key(table, name), run, value);
+            }
+        }
+    }
+}
+
+/// One drain through `groups` subscription groups, recorded with its costs.
+async fn group_drain_once(
+    m: &mut Measurements,
+    plan: &Plan,
+    run: usize,
+    workload: Workload,
+    (servers, subscribers): (usize, usize),
+    groups: usize,
+) {
+    let what = format!(
+        "txoutboxd, {} group(s), {}, {servers} server(s) + {subscribers} subscriber(s) each",
+        groups,
+        workload.label()
+    );
+    let drained = groups::drain(plan, workload, (servers, subscribers), groups);
+    let Some(result) = attempt(m, plan, run, &what, drained).await else {
+        return;
+    };
+    let key = report::group_key(workload, servers, subscribers, groups);
+    m.record(&key, run, result.rate);
+    m.record(format!("{key}/pg-us"), run, result.cost.cpu_us);
+    m.record(format!("{key}/wal"), run, result.cost.wal_bytes);
+    m.record(
+        format!("{key}/peak-rss-mib"),
+        run,
+        result.peak_rss_kib as f64 / 1024.0,
+    );
+    m.record(format!("{key}/cpu-server"), run, result.cpu.servers);
+    m.record(format!("{key}/cpu-postgres"), run, result.cpu.postgres);
+    m.record(format!("{key}/cpu-client"), run, result.cpu.bench);
 }
 
 /// A drain's rate and what it cost PostgreSQL, under `key`.

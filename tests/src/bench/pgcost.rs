@@ -2,7 +2,7 @@
 //! `/proc`), WAL written (`pg_current_wal_lsn`), and the table's own row operations
 //! (`pg_stat_user_tables`: updates, HOT updates, deletes) and index reads (entries read
 //! from its indexes, rows fetched through them: what a claim that walks past leased rows
-//! or dead index entries pays, issue 16).
+//! or dead index entries pays).
 //!
 //! The CPU and the WAL are the whole cluster's: whatever else runs against this
 //! PostgreSQL during the drain is counted too, so they are exact only on a quiet

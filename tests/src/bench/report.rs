@@ -1,7 +1,8 @@
 //! The one table: every figure with its spread, the ratios of the same runs, the target
-//! of issue 5 it answers to, and whether it is met. Printed as a markdown table (readable
+//! it answers to, and whether it is met. Printed as a markdown table (readable
 //! as plain text too), optionally written as markdown and JSON.
 
+mod groups;
 mod sections;
 
 use std::fmt::Write as _;
@@ -9,10 +10,12 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use self::groups::group_rows;
 use self::sections::{
     claim_rows, drain_rows, idle_cost_rows, idle_distinct_rows, latency_rows, memory_rows,
 };
 use super::drain::RelaySettings;
+use super::groups::ProducerTable;
 use super::peers::{Durability, PgmqAck};
 use super::stats::{Figure, Measurements};
 use super::workload::Workload;
@@ -68,6 +71,23 @@ pub fn idle_distinct_key(idle: usize, figure: &str) -> String {
     format!("idle-cost-distinct/{idle}/{figure}")
 }
 
+/// A drain through `groups` subscription groups, each with `subscribers` subscribers.
+pub fn group_key(workload: Workload, servers: usize, subscribers: usize, groups: usize) -> String {
+    let mut key = format!("groups/{}/{servers}x{subscribers}", workload.label());
+    if groups > 1 {
+        key += &format!("/{groups}-groups");
+    }
+    key
+}
+
+pub fn group_latency_key(percentile: &str) -> String {
+    format!("groups/latency/notify/{percentile}")
+}
+
+pub fn producer_key(table: ProducerTable, figure: &str) -> String {
+    format!("groups/producers/{}/{figure}", table.label())
+}
+
 pub fn latency_key(notify: bool, percentile: &str) -> String {
     let how = if notify { "notify" } else { "polling" };
     format!("latency/{how}/{percentile}")
@@ -98,7 +118,7 @@ const HEADER: [&str; 11] = [
     "ours / pgmq",
     "ours / limit",
     "ours / ceiling",
-    "target (issues 5, 16)",
+    "target",
     "verdict",
     "notes",
 ];
@@ -135,6 +155,7 @@ impl Report {
     pub fn build(plan: &Plan, m: Measurements, machine: String, elapsed: Duration) -> Self {
         let mut rows = Vec::new();
         drain_rows(plan, &m, &mut rows);
+        group_rows(plan, &m, &mut rows);
         latency_rows(plan, &m, &mut rows);
         claim_rows(plan, &m, &mut rows);
         memory_rows(plan, &m, &mut rows);
@@ -143,7 +164,7 @@ impl Report {
         let settings = format!(
             "{rows} rows per drain ({hot} for the hot key), batch {batch}, window {window}, {keys} keys, {runs} run(s) per figure; \
              latency at {rate} rows/s for {secs:.0}s; claim cost at {sizes} pending rows, {samples} claims per cell; \
-             {streams} idle streams{relay}{python}{quick}",
+             {streams} idle streams{groups}{relay}{python}{quick}",
             rows = plan.rows,
             hot = plan.hot_key_rows,
             batch = plan.batch_size,
@@ -155,6 +176,15 @@ impl Report {
             sizes = plan.claim_sizes.iter().map(|s| count(*s as f64)).collect::<Vec<_>>().join(" / "),
             samples = plan.claim_samples,
             streams = plan.idle_streams,
+            groups = if plan.wants(Section::Groups) {
+                format!(
+                    "; groups: {} partitions, hot-key producers for {:.0}s per table",
+                    super::groups::PARTITIONS,
+                    plan.producer_duration.as_secs_f64()
+                )
+            } else {
+                String::new()
+            },
             relay = if plan.relay_pg_settings.is_empty() {
                 String::new()
             } else {

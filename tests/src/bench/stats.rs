@@ -69,6 +69,13 @@ impl Measurements {
             .insert(run, value);
     }
 
+    /// Whether `name` has a value in run `run`.
+    pub fn has(&self, name: &str, run: usize) -> bool {
+        self.values
+            .get(name)
+            .is_some_and(|runs| runs.contains_key(&run))
+    }
+
     pub fn figure(&self, name: &str) -> Option<Figure> {
         let values: Vec<f64> = self.values.get(name)?.values().copied().collect();
         Figure::of(&values)

@@ -1,4 +1,4 @@
-//! `txoutbox-faults`: the fault-injection soak (issue 9). Two replicas, four subscriber
+//! `txoutbox-faults`: the fault-injection soak. Two replicas, four subscriber
 //! processes and a steady producer on one outbox table while replicas, subscribers,
 //! database sessions and links are killed, paused or cut, one fault at a time; then the
 //! history checker's report. Exits 1 on a loss, an order violation or a duplicate no

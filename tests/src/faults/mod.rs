@@ -1,4 +1,4 @@
-//! The fault-injection suite (issue 9): two `txoutboxd` replicas on one outbox table,
+//! The fault-injection suite: two `txoutboxd` replicas on one outbox table,
 //! subscribers as separate processes (the Rust client runtime and the Python example, one
 //! of each per replica), a producer at a steady rate, and a driver injecting one fault at
 //! a time; then a drain, and the [`checker`] over everything recorded.

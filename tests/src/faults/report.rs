@@ -11,9 +11,11 @@ use super::Outcome;
 /// A healthy replica that delivered nothing for longer than this during another
 /// replica's fault is reported as stalled.
 pub const HEALTHY_GAP_LIMIT_S: f64 = 2.0;
-/// Producer insert p99 during a relay fault at or above this is reported (issue 9).
+/// Producer insert p99 during a relay fault at or above this is reported: a relay
+/// fault must not hold up a producer's insert.
 pub const INSERT_P99_LIMIT_MS: f64 = 50.0;
-/// Recovery to 90% later than this after a fault's end is reported (issue 9).
+/// Recovery to 90% later than this after a fault's end is reported: the
+/// replicas left must take the work over within seconds.
 pub const RECOVERY_LIMIT_S: f64 = 5.0;
 
 pub fn render(outcome: &Outcome) -> String {
@@ -207,7 +209,7 @@ pub fn render(outcome: &Outcome) -> String {
     out
 }
 
-/// Timing findings of issue 9's bar: reported, never a test failure (the machine's load
+/// Timing findings against the limits above: reported, never a test failure (the machine's load
 /// moves them).
 pub fn warnings(outcome: &Outcome) -> Vec<String> {
     let mut notes = Vec::new();

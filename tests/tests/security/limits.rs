@@ -52,7 +52,7 @@ async fn open_filtered(
     Ok((tx, responses))
 }
 
-/// Issue 10, case 5: the outbox's `max_topic_filters` slots were first come, first
+/// The outbox's `max_topic_filters` slots were once first come, first
 /// served, so one client could hold them all and keep every other client's new filters
 /// out. An identity's `max_topic_filters` is its share.
 #[tokio::test]

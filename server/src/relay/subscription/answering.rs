@@ -1,11 +1,22 @@
-//! The answering side of a subscription as a state machine: what it waits for, and the
-//! one future that completes when the answer applied on its own task finishes.
+//! The answering side of a subscription: a state machine (what it waits for, and the one
+//! future that completes when the answer applied on its own task finishes), and the
+//! loop's steps that start an answer and take what it applied.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::task::{JoinError, JoinHandle};
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use super::super::{RelayResult, MAX_IDS};
-use super::answers::{Answer, Applied, Nack};
+use super::answers::{
+    apply, apply_acks, apply_nacks, check_window, Answer, Applied, Nack, Settlement, Single,
+};
+use super::claiming::{Claiming, NextClaim};
 use super::queue::AnswerReceiver;
+use super::{task_failed, Batch, Event, Subscription};
 use crate::storage::MessageId;
 
 /// Acks are merged until they name this many ids (and never more than one storage call
@@ -125,4 +136,211 @@ pub(super) fn nacks_behind(
         }
     }
     (nacks, None)
+}
+
+impl Subscription {
+    /// Starts the answer taken from the channel, if nothing keeps it waiting.
+    pub(super) async fn start_next_answer(
+        &mut self,
+        answers: &mut AnswerReceiver,
+    ) -> RelayResult<()> {
+        let next = match std::mem::replace(&mut self.answering, Answering::Idle) {
+            Answering::Waiting(next) => next,
+            other => {
+                self.answering = other;
+                return Ok(());
+            }
+        };
+        let answer = next?;
+        if answer.waits_for_claims() && matches!(self.claiming, Claiming::Running(_)) {
+            self.answering = Answering::Waiting(Ok(answer));
+            return Ok(());
+        }
+        let outbox = Arc::clone(&self.outbox);
+        let owner = Arc::clone(&self.owner);
+        let gives_back = answer.waits_for_claims();
+        let kind = answer.kind();
+        let (answer, stale) = answer.split_stale(|id| self.held.attempt(id));
+        if let (false, Some(kind)) = (stale.is_empty(), kind) {
+            self.outbox.answers.count_stale(kind, stale.len());
+        }
+        let Some(answer) = answer else {
+            // Nothing left to apply: every token named an earlier delivery.
+            let settlement = Settlement {
+                fenced: stale,
+                ..Settlement::default()
+            };
+            self.info.settled(std::slice::from_ref(&settlement));
+            self.send(Event::Settled(settlement)).await;
+            return Ok(());
+        };
+        let held = &self.held;
+        let fresh = |answer: &Answer| {
+            let (_, stale) = answer.clone().split_stale(|id| held.attempt(id));
+            stale.is_empty()
+        };
+        let (task, next) = match answer {
+            Answer::SetWindow(window) => {
+                self.set_window(window).await;
+                return Ok(());
+            }
+            Answer::Ack(ids) => {
+                let (acks, next) = acks_behind(ids, answers, fresh);
+                if let Some(unparked) = self.parked.acked(acks.iter().flatten().copied()) {
+                    let mut batch = Batch::from(unparked);
+                    batch.holder = Arc::clone(&self.owner);
+                    self.send(Event::Batch(batch)).await;
+                }
+                let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
+                (task, next)
+            }
+            Answer::Nack { id, error, delay } => {
+                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers, fresh);
+                let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
+                (task, next)
+            }
+            Answer::Release { ids, delay } => (self.apply(Single::Release { ids, delay }), None),
+            Answer::DeadLetter { id, error } => {
+                (self.apply(Single::DeadLetter { id, error }), None)
+            }
+            Answer::ExtendLease { mut ids, lease } => {
+                // The rows parked behind them keep the lease of their key.
+                let behind = self.parked.behind(&ids);
+                ids.extend(behind);
+                (self.apply(Single::ExtendLease { ids, lease }), None)
+            }
+            Answer::Tokened { .. } => unreachable!("split_stale unwraps tokened answers"),
+        };
+        let task = match stale.is_empty() {
+            true => task,
+            false => tokio::spawn(async move {
+                let mut applied = task.await.map_err(task_failed)??;
+                applied.stale = stale;
+                Ok(applied)
+            }),
+        };
+        let run = AnswerRun { task, gives_back };
+        self.answering = Answering::Running { run, next };
+        Ok(())
+    }
+
+    /// Gives back the orphaned parked rows (see `parked.rs`), as an answer of the stream's
+    /// own: only while no answer and no claim runs, and no claim starts until it is
+    /// applied. The subscriber never saw the rows, so it hears nothing of it.
+    pub(super) fn start_give_back(&mut self) {
+        if !self.parked.has_orphans()
+            || !self.answering.is_idle()
+            || matches!(self.claiming, Claiming::Running(_))
+        {
+            return;
+        }
+        let ids = self.parked.take_orphans();
+        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
+        let lease = self.spec.lease;
+        let give_back = async move {
+            let release = Single::Release {
+                ids,
+                delay: Duration::ZERO,
+            };
+            let mut applied = apply(outbox, owner, lease, release).await?;
+            applied.settlements.clear();
+            Ok(applied)
+        };
+        let task = tokio::spawn(give_back.in_current_span());
+        self.answering = Answering::Running {
+            run: AnswerRun {
+                task,
+                gives_back: true,
+            },
+            next: None,
+        };
+    }
+
+    /// Applies a [`Single`] answer on a task of its own.
+    pub(super) fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
+        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
+        tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
+    }
+
+    /// Applies a new window (never while a claim runs) and confirms it; a window out of
+    /// bounds is rejected and the old one kept.
+    pub(super) async fn set_window(&mut self, window: u32) {
+        if let Err(error) = check_window(window) {
+            self.send(Event::Settled(Settlement::rejected(Vec::new(), &error)))
+                .await;
+            return;
+        }
+        tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
+        if window == 0 {
+            // No batch may follow the `settled` of a closed window.
+            self.parked.orphan_all();
+        }
+        if window > self.spec.max_in_flight {
+            // More room: look at once rather than at the next poll.
+            self.claiming.claim_now();
+        }
+        self.spec.max_in_flight = window;
+        self.info.set_window(window);
+        self.send(Event::Settled(Settlement::default())).await;
+    }
+
+    /// Takes applied answers: their rows stop (or keep) being held, then each answer is
+    /// confirmed, in order.
+    pub(super) async fn answered(&mut self, applied: RelayResult<Applied>) -> RelayResult<()> {
+        let mut applied = applied?;
+        // Rows the subscriber was never sent, named before `account` forgets them.
+        let unseen: HashSet<MessageId> = applied
+            .settlements
+            .iter()
+            .flat_map(Settlement::ids)
+            .filter(|id| self.parked.unseen(*id))
+            .collect();
+        let held_before = self.held.len();
+        self.account(&applied);
+        if let Some(first) = applied.settlements.first_mut() {
+            first.fenced.append(&mut applied.stale);
+            first.fenced.sort_unstable();
+        }
+        for settlement in &mut applied.settlements {
+            settlement.strip(|id| unseen.contains(&id));
+        }
+        self.info.set_in_flight(self.held.len());
+        self.info.settled(&applied.settlements);
+        for settlement in applied.settlements {
+            self.send(Event::Settled(settlement)).await;
+        }
+        if self.held.len() < held_before {
+            // A claim that came back short while this stream held rows may have been held
+            // back by this stream's own keys: answering them can unblock work, so look
+            // again now rather than at the next idle poll.
+            match &mut self.claiming {
+                Claiming::Running(run) => run.freed_rows = true,
+                Claiming::InTransit { next, .. } | Claiming::Ready(next) => {
+                    if let NextClaim::Idle {
+                        short_while_holding: true,
+                    } = next
+                    {
+                        *next = NextClaim::At(Instant::now());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn account(&mut self, applied: &Applied) {
+        self.held.remove_all(&applied.finished);
+        let fenced: Vec<MessageId> = applied
+            .settlements
+            .iter()
+            .flat_map(|s| s.fenced.iter().copied())
+            .collect();
+        self.parked.finished(&applied.finished, &fenced);
+        if let Some((ids, lease)) = &applied.extended {
+            let deadline = Instant::now() + *lease;
+            for id in ids {
+                self.held.extend(*id, deadline);
+            }
+        }
+    }
 }

@@ -246,7 +246,7 @@ pub(super) async fn apply_acks(
     acks: Vec<Vec<MessageId>>,
 ) -> RelayResult<Applied> {
     let all: Vec<MessageId> = acks.iter().flatten().copied().collect();
-    let (acked, _) = outbox.ack(&owner, &all).await?;
+    let (acked, _) = outbox.answers.ack(&owner, &all).await?;
     let mut acked: HashSet<MessageId> = acked.into_iter().collect();
     let settlements = acks
         .into_iter()
@@ -298,7 +298,7 @@ pub(super) async fn apply_nacks(
     let mut results = if requests.is_empty() {
         Vec::new()
     } else {
-        outbox.nack_many(&owner, &requests).await?
+        outbox.answers.nack_many(&owner, &requests).await?
     }
     .into_iter();
     let mut applied = Applied::default();
@@ -396,13 +396,13 @@ async fn apply_one(
     let mut extended = None;
     match answer {
         Single::Release { ids, delay } => {
-            let (released, fenced) = outbox.release(owner, &ids, delay).await?;
+            let (released, fenced) = outbox.answers.release(owner, &ids, delay).await?;
             finished = ids;
             settlement.released = released;
             settlement.fenced = fenced;
         }
         Single::DeadLetter { id, error } => {
-            let applied = outbox.dead_letter(owner, id, &error).await?;
+            let applied = outbox.answers.dead_letter(owner, id, &error).await?;
             finished.push(id);
             if applied {
                 settlement.dead_lettered = vec![id];
@@ -414,9 +414,9 @@ async fn apply_one(
             let lease = if lease.is_zero() {
                 default_lease
             } else {
-                outbox.lease(lease)?
+                outbox.claims.lease(lease)?
             };
-            let (done, fenced) = outbox.extend_lease(owner, &ids, lease).await?;
+            let (done, fenced) = outbox.answers.extend_lease(owner, &ids, lease).await?;
             finished.clone_from(&fenced);
             extended = Some((done.ids.to_vec(), lease));
             settlement.extended = done.ids.into_vec();

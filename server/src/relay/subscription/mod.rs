@@ -16,8 +16,9 @@
 //!
 //! - **Bytes**: a claim starts only once the transport has taken the previous batch (see
 //!   [`Batch`]), and a batch is at most one response of `server.max_message_bytes` (see
-//!   [`Outbox::claim`]): a subscriber that stops reading pins at most that batch and the
-//!   one the transport is writing, whatever its window, never window x row size.
+//!   [`Claims::claim`](super::Claims::claim)): a subscriber that stops reading pins at
+//!   most that batch and the one the transport is writing, whatever its window, never
+//!   window x row size.
 //! - **Window**: a claim asks for at most `window - held` rows, and a row stays held until
 //!   its answer is *settled* (applied, and its `settled` sent), so a stream never holds
 //!   more than its window, even with acks in flight. The price is that rows being acked
@@ -72,26 +73,24 @@ pub mod queue;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinError;
 use tokio::time::{sleep_until, Instant};
-use tracing::Instrument;
 
-use self::answering::{acks_behind, finished, nacks_behind, AnswerRun, Answering};
-use self::answers::{apply, apply_acks, apply_nacks, check_window, Applied, Nack, Single};
+use self::answering::{finished, Answering};
 pub use self::answers::{Answer, Rejection, Settlement};
-use self::claiming::{progress, Asked, ClaimResult, ClaimRun, Claiming, NextClaim, Progress};
+use self::claiming::{freed, hold_bytes, progress, Claiming, NextClaim, Progress};
 use self::held::Held;
 use self::parked::Parked;
 pub use self::queue::{answer_queue, AnswerReceiver, AnswerSender};
-use super::bytes_in_flight::{Allowance, BytesInFlight, StreamBytes};
+use super::bytes_in_flight::{BytesInFlight, StreamBytes};
 use super::drain::Drain;
-use super::idle::{changed, PollGroup, Turn};
+use super::idle::{changed, PollGroup};
+#[cfg(test)]
 use super::response_size::message_bytes;
 use super::subscribers::StreamInfo;
 use super::{Outbox, RelayError, RelayResult};
@@ -165,7 +164,8 @@ impl From<Claimed> for Batch {
 
 /// Runs one subscription until the subscriber goes away, the drain completes, or an
 /// error ends it; the error (if any) is sent as the last event. `idle` is the outbox's
-/// poll group for the stream's filter ([`Outbox::idle_poll`], which may refuse it).
+/// poll group for the stream's filter ([`Claims::idle_poll`](super::Claims::idle_poll),
+/// which may refuse it).
 pub async fn run(
     outbox: Arc<Outbox>,
     spec: SubscriptionSpec,
@@ -310,26 +310,14 @@ impl Subscription {
                 }
                 _ = self.events.closed() => return Ok(()),
                 _ = drain.started(), if self.draining_until.is_none() && !claim_running => {
-                    self.parked.orphan_all();
-                    self.draining_until = Some(Instant::now() + drain.timeout());
-                    let wall = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
-                    tracing::info!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "draining");
-                    self.send(Event::Draining { deadline: wall }).await;
+                    self.start_draining(drain).await;
                 }
                 _ = sleep_until(self.draining_until.unwrap_or_else(Instant::now)), if self.draining_until.is_some() => {
                     tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "drain timeout; giving back unanswered messages");
                     return Ok(());
                 }
                 _ = sleep_until(expiry.unwrap_or_else(Instant::now)), if expiry.is_some() => {
-                    let mut expired = self.held.take_expired(Instant::now());
-                    let unseen: Vec<bool> = expired.iter().map(|id| self.parked.unseen(*id)).collect();
-                    self.parked.expired(&expired);
-                    let mut unseen = unseen.into_iter();
-                    expired.retain(|_| !unseen.next().unwrap_or(false));
-                    if !expired.is_empty() {
-                        tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, count = expired.len(), "leases expired before the subscriber answered");
-                        self.send(Event::LeasesExpired(expired)).await;
-                    }
+                    self.leases_expired().await;
                 }
                 _ = sleep_until(claim_at.map_or_else(Instant::now, |(_, at)| at)), if claim_at.is_some() => {
                     self.start_claim(claim_at.map_or(0, |(count, _)| count), None);
@@ -349,369 +337,27 @@ impl Subscription {
         }
     }
 
-    /// How many rows a claim may ask for now, and when it starts; `None` when no claim
-    /// may start: one is running, the last batch is not taken by the transport yet, an
-    /// answer that gives rows back is waiting or running, the drain has begun, or the
-    /// window has too little room.
-    fn claim_size(&self, drain: &Drain) -> Option<(usize, NextClaim)> {
-        let Claiming::Ready(next) = self.claiming else {
-            return None;
-        };
-        if self.answering.gives_back() || drain.is_started() || self.parked.has_orphans() {
-            return None;
-        }
-        let window = self.spec.max_in_flight as usize;
-        // A batch is also bounded in bytes: rows of a megabyte come a few at a time.
-        let batch_cap = (self.outbox.config.max_batch_size as usize)
-            .min(self.outbox.rows_per_response() as usize)
-            .min(window);
-        // Claim in chunks: wait until half a batch of room is free (or nothing is held),
-        // so a subscriber acking one at a time still gets full-ish batches.
-        let low_water = batch_cap.div_ceil(2).max(1);
-        let room = window.saturating_sub(self.held.len());
-        let enough = room > 0 && (room >= low_water || self.held.len() == 0);
-        enough.then_some((room.min(batch_cap), next))
+    /// The drain has begun: no claim starts from now on, and the subscriber is told how
+    /// long it has to answer what it holds.
+    async fn start_draining(&mut self, drain: &Drain) {
+        self.parked.orphan_all();
+        self.draining_until = Some(Instant::now() + drain.timeout());
+        let wall = Utc::now() + chrono::Duration::from_std(drain.timeout()).unwrap_or_default();
+        tracing::info!(outbox = %self.outbox.name, owner = %self.owner, held = self.held.len(), "draining");
+        self.send(Event::Draining { deadline: wall }).await;
     }
 
-    /// With a byte budget: whether the stream would claim (`wants`) but its identity has
-    /// too few bytes left, so it waits in line for a release. A stream that would not
-    /// claim leaves the line, holding no one back.
-    fn waits_for_bytes(&mut self, wants: bool) -> bool {
-        let need = self.need();
-        match &mut self.bytes {
-            Some(bytes) if wants => !bytes.ready(need),
-            Some(bytes) => {
-                bytes.leave();
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// The bytes the next claim must be able to keep: the row the last one left out, or
-    /// a row of the outbox's average size.
-    fn need(&self) -> usize {
-        self.need.unwrap_or_else(|| self.outbox.average_row_bytes())
-    }
-
-    /// Starts a claim of up to `count` rows on its own task.
-    fn start_claim(&mut self, count: usize, turn: Option<Turn>) {
-        let need = self.need();
-        let allowance = match &mut self.bytes {
-            Some(bytes) => match bytes.take(need, self.outbox.response_budget()) {
-                Some(allowance) => Some(allowance),
-                None => {
-                    // Another stream of the identity took the bytes since the loop looked:
-                    // wait in line, then claim at once. A group turn taken for this claim
-                    // is lost; the group hands a poll turn out again after its wait.
-                    self.claiming.claim_now();
-                    return;
-                }
-            },
-            None => None,
-        };
-        let max_bytes = allowance.as_ref().map_or(usize::MAX, Allowance::bytes);
-        self.parked.claim_starts();
-        let outbox = Arc::clone(&self.outbox);
-        let owner = Arc::clone(&self.owner);
-        let topics = Arc::clone(&self.topics);
-        let lease = self.spec.lease;
-        let ahead = self.parked.held_keys();
-        let task = tokio::spawn(
-            async move {
-                outbox
-                    .claim_within(&owner, count as u32, lease, &topics, max_bytes, ahead)
-                    .await
-            }
-            .in_current_span(),
-        );
-        self.claiming = Claiming::Running(ClaimRun {
-            task,
-            allowance,
-            asked: Asked { count, turn },
-            freed_rows: false,
-        });
-        // This claim answers whatever the group found before it started.
-        if let Some(found) = &mut self.found {
-            found.mark_unchanged();
-        }
-    }
-
-    /// Takes a finished claim: holds and sends its rows, and decides when to claim next.
-    async fn claimed(
-        &mut self,
-        result: Result<ClaimResult, JoinError>,
-        allowance: Option<Allowance>,
-        asked: Asked,
-        freed_rows: bool,
-    ) -> RelayResult<()> {
-        // A failed claim drops its allowance, which gives the bytes back.
-        let (claimed, left_out) = match result.map_err(task_failed)? {
-            Ok(claimed) => claimed,
-            // Retrying cannot heal the caller's own mistake: end with its status.
-            Err(error) if error.is_callers_fault() => return Err(error),
-            Err(RelayError::Storage(error)) => {
-                log_claim_error(&self.outbox.name, &error);
-                let pause = STORAGE_ERROR_DELAY
-                    .saturating_mul(1 << self.claim_failures.min(5))
-                    .min(MAX_STORAGE_ERROR_DELAY);
-                self.claim_failures += 1;
-                self.claiming = Claiming::Ready(NextClaim::At(Instant::now() + pause));
-                return Ok(());
-            }
-            Err(error) => return Err(error),
-        };
-        self.claim_failures = 0;
-        let sizes = hold_bytes(&claimed, allowance);
-        self.need = left_out;
-        let got = claimed.messages.len();
-        // Cut by the byte allowance: there is more, as after a full batch, and the group's
-        // other streams are told so (they may have bytes of other identities, or the
-        // fair share of this one's).
-        let short = got < asked.count && left_out.is_none();
-        let found = if short { got } else { asked.count };
-        self.idle.record(asked.turn, asked.count, found);
-        // A full batch means there is probably more: claim again as soon as there is room.
-        // A short one after answers freed rows of this stream during the claim: those may
-        // have unblocked keys after the claim looked, so look again now too. Otherwise
-        // wait for the group's poll, an insert signal, or this stream's own answers.
-        let next = if !short || freed_rows {
-            NextClaim::At(Instant::now())
-        } else {
-            NextClaim::Idle {
-                short_while_holding: self.held.len() > 0,
-            }
-        };
-        if got == 0 {
-            self.claiming = Claiming::Ready(next);
-            return Ok(());
-        }
-        // The local deadline is measured after the claim returned, so it never runs out
-        // before the database's lease does.
-        let deadline = Instant::now() + self.spec.lease;
-        for (message, bytes) in claimed.messages.iter().zip(sizes) {
-            self.held
-                .insert(message.id, message.attempts, deadline, bytes);
-        }
-        let claimed = self.parked.sort(claimed);
-        if claimed.messages.is_empty() {
-            // All parked behind rows of their keys the subscriber has not acked yet.
-            self.claiming = Claiming::Ready(next);
-            return Ok(());
-        }
-        let (taken, in_transit) = oneshot::channel();
-        self.claiming = Claiming::InTransit {
-            taken: in_transit,
-            next,
-        };
-        self.send(Event::Batch(Batch {
-            claimed,
-            holder: Arc::clone(&self.owner),
-            _taken: Some(taken),
-        }))
-        .await;
-        Ok(())
-    }
-
-    /// Starts the answer taken from the channel, if nothing keeps it waiting.
-    async fn start_next_answer(&mut self, answers: &mut AnswerReceiver) -> RelayResult<()> {
-        let next = match std::mem::replace(&mut self.answering, Answering::Idle) {
-            Answering::Waiting(next) => next,
-            other => {
-                self.answering = other;
-                return Ok(());
-            }
-        };
-        let answer = next?;
-        if answer.waits_for_claims() && matches!(self.claiming, Claiming::Running(_)) {
-            self.answering = Answering::Waiting(Ok(answer));
-            return Ok(());
-        }
-        let outbox = Arc::clone(&self.outbox);
-        let owner = Arc::clone(&self.owner);
-        let gives_back = answer.waits_for_claims();
-        let kind = answer.kind();
-        let (answer, stale) = answer.split_stale(|id| self.held.attempt(id));
-        if let (false, Some(kind)) = (stale.is_empty(), kind) {
-            self.outbox.count_stale(kind, stale.len());
-        }
-        let Some(answer) = answer else {
-            // Nothing left to apply: every token named an earlier delivery.
-            let settlement = Settlement {
-                fenced: stale,
-                ..Settlement::default()
-            };
-            self.info.settled(std::slice::from_ref(&settlement));
-            self.send(Event::Settled(settlement)).await;
-            return Ok(());
-        };
-        let held = &self.held;
-        let fresh = |answer: &Answer| {
-            let (_, stale) = answer.clone().split_stale(|id| held.attempt(id));
-            stale.is_empty()
-        };
-        let (task, next) = match answer {
-            Answer::SetWindow(window) => {
-                self.set_window(window).await;
-                return Ok(());
-            }
-            Answer::Ack(ids) => {
-                let (acks, next) = acks_behind(ids, answers, fresh);
-                if let Some(unparked) = self.parked.acked(acks.iter().flatten().copied()) {
-                    let mut batch = Batch::from(unparked);
-                    batch.holder = Arc::clone(&self.owner);
-                    self.send(Event::Batch(batch)).await;
-                }
-                let task = tokio::spawn(apply_acks(outbox, owner, acks).in_current_span());
-                (task, next)
-            }
-            Answer::Nack { id, error, delay } => {
-                let (nacks, next) = nacks_behind(Nack { id, error, delay }, answers, fresh);
-                let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
-                (task, next)
-            }
-            Answer::Release { ids, delay } => (self.apply(Single::Release { ids, delay }), None),
-            Answer::DeadLetter { id, error } => {
-                (self.apply(Single::DeadLetter { id, error }), None)
-            }
-            Answer::ExtendLease { mut ids, lease } => {
-                // The rows parked behind them keep the lease of their key.
-                let behind = self.parked.behind(&ids);
-                ids.extend(behind);
-                (self.apply(Single::ExtendLease { ids, lease }), None)
-            }
-            Answer::Tokened { .. } => unreachable!("split_stale unwraps tokened answers"),
-        };
-        let task = match stale.is_empty() {
-            true => task,
-            false => tokio::spawn(async move {
-                let mut applied = task.await.map_err(task_failed)??;
-                applied.stale = stale;
-                Ok(applied)
-            }),
-        };
-        let run = AnswerRun { task, gives_back };
-        self.answering = Answering::Running { run, next };
-        Ok(())
-    }
-
-    /// Gives back the orphaned parked rows (see `parked.rs`), as an answer of the stream's
-    /// own: only while no answer and no claim runs, and no claim starts until it is
-    /// applied. The subscriber never saw the rows, so it hears nothing of it.
-    fn start_give_back(&mut self) {
-        if !self.parked.has_orphans()
-            || !self.answering.is_idle()
-            || matches!(self.claiming, Claiming::Running(_))
-        {
-            return;
-        }
-        let ids = self.parked.take_orphans();
-        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
-        let lease = self.spec.lease;
-        let give_back = async move {
-            let release = Single::Release {
-                ids,
-                delay: Duration::ZERO,
-            };
-            let mut applied = apply(outbox, owner, lease, release).await?;
-            applied.settlements.clear();
-            Ok(applied)
-        };
-        let task = tokio::spawn(give_back.in_current_span());
-        self.answering = Answering::Running {
-            run: AnswerRun {
-                task,
-                gives_back: true,
-            },
-            next: None,
-        };
-    }
-
-    /// Applies a [`Single`] answer on a task of its own.
-    fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
-        let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
-        tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
-    }
-
-    /// Applies a new window (never while a claim runs) and confirms it; a window out of
-    /// bounds is rejected and the old one kept.
-    async fn set_window(&mut self, window: u32) {
-        if let Err(error) = check_window(window) {
-            self.send(Event::Settled(Settlement::rejected(Vec::new(), &error)))
-                .await;
-            return;
-        }
-        tracing::debug!(outbox = %self.outbox.name, owner = %self.owner, window, "window changed");
-        if window == 0 {
-            // No batch may follow the `settled` of a closed window.
-            self.parked.orphan_all();
-        }
-        if window > self.spec.max_in_flight {
-            // More room: look at once rather than at the next poll.
-            self.claiming.claim_now();
-        }
-        self.spec.max_in_flight = window;
-        self.info.set_window(window);
-        self.send(Event::Settled(Settlement::default())).await;
-    }
-
-    /// Takes applied answers: their rows stop (or keep) being held, then each answer is
-    /// confirmed, in order.
-    async fn answered(&mut self, applied: RelayResult<Applied>) -> RelayResult<()> {
-        let mut applied = applied?;
-        // Rows the subscriber was never sent, named before `account` forgets them.
-        let unseen: HashSet<MessageId> = applied
-            .settlements
-            .iter()
-            .flat_map(Settlement::ids)
-            .filter(|id| self.parked.unseen(*id))
-            .collect();
-        let held_before = self.held.len();
-        self.account(&applied);
-        if let Some(first) = applied.settlements.first_mut() {
-            first.fenced.append(&mut applied.stale);
-            first.fenced.sort_unstable();
-        }
-        for settlement in &mut applied.settlements {
-            settlement.strip(|id| unseen.contains(&id));
-        }
-        self.info.set_in_flight(self.held.len());
-        self.info.settled(&applied.settlements);
-        for settlement in applied.settlements {
-            self.send(Event::Settled(settlement)).await;
-        }
-        if self.held.len() < held_before {
-            // A claim that came back short while this stream held rows may have been held
-            // back by this stream's own keys: answering them can unblock work, so look
-            // again now rather than at the next idle poll.
-            match &mut self.claiming {
-                Claiming::Running(run) => run.freed_rows = true,
-                Claiming::InTransit { next, .. } | Claiming::Ready(next) => {
-                    if let NextClaim::Idle {
-                        short_while_holding: true,
-                    } = next
-                    {
-                        *next = NextClaim::At(Instant::now());
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn account(&mut self, applied: &Applied) {
-        self.held.remove_all(&applied.finished);
-        let fenced: Vec<MessageId> = applied
-            .settlements
-            .iter()
-            .flat_map(|s| s.fenced.iter().copied())
-            .collect();
-        self.parked.finished(&applied.finished, &fenced);
-        if let Some((ids, lease)) = &applied.extended {
-            let deadline = Instant::now() + *lease;
-            for id in ids {
-                self.held.extend(*id, deadline);
-            }
+    /// Forgets the rows whose leases ran out, and tells the subscriber of those it was
+    /// sent (parked rows it never saw are dropped silently).
+    async fn leases_expired(&mut self) {
+        let mut expired = self.held.take_expired(Instant::now());
+        let unseen: Vec<bool> = expired.iter().map(|id| self.parked.unseen(*id)).collect();
+        self.parked.expired(&expired);
+        let mut unseen = unseen.into_iter();
+        expired.retain(|_| !unseen.next().unwrap_or(false));
+        if !expired.is_empty() {
+            tracing::warn!(outbox = %self.outbox.name, owner = %self.owner, count = expired.len(), "leases expired before the subscriber answered");
+            self.send(Event::LeasesExpired(expired)).await;
         }
     }
 
@@ -750,7 +396,7 @@ impl Subscription {
         if ids.is_empty() {
             return;
         }
-        match self.outbox.return_leases(&self.owner, &ids).await {
+        match self.outbox.answers.return_leases(&self.owner, &ids).await {
             Ok(returned) => tracing::info!(
                 outbox = %self.outbox.name,
                 owner = %self.owner,
@@ -775,42 +421,9 @@ impl Subscription {
     }
 }
 
-/// The size of each claimed row; the allowance keeps their sum (the rows hold it from
-/// now on) and gives back the rest.
-fn hold_bytes(claimed: &Claimed, allowance: Option<Allowance>) -> Vec<usize> {
-    let sizes: Vec<usize> = claimed.messages.iter().map(message_bytes).collect();
-    if let Some(allowance) = allowance {
-        allowance.keep(sizes.iter().sum());
-    }
-    sizes
-}
-
-/// Completes when the identity's bytes were released since the stream found too few;
-/// never without a byte budget.
-async fn freed(bytes: &mut Option<StreamBytes>) {
-    match bytes {
-        Some(bytes) => bytes.freed().await,
-        None => std::future::pending().await,
-    }
-}
-
 /// A storage call's task panicked (or was cancelled): end the stream, as its error would.
 fn task_failed(error: JoinError) -> RelayError {
     RelayError::Storage(StorageError::Other(anyhow::anyhow!(
         "a storage call of the subscription failed: {error}"
     )))
-}
-
-fn log_claim_error(outbox: &str, error: &StorageError) {
-    match error {
-        StorageError::Unavailable(_)
-        | StorageError::ReadOnly(_)
-        | StorageError::MissingTable { .. }
-        | StorageError::MismatchedTable { .. } => {
-            tracing::warn!(outbox, %error, "claim failed; retrying")
-        }
-        StorageError::Other(_) | StorageError::InvalidMessage(_) => {
-            tracing::error!(outbox, error = ?error, "claim failed; retrying")
-        }
-    }
 }

@@ -68,7 +68,11 @@ impl Harness {
             bytes,
             lease: LEASE,
         };
-        let idle = self.outbox.idle_poll(&spec.topics).expect("a poll group");
+        let idle = self
+            .outbox
+            .claims
+            .idle_poll(&spec.topics)
+            .expect("a poll group");
         let task = tokio::spawn(run(
             Arc::clone(&self.outbox),
             spec,

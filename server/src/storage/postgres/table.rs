@@ -319,7 +319,7 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t}
 "
         );
     };
-    let max_topic = crate::relay::limits::MAX_TOPIC_CHARS;
+    let max_topic = crate::storage::MAX_TOPIC_CHARS;
     format!(
         "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
