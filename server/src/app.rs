@@ -181,7 +181,9 @@ fn group_stores_on(
                 "outboxes.{name}.groups: subscription groups need PostgreSQL or SQLite"
             ),
         };
-        stores.insert(name.clone(), store);
+        let database = &config.databases[&outbox.database];
+        let store = Timed::groups(store, &outbox.database, database.timeouts());
+        stores.insert(name.clone(), Arc::new(store));
     }
     Ok(stores)
 }

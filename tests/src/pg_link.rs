@@ -1,8 +1,9 @@
 //! A TCP link to PostgreSQL that a test cuts at an exact point of the conversation: once a
 //! client of the link has sent a statement whose SQL matches (and the `Sync` or simple
 //! query that makes the server run it), every connection of the link stops passing bytes
-//! both ways, as the database sees a paused or partitioned server. The cut lasts until the
-//! link is dropped, which closes every connection.
+//! both ways, as the database sees a paused or partitioned server. The cut lasts until
+//! [`PgLink::heal`] (held connections go on where they stopped, as TCP does after a
+//! partition heals) or until the link is dropped, which closes every connection.
 //!
 //! It reads the frontend protocol just enough to know which SQL each `Execute` runs
 //! (`Parse` names statements, `Bind` names the portal's statement), and the backend
@@ -80,6 +81,12 @@ impl PgLink {
         *self.shared.cut_after.lock().unwrap() = Some(Box::new(matches));
     }
 
+    /// Passes bytes again, the messages held at the cut first; cuts no more.
+    pub fn heal(&self) {
+        *self.shared.cut_after.lock().unwrap() = None;
+        self.shared.cut.send_replace(false);
+    }
+
     pub fn is_cut(&self) -> bool {
         *self.shared.cut.borrow()
     }
@@ -131,7 +138,7 @@ async fn frontend(
     mut to: impl AsyncWrite + Unpin,
     shared: Arc<Shared>,
 ) -> std::io::Result<()> {
-    let cut = shared.cut.subscribe();
+    let mut cut = shared.cut.subscribe();
     // The startup message has no type byte; with TLS off it is the first message.
     let length = from.read_i32().await?;
     let mut startup = vec![0; usize::try_from(length - 4).unwrap_or(0)];
@@ -149,10 +156,8 @@ async fn frontend(
     let mut executed: Vec<String> = Vec::new();
     loop {
         let (kind, body) = read_message(&mut from).await?;
-        if *cut.borrow() {
-            // Never forwarded: the server does not see it.
-            return std::future::pending().await;
-        }
+        // Held while cut: the server sees it only once the link heals.
+        wait_healed(&mut cut).await;
         match kind {
             b'P' => {
                 let (name, rest) = c_string(&body);
@@ -185,18 +190,23 @@ async fn frontend(
     }
 }
 
+/// Returns once the link is not cut (never, if it is never healed).
+async fn wait_healed(cut: &mut watch::Receiver<bool>) {
+    if cut.wait_for(|cut| !*cut).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Server to client: forwards message by message, noting each session's backend pid.
 async fn backend(
     mut from: impl AsyncRead + Unpin,
     mut to: impl AsyncWrite + Unpin,
     shared: Arc<Shared>,
 ) -> std::io::Result<()> {
-    let cut = shared.cut.subscribe();
+    let mut cut = shared.cut.subscribe();
     loop {
         let (kind, body) = read_message(&mut from).await?;
-        if *cut.borrow() {
-            return std::future::pending().await;
-        }
+        wait_healed(&mut cut).await;
         if kind == b'K' && body.len() >= 4 {
             let pid = i32::from_be_bytes(body[..4].try_into().unwrap());
             shared.pids.lock().unwrap().push(pid);

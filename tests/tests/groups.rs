@@ -8,6 +8,9 @@ use tonic::Code;
 use txoutbox_proto::v1::{self, seek_group_request::To};
 use txoutbox_tests::{eventually, Server, SqliteDb, Subscriber, TestDb, DEADLINE};
 
+#[path = "groups/admin.rs"]
+mod admin;
+
 /// Two groups on the outbox `orders`, ordered by key, short leases (handovers are quick).
 const GROUPS: &str = r#"
 partitions = 4

@@ -54,7 +54,7 @@ impl v1::admin_server::Admin for AdminService {
             Ok(pauses) => pauses,
             Err(_) => outbox.pauses().await,
         };
-        let (groups, frontier_delay) = super::groups::stats(outbox).await?;
+        let (groups, frontier_delay) = super::groups::stats(outbox, &pauses).await?;
         let extras = convert::StatsExtras {
             pauses,
             delivered_last_minute: match outbox.has_groups() {
@@ -197,7 +197,8 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        self.set_paused(&caller, &request.outbox, &request.topics, true)
+        let target = (request.topics.as_slice(), request.group.as_str());
+        self.set_paused(&caller, &request.outbox, target, true)
             .await
     }
 
@@ -207,7 +208,8 @@ impl v1::admin_server::Admin for AdminService {
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        self.set_paused(&caller, &request.outbox, &request.topics, false)
+        let target = (request.topics.as_slice(), request.group.as_str());
+        self.set_paused(&caller, &request.outbox, target, false)
             .await
     }
 
@@ -219,8 +221,7 @@ impl v1::admin_server::Admin for AdminService {
         let request = request.into_inner();
         let outbox = caller.outbox(&self.relay, Scope::Read, &request.outbox)?;
         let keys = outbox
-            .admin
-            .blocked_keys(request.after_id, request.limit)
+            .blocked_keys(&request.group, request.after_id, request.limit)
             .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
         let next_after_id = match keys.last() {
@@ -281,30 +282,60 @@ impl AdminService {
         &self,
         caller: &Caller,
         name: &str,
-        topics: &[String],
+        (topics, group): (&[String], &str),
         paused: bool,
     ) -> Result<Response<v1::PauseResponse>, Status> {
         let outcome = async {
             let outbox = caller.outbox(&self.relay, Scope::Admin, name)?;
-            let pauses = outbox.admin.set_paused(topics, paused).await?;
+            let pauses = match PauseTarget::of(topics, group)? {
+                PauseTarget::Topics(topics) => outbox.admin.set_paused(topics, paused).await?,
+                PauseTarget::Group(group) => outbox.set_group_paused(group, paused).await?,
+            };
             Ok(v1::PauseResponse {
                 paused_since: pauses.outbox.map(convert::timestamp),
                 paused_topics: convert::paused_topics(&pauses),
+                paused_groups: convert::paused_groups(&pauses),
             })
         }
         .await;
         let action = if paused { "pause" } else { "resume" };
-        let arguments = match topics {
-            [] => String::new(),
-            topics => {
-                let echoed: Vec<String> = topics
-                    .iter()
-                    .map(|t| crate::relay::limits::echo(t))
-                    .collect();
-                format!("topics={}", echoed.join(","))
-            }
+        let echoed: Vec<String> = topics
+            .iter()
+            .map(|t| crate::relay::limits::echo(t))
+            .collect();
+        let arguments = match (echoed.as_slice(), group) {
+            ([], "") => String::new(),
+            (topics, "") => format!("topics={}", topics.join(",")),
+            ([], group) => format!("group={}", crate::relay::limits::echo(group)),
+            (topics, group) => format!(
+                "topics={} group={}",
+                topics.join(","),
+                crate::relay::limits::echo(group)
+            ),
         };
         audit::record(caller, action, name, &arguments, &outcome);
         outcome.map(Response::new)
+    }
+}
+
+/// What a `Pause` or `Resume` applies to.
+#[derive(Debug, Clone, Copy)]
+enum PauseTarget<'a> {
+    /// The whole outbox (none) or these topics.
+    Topics(&'a [String]),
+    Group(&'a str),
+}
+
+impl<'a> PauseTarget<'a> {
+    fn of(topics: &'a [String], group: &'a str) -> Result<Self, Status> {
+        match (topics, group) {
+            (topics, "") => Ok(Self::Topics(topics)),
+            ([], group) => Ok(Self::Group(group)),
+            _ => Err(Status::invalid_argument(
+                "a topic's pause does not apply within a subscription group (a key's order \
+                 spans topics): pause the group (topics empty), or the topics (group empty) \
+                 for per-row claims",
+            )),
+        }
     }
 }

@@ -182,6 +182,17 @@ pub fn paused_topics(pauses: &Pauses) -> Vec<v1::PausedTopic> {
         .collect()
 }
 
+pub fn paused_groups(pauses: &Pauses) -> Vec<v1::PausedGroup> {
+    pauses
+        .groups
+        .iter()
+        .map(|(group, since)| v1::PausedGroup {
+            group: group.clone(),
+            paused_since: Some(timestamp(*since)),
+        })
+        .collect()
+}
+
 /// What the Stats call adds to the storage's counts.
 pub struct StatsExtras {
     pub pauses: Pauses,

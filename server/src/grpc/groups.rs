@@ -11,7 +11,7 @@ use crate::relay::limits::echo;
 use crate::relay::{Outbox, Relay};
 use crate::security::{audit, Caller};
 use crate::storage::groups::{GroupStats, SeekTarget};
-use crate::storage::DeadLetter;
+use crate::storage::{DeadLetter, Pauses};
 
 pub async fn seek(
     relay: &Relay,
@@ -62,18 +62,28 @@ pub async fn seek(
 /// Every group's figures and the frontier's delay, for `Stats`.
 pub async fn stats(
     outbox: &Outbox,
+    pauses: &Pauses,
 ) -> Result<(Vec<v1::GroupStats>, Option<prost_types::Duration>), Status> {
     let Ok(groups) = outbox.groups() else {
         return Ok((Vec::new(), None));
     };
     let mut out = Vec::new();
     for name in groups.names() {
+        let holds = groups.settings(name)?.dead_letter_holds_key;
         let stats = groups
             .store
-            .stats(name)
+            .stats(name, holds)
             .await
             .map_err(crate::relay::RelayError::from)?;
-        out.push(group_stats(stats));
+        let paused_since = pauses
+            .groups
+            .get(name)
+            .copied()
+            .map(super::convert::timestamp);
+        out.push(v1::GroupStats {
+            paused_since,
+            ..group_stats(stats)
+        });
     }
     let delay = groups
         .store
@@ -103,6 +113,7 @@ fn group_stats(stats: GroupStats) -> v1::GroupStats {
                 position_id: p.position.id,
             })
             .collect(),
+        paused_since: None,
     }
 }
 

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::pause::PauseView;
+use super::pause::{self, PauseView};
 use super::subscribers::Subscribers;
 use super::{limits, RelayError, RelayResult};
+use crate::storage::groups::GroupStore;
 use crate::storage::{MessageId, NewMessage, Pauses, Stats, Storage};
 
 /// What an operator does with one outbox.
@@ -18,6 +19,8 @@ pub struct Admin {
     pause: Arc<PauseView>,
     /// The streams of this outbox connected to this replica.
     pub(super) subscribers: Arc<Subscribers>,
+    /// The outbox's groups' state, when it declares groups: their pauses are shown too.
+    pub(super) groups: Option<Arc<dyn GroupStore>>,
 }
 
 impl Admin {
@@ -32,6 +35,7 @@ impl Admin {
             storage: Arc::clone(storage),
             pause: Arc::clone(pause),
             subscribers: Arc::clone(subscribers),
+            groups: None,
         }
     }
 
@@ -70,7 +74,7 @@ impl Admin {
 
     /// The pauses as the database holds them now (for admin output).
     pub async fn pauses_now(&self) -> RelayResult<Pauses> {
-        let pauses = self.storage.pauses().await?;
+        let pauses = pause::current(&*self.storage, self.groups.as_deref()).await?;
         self.pause.remember(pauses.clone());
         Ok(pauses)
     }
@@ -79,7 +83,10 @@ impl Admin {
     /// state after.
     pub async fn set_paused(&self, topics: &[String], paused: bool) -> RelayResult<Pauses> {
         limits::topics(topics)?;
-        let pauses = self.storage.set_paused(topics, paused).await?;
+        let mut pauses = self.storage.set_paused(topics, paused).await?;
+        if let Some(groups) = &self.groups {
+            pauses.groups = groups.paused().await?;
+        }
         self.pause.remember(pauses.clone());
         tracing::info!(outbox = %self.name, ?topics, paused, "pause changed");
         Ok(pauses)

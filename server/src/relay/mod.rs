@@ -157,6 +157,7 @@ impl Outbox {
 
     /// Delivers the outbox through `groups` (see [`groups`]).
     pub fn with_groups(mut self, store: Arc<dyn crate::storage::groups::GroupStore>) -> Self {
+        self.admin.groups = Some(Arc::clone(&store));
         self.groups = Some(Arc::new(groups::Groups::new(
             &self.name,
             &self.config,
@@ -236,7 +237,8 @@ impl Outbox {
 
     /// What is paused, as this replica sees it (see [`pause::PauseView::read`]).
     pub async fn pauses(&self) -> Pauses {
-        self.pause.read(&*self.storage, &self.name).await
+        let groups = self.groups.as_ref().map(|groups| &*groups.store);
+        self.pause.read(&*self.storage, groups, &self.name).await
     }
 }
 

@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::storage::{Pauses, Storage};
+use super::groups::no_groups_argument;
+use super::{Outbox, RelayResult};
+use crate::storage::groups::GroupStore;
+use crate::storage::{Pauses, Storage, StorageResult};
 
 /// How stale a replica's view of the pauses may be.
 pub const PAUSE_REFRESH: Duration = Duration::from_secs(1);
@@ -35,11 +38,16 @@ impl PauseView {
     /// What is paused, as this replica sees it (at most [`PAUSE_REFRESH`] old). A
     /// database that cannot be read keeps the last view: the claim that follows meets the
     /// same database and reports the outage itself.
-    pub async fn read(&self, storage: &dyn Storage, outbox: &str) -> Pauses {
+    pub async fn read(
+        &self,
+        storage: &dyn Storage,
+        groups: Option<&dyn GroupStore>,
+        outbox: &str,
+    ) -> Pauses {
         if let Some(pauses) = self.fresh() {
             return pauses;
         }
-        match storage.pauses().await {
+        match current(storage, groups).await {
             Ok(pauses) => {
                 self.remember(pauses.clone());
                 pauses
@@ -74,6 +82,37 @@ impl PauseView {
             .as_ref()
             .map(|seen| seen.pauses.clone())
             .unwrap_or_default()
+    }
+}
+
+/// The outbox's and its topics' pauses as the database holds them, and its groups' when
+/// it has any.
+pub async fn current(
+    storage: &dyn Storage,
+    groups: Option<&dyn GroupStore>,
+) -> StorageResult<Pauses> {
+    let mut pauses = storage.pauses().await?;
+    if let Some(groups) = groups {
+        pauses.groups = groups.paused().await?;
+    }
+    Ok(pauses)
+}
+
+impl Outbox {
+    /// Pauses or resumes one subscription group on every replica: its streams are handed
+    /// nothing (answers still apply, positions stay) while the other groups go on.
+    /// Returns the state after.
+    pub async fn set_group_paused(&self, group: &str, paused: bool) -> RelayResult<Pauses> {
+        let groups = self.groups().map_err(no_groups_argument)?;
+        groups.settings(group)?;
+        let paused_groups = groups.store.set_paused(group, paused).await?;
+        let pauses = Pauses {
+            groups: paused_groups,
+            ..self.storage.pauses().await?
+        };
+        self.pause.remember(pauses.clone());
+        tracing::info!(outbox = %self.name, group, paused, "group pause changed");
+        Ok(pauses)
     }
 }
 

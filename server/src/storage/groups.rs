@@ -17,6 +17,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
+use super::blocked::BlockedKey;
 use super::{MessageId, OutboxMessage, StorageResult};
 use crate::config::GroupStart;
 
@@ -168,7 +169,8 @@ pub struct GroupStats {
     pub retrying: u64,
     pub held: u64,
     pub dead: u64,
-    /// Keys held back by a failed row (a retry pending, or a dead row that holds its key).
+    /// Keys held back by a failed row (a retry pending, or a dead row that holds its key):
+    /// those [`GroupStore::blocked_keys`] lists.
     pub held_keys: u64,
     pub partitions: Vec<PartitionView>,
     pub members: u64,
@@ -248,7 +250,29 @@ pub trait GroupStore: Send + Sync + 'static {
     /// Deletes rows older than `retention` that every group has passed, in batches.
     async fn purge(&self, retention: Duration) -> StorageResult<u64>;
 
-    async fn stats(&self, group: &str) -> StorageResult<GroupStats>;
+    /// `dead_holds_key`: the group's `dead_letter_holds_key`, for `held_keys`.
+    async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats>;
+
+    /// The keys of `group` a failed row holds back, one per key, by head id above
+    /// `after_id`: the key's first row waiting for its retry, or else (with
+    /// `dead_holds_key`) its first dead row with rows of the key held behind it.
+    async fn blocked_keys(
+        &self,
+        group: &str,
+        dead_holds_key: bool,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>>;
+
+    /// The groups an operator paused, by name, with when.
+    async fn paused(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>>;
+
+    /// Pauses (or resumes) `group` on every replica; returns [`GroupStore::paused`] after.
+    async fn set_paused(
+        &self,
+        group: &str,
+        paused: bool,
+    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>>;
 
     /// How long the oldest transaction still open that wrote something has been open:
     /// rows committed after it started wait for it (zero where nothing waits).

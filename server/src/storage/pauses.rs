@@ -20,6 +20,9 @@ pub struct Pauses {
     pub outbox: Option<DateTime<Utc>>,
     /// Topics, by name.
     pub topics: BTreeMap<String, DateTime<Utc>>,
+    /// Subscription groups, by name: held in the group tables, beside each group's
+    /// partitions (a topic's pause does not apply within a group).
+    pub groups: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl Pauses {

@@ -29,6 +29,8 @@ use super::{
 };
 use crate::storage::blocked::BlockedKey;
 
+mod groups;
+
 /// The time bounds of one `[databases.NAME]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timeouts {
@@ -68,9 +70,11 @@ impl Timeouts {
 /// silent during it too.
 pub const DDL_DEADLINE: Duration = Duration::from_secs(600);
 
-/// A storage whose every call ends within `deadline` (see the module docs).
-pub struct Timed {
-    inner: Arc<dyn Storage>,
+/// A storage whose every call ends within `deadline` (see the module docs): the
+/// per-row [`Storage`], or the [`GroupStore`](super::groups::GroupStore) of an outbox
+/// with groups (in `timed/groups.rs`), on the same database's deadline.
+pub struct Timed<S: ?Sized = dyn Storage> {
+    inner: Arc<S>,
     deadline: Duration,
     /// `databases.NAME`, named in the error so an operator knows which setting bounds it.
     database: String,
@@ -78,6 +82,12 @@ pub struct Timed {
 
 impl Timed {
     pub fn new(inner: Arc<dyn Storage>, database: &str, timeouts: Timeouts) -> Self {
+        Self::around(inner, database, timeouts)
+    }
+}
+
+impl<S: ?Sized> Timed<S> {
+    pub fn around(inner: Arc<S>, database: &str, timeouts: Timeouts) -> Self {
         Self {
             inner,
             deadline: timeouts.call_deadline(),

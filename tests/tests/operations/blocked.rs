@@ -14,6 +14,7 @@ pub async fn first_page(server: &Server) -> v1::ListBlockedKeysResponse {
             outbox: "orders".into(),
             after_id: 0,
             limit: 0,
+            ..Default::default()
         })
         .await
         .unwrap()

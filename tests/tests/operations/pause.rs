@@ -69,6 +69,7 @@ pub async fn a_pause_holds_on_every_replica_and_across_a_restart(db: impl Outbox
         .pause(v1::PauseRequest {
             outbox: "orders".into(),
             topics: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -106,6 +107,7 @@ pub async fn a_pause_holds_on_every_replica_and_across_a_restart(db: impl Outbox
         .resume(v1::ResumeRequest {
             outbox: "orders".into(),
             topics: vec![],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -164,6 +166,7 @@ pub async fn a_topic_pause_holds_on_every_replica_and_across_a_restart(db: impl 
         .pause(v1::PauseRequest {
             outbox: "orders".into(),
             topics: vec!["paused".into()],
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -207,6 +210,7 @@ pub async fn a_topic_pause_holds_on_every_replica_and_across_a_restart(db: impl 
         .resume(v1::ResumeRequest {
             outbox: "orders".into(),
             topics: vec!["paused".into()],
+            ..Default::default()
         })
         .await
         .unwrap()

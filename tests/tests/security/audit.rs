@@ -85,6 +85,7 @@ async fn admin_actions_are_audited_with_the_identity() {
                     v1::PauseRequest {
                         outbox,
                         topics: vec![],
+                        ..Default::default()
                     },
                     token,
                 ))
@@ -95,6 +96,7 @@ async fn admin_actions_are_audited_with_the_identity() {
                     v1::ResumeRequest {
                         outbox,
                         topics: vec![],
+                        ..Default::default()
                     },
                     token,
                 ))
@@ -132,6 +134,7 @@ async fn admin_actions_are_audited_with_the_identity() {
             v1::PauseRequest {
                 outbox: "orders".into(),
                 topics: vec![],
+                ..Default::default()
             },
             Some(SUBSCRIBER_TOKEN),
         ))

@@ -41,6 +41,7 @@ async fn refusals_are_logged_at_warn_with_the_peer_and_throttled_per_peer() {
         v1::PauseRequest {
             outbox: "orders".into(),
             topics: vec![],
+            ..Default::default()
         },
         Some(SUBSCRIBER_TOKEN),
     ));

@@ -193,7 +193,8 @@ async fn every_rpc(
         admin.pause,
         v1::PauseRequest {
             outbox: o(),
-            topics: vec![]
+            topics: vec![],
+            ..Default::default()
         }
     );
     call!(
@@ -201,7 +202,8 @@ async fn every_rpc(
         admin.resume,
         v1::ResumeRequest {
             outbox: o(),
-            topics: vec![]
+            topics: vec![],
+            ..Default::default()
         }
     );
     call!(
@@ -215,7 +217,8 @@ async fn every_rpc(
         v1::ListBlockedKeysRequest {
             outbox: o(),
             after_id: 0,
-            limit: 0
+            limit: 0,
+            ..Default::default()
         }
     );
     // These outboxes have no groups: a SeekGroup that passed its scope check is refused

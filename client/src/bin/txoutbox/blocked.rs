@@ -1,7 +1,9 @@
 //! `txoutbox blocked`: keys whose oldest pending row is leased or waiting for a retry, or
 //! (under `dead_letter_holds_key`) whose later rows wait behind a dead row, so their later
 //! rows wait; who holds each (the lease owner), until when (for a dead head: since when),
-//! and how many rows wait behind it. Oldest first, a page at a time.
+//! and how many rows wait behind it. Oldest first, a page at a time. With `--group`, the
+//! keys of a subscription group held by a row waiting for its retry, or by a dead row
+//! (`dead_letter_holds_key`).
 
 use std::time::SystemTime;
 
@@ -14,7 +16,7 @@ use super::{CliError, Context};
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  txoutbox --outbox orders blocked\n  txoutbox --outbox orders blocked --after-id 1234 --format json"
+    after_help = "Examples:\n  txoutbox --outbox orders blocked\n  txoutbox --outbox orders blocked --after-id 1234 --format json\n  txoutbox --outbox orders blocked --group search"
 )]
 pub struct Args {
     /// Keys whose head id is above this one (the `next` of the previous page).
@@ -23,6 +25,9 @@ pub struct Args {
     /// Keys per page, at most 1000.
     #[arg(long, default_value_t = 50)]
     limit: u32,
+    /// The keys held in this subscription group (an outbox with groups needs one).
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
 }
 
 pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
@@ -34,12 +39,14 @@ pub async fn run(context: &mut Context, args: Args) -> Result<(), CliError> {
             outbox: outbox.clone(),
             after_id: args.after_id,
             limit: args.limit,
+            group: args.group.clone().unwrap_or_default(),
         })
         .await?
         .into_inner();
     match context.format_or(Format::Table) {
         Format::Json => print_json(&json!({
             "outbox": outbox,
+            "group": args.group,
             "keys": page.keys.iter().map(key_json).collect::<Vec<_>>(),
             "next_after_id": (page.next_after_id != 0).then_some(page.next_after_id),
         })),

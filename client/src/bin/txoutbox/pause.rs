@@ -1,26 +1,31 @@
 //! `txoutbox pause` and `txoutbox resume`: stop every replica handing out rows of an
-//! outbox, or of some of its topics (`--topic`; a broker is down, being fixed), and start
-//! again. The pause is held in the database: replicas started meanwhile obey it too.
-//! Streams stay open; `stats` shows it.
+//! outbox, of some of its topics (`--topic`; a broker is down, being fixed), or to one
+//! subscription group (`--group`; the others go on), and start again. The pause is held
+//! in the database: replicas started meanwhile obey it too. Streams stay open; `stats`
+//! shows it.
 
 use std::time::SystemTime;
 
 use serde_json::json;
 use txoutbox_client::proto::prost_types;
-use txoutbox_client::proto::v1::{PauseRequest, PausedTopic, ResumeRequest};
+use txoutbox_client::proto::v1::{PauseRequest, PausedGroup, PausedTopic, ResumeRequest};
 
 use super::output::{print_json, Format};
 use super::{CliError, Context};
 
 #[derive(Debug, clap::Args)]
 #[command(
-    after_help = "Examples:\n  txoutbox --outbox orders pause\n  txoutbox --outbox orders pause --topic orders.paid --topic orders.refunded\n  txoutbox --outbox orders resume --topic orders.paid"
+    after_help = "Examples:\n  txoutbox --outbox orders pause\n  txoutbox --outbox orders pause --topic orders.paid --topic orders.refunded\n  txoutbox --outbox orders resume --topic orders.paid\n  txoutbox --outbox orders pause --group search"
 )]
 pub struct Args {
     /// Only this topic (repeat for several); without it, the whole outbox. `resume`
     /// without it lifts the pause of the whole outbox only: paused topics stay paused.
-    #[arg(long = "topic", value_name = "TOPIC")]
+    #[arg(long = "topic", value_name = "TOPIC", conflicts_with = "group")]
     topics: Vec<String>,
+    /// Only this subscription group: its streams get nothing, the other groups go on;
+    /// `resume --group` goes on from where it stopped.
+    #[arg(long, value_name = "GROUP")]
+    group: Option<String>,
 }
 
 /// `pause` (true) or `resume` (false).
@@ -28,16 +33,19 @@ pub async fn run(context: &mut Context, args: Args, pause: bool) -> Result<(), C
     let outbox = context.outbox().await?;
     let mut admin = context.admin().await?;
     let topics = args.topics;
+    let group = args.group.unwrap_or_default();
     let state = if pause {
         let request = PauseRequest {
             outbox: outbox.clone(),
             topics,
+            group,
         };
         admin.pause(request).await?.into_inner()
     } else {
         let request = ResumeRequest {
             outbox: outbox.clone(),
             topics,
+            group,
         };
         admin.resume(request).await?.into_inner()
     };
@@ -47,6 +55,7 @@ pub async fn run(context: &mut Context, args: Args, pause: bool) -> Result<(), C
             "outbox": outbox,
             "paused_since": since,
             "paused_topics": paused_topics_json(&state.paused_topics),
+            "paused_groups": paused_groups_json(&state.paused_groups),
         })),
         Format::Table => {
             match since {
@@ -58,6 +67,7 @@ pub async fn run(context: &mut Context, args: Args, pause: bool) -> Result<(), C
                 None => println!("outbox {outbox} is running"),
             }
             print_paused_topics(context, &outbox, &state.paused_topics);
+            print_paused_groups(context, &outbox, &state.paused_groups);
             Ok(())
         }
     }
@@ -87,6 +97,28 @@ pub fn print_paused_topics(context: &Context, outbox: &str, topics: &[PausedTopi
             "topic {} is paused (since {}): resume with {}",
             topic.topic,
             paused_since(&topic.paused_since).unwrap_or_else(|| "-".to_owned()),
+            context.command_line(&resume)
+        );
+    }
+}
+
+/// The paused groups as a JSON object: group to the time of its pause.
+fn paused_groups_json(groups: &[PausedGroup]) -> serde_json::Value {
+    groups
+        .iter()
+        .map(|g| (g.group.clone(), json!(paused_since(&g.paused_since))))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+/// One line per paused group, with the command that resumes it.
+fn print_paused_groups(context: &Context, outbox: &str, groups: &[PausedGroup]) {
+    for group in groups {
+        let resume = ["--outbox", outbox, "resume", "--group", &group.group];
+        println!(
+            "group {} is paused (since {}): resume with {}",
+            group.group,
+            paused_since(&group.paused_since).unwrap_or_else(|| "-".to_owned()),
             context.command_line(&resume)
         );
     }

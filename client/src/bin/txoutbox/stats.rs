@@ -77,6 +77,17 @@ pub async fn run(context: &mut Context) -> Result<(), CliError> {
                     ],
                     &rows,
                 )?;
+                for group in &stats.groups {
+                    let Some(since) = super::pause::paused_since(&group.paused_since) else {
+                        continue;
+                    };
+                    let resume = ["--outbox", &outbox, "resume", "--group", &group.group];
+                    println!(
+                        "group {} is paused (since {since}): resume with {}",
+                        group.group,
+                        context.command_line(&resume)
+                    );
+                }
                 if let Some(delay) = &stats.frontier_delay {
                     println!(
                         "oldest open writing transaction (rows after its start wait): {}",
@@ -112,6 +123,7 @@ fn group_json(group: &GroupStats) -> serde_json::Value {
         "dead": group.dead,
         "held_keys": group.held_keys,
         "members": group.members,
+        "paused_since": super::pause::paused_since(&group.paused_since),
         "partitions": group.partitions.iter().map(|p| json!({
             "partition": p.partition,
             "owner": p.owner,

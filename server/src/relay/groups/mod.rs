@@ -20,6 +20,17 @@ use crate::config::{GroupSettings, OutboxConfig};
 use crate::storage::groups::GroupStore;
 use crate::storage::StorageResult;
 
+/// A `group` argument on an outbox without groups (where it is optional): the caller
+/// should drop it, or declare groups.
+pub fn no_groups_argument(error: RelayError) -> RelayError {
+    match error {
+        RelayError::WrongMode(message) => RelayError::InvalidArgument(format!(
+            "{message}; or leave `group` empty for the outbox's per-row state"
+        )),
+        other => other,
+    }
+}
+
 /// How often the outbox's purge of rows every group has passed runs.
 const RETENTION_EVERY: Duration = Duration::from_secs(60);
 

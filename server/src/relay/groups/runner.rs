@@ -108,7 +108,8 @@ struct Runner {
     next_poll: Instant,
     next_heartbeat: Instant,
     draining_until: Option<Instant>,
-    /// The outbox was paused at the last look: nothing is sent until it is resumed.
+    /// The outbox or the group was paused at the last look: nothing is sent until it is
+    /// resumed.
     paused: bool,
     info: Arc<crate::relay::subscribers::StreamInfo>,
 }
@@ -284,9 +285,10 @@ impl Runner {
         if room == 0 {
             return Ok(());
         }
-        // A pause of the whole outbox stops groups too (a topic's pause does not: a key's
-        // order spans topics). Answers still apply.
-        self.paused = self.outbox.pauses().await.outbox.is_some();
+        // A pause of the whole outbox stops every group, a group's pause this one (a
+        // topic's pause does not: a key's order spans topics). Answers still apply.
+        let pauses = self.outbox.pauses().await;
+        self.paused = pauses.outbox.is_some() || pauses.groups.contains_key(&self.group);
         if self.paused {
             self.next_poll = Instant::now() + crate::relay::pause::PAUSE_REFRESH;
             return Ok(());

@@ -28,7 +28,9 @@ use crate::storage::groups::{
 };
 use crate::storage::ident::{quote, Ident};
 use crate::storage::names::Names;
-use crate::storage::{MessageId, StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::{BlockedKey, MessageId, StorageError, StorageResult, PURGE_BATCH};
+
+mod admin;
 
 /// Serialises the groups' DDL of servers starting together (beside the table's own).
 const LOCK_CLASS_GROUPS: i32 = 0x7478_6f62 + 2;
@@ -48,6 +50,8 @@ struct GroupSql {
     messages: String,
     /// The partition of row `o`.
     part: String,
+    /// The creation time of row `o`.
+    created_at: String,
     /// The columns of row `o` as a message, then its partition and position.
     row: String,
     ddl: String,
@@ -87,6 +91,7 @@ impl PostgresGroups {
                 message(&n, "o", max_row_bytes)
             ),
             ddl: String::new(),
+            created_at: format!("o.{}", n.created_at),
             lock_key: format!("{}.{table}", schema.unwrap_or("")),
             part,
             table: t,
@@ -184,8 +189,10 @@ CREATE INDEX IF NOT EXISTS {index} ON {t} ({part}, txid, {id});
 CREATE TABLE IF NOT EXISTS {groups} (
     name       TEXT        PRIMARY KEY,
     partitions INT4        NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now()
+    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    paused_at  TIMESTAMPTZ
 );
+ALTER TABLE {groups} ADD COLUMN IF NOT EXISTS paused_at TIMESTAMPTZ;
 CREATE TABLE IF NOT EXISTS {parts} (
     group_name       TEXT        NOT NULL,
     partition        INT4        NOT NULL,
@@ -215,6 +222,7 @@ CREATE TABLE IF NOT EXISTS {messages} (
     updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (group_name, id)
 );
+CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
 ",
         t = s.table,
         id = n.id,
@@ -222,6 +230,7 @@ CREATE TABLE IF NOT EXISTS {messages} (
         parts = s.partitions,
         members = s.members,
         messages = s.messages,
+        messages_key_idx = quote(&format!("{table}_group_messages_key_idx")),
     )
 }
 
@@ -762,7 +771,7 @@ impl GroupStore for PostgresGroups {
         Ok(total)
     }
 
-    async fn stats(&self, group: &str) -> StorageResult<GroupStats> {
+    async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats> {
         let s = &self.sql;
         let partitions = sqlx::query(&format!(
             "SELECT partition, owner, epoch, lease_expires_at < now() AS expired, pos_txid, pos_id \
@@ -796,13 +805,15 @@ impl GroupStore for PostgresGroups {
         .await
         .map_err(self.error("group stats"))?;
         let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*) FILTER (WHERE kind = 'retry'), count(*) FILTER (WHERE kind = 'held'), \
-                    count(*) FILTER (WHERE kind = 'dead'), \
-                    count(DISTINCT key) FILTER (WHERE kind = 'retry' AND key IS NOT NULL) \
-             FROM {m} WHERE group_name = $1",
-            m = s.messages
+            "SELECT count(*) FILTER (WHERE m.kind = 'retry'), count(*) FILTER (WHERE m.kind = 'held'), \
+                    count(*) FILTER (WHERE m.kind = 'dead'), \
+                    count(DISTINCT m.key) FILTER (WHERE m.key IS NOT NULL AND {holds}) \
+             FROM {m} m WHERE m.group_name = $1",
+            m = s.messages,
+            holds = admin::HOLDS_KEY.replace("{m}", &s.messages),
         ))
         .bind(group)
+        .bind(dead_holds_key)
         .fetch_one(&self.pool)
         .await
         .map_err(self.error("group stats"))?;
@@ -825,6 +836,29 @@ impl GroupStore for PostgresGroups {
             partitions,
             members: members as u64,
         })
+    }
+
+    async fn blocked_keys(
+        &self,
+        group: &str,
+        dead_holds_key: bool,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        self.blocked_keys_of(group, dead_holds_key, after_id, limit)
+            .await
+    }
+
+    async fn paused(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+        self.paused_groups().await
+    }
+
+    async fn set_paused(
+        &self,
+        group: &str,
+        paused: bool,
+    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+        self.set_group_paused(group, paused).await
     }
 
     async fn frontier_delay(&self) -> StorageResult<Duration> {

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Executor, Row};
 
@@ -24,7 +25,9 @@ use crate::storage::groups::{
 };
 use crate::storage::ident::quote;
 use crate::storage::names::Names;
-use crate::storage::{MessageId, StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::{BlockedKey, MessageId, StorageError, StorageResult, PURGE_BATCH};
+
+mod admin;
 
 pub struct SqliteGroups {
     pools: SqlitePools,
@@ -65,7 +68,8 @@ impl SqliteGroups {
             "-- Subscription groups: the relay's own tables. Times: Unix epoch milliseconds.
 CREATE TABLE IF NOT EXISTS {groups} (
     name       TEXT    PRIMARY KEY,
-    partitions INTEGER NOT NULL
+    partitions INTEGER NOT NULL,
+    paused_at  INTEGER
 );
 CREATE TABLE IF NOT EXISTS {parts} (
     group_name       TEXT    NOT NULL,
@@ -94,7 +98,9 @@ CREATE TABLE IF NOT EXISTS {messages} (
     updated_at INTEGER NOT NULL,
     PRIMARY KEY (group_name, id)
 );
-"
+CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
+",
+            messages_key_idx = quote(&format!("{table}_group_messages_key_idx")),
         );
         let place = Place {
             table: table.to_owned(),
@@ -678,7 +684,7 @@ impl GroupStore for SqliteGroups {
         .await
     }
 
-    async fn stats(&self, group: &str) -> StorageResult<GroupStats> {
+    async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats> {
         let partitions = self.partitions_of(group).await?;
         let mut lag_rows = 0u64;
         let mut oldest: Option<i64> = None;
@@ -704,13 +710,15 @@ impl GroupStore for SqliteGroups {
             }
         }
         let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(CASE WHEN kind = 'retry' THEN 1 END), count(CASE WHEN kind = 'held' THEN 1 END), \
-                    count(CASE WHEN kind = 'dead' THEN 1 END), \
-                    count(DISTINCT CASE WHEN kind = 'retry' THEN key END) \
-             FROM {} WHERE group_name = ?",
-            self.messages
+            "SELECT count(CASE WHEN m.kind = 'retry' THEN 1 END), count(CASE WHEN m.kind = 'held' THEN 1 END), \
+                    count(CASE WHEN m.kind = 'dead' THEN 1 END), \
+                    count(DISTINCT CASE WHEN {holds} THEN m.key END) \
+             FROM {m} m WHERE m.group_name = ?1",
+            m = self.messages,
+            holds = admin::HOLDS_KEY.replace("{m}", &self.messages),
         ))
         .bind(group)
+        .bind(dead_holds_key)
         .fetch_one(&self.pools.reader)
         .await
         .map_err(self.error("group stats"))?;
@@ -734,6 +742,29 @@ impl GroupStore for SqliteGroups {
             partitions,
             members: members as u64,
         })
+    }
+
+    async fn blocked_keys(
+        &self,
+        group: &str,
+        dead_holds_key: bool,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        self.blocked_keys_of(group, dead_holds_key, after_id, limit)
+            .await
+    }
+
+    async fn paused(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+        self.paused_groups().await
+    }
+
+    async fn set_paused(
+        &self,
+        group: &str,
+        paused: bool,
+    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+        self.set_group_paused(group, paused).await
     }
 
     async fn frontier_delay(&self) -> StorageResult<Duration> {
