@@ -37,6 +37,34 @@ async fn join(server: &Server, group: &str, name: &str, window: u32) -> Subscrib
         .expect("subscribe to a group")
 }
 
+/// Waits until every partition of `group` has an owner and each stream named in
+/// `subscribers` owns one.
+async fn shared_by(server: &Server, group: &str, subscribers: &[&str]) {
+    let admin = server.admin().await;
+    eventually("the partitions shared by every stream", DEADLINE, || {
+        let mut admin = admin.clone();
+        async move {
+            let stats = admin
+                .stats(v1::StatsRequest {
+                    outbox: "orders".into(),
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let partitions = &stats.groups.iter().find(|g| g.group == group)?.partitions;
+            let owner = |name: &str| {
+                partitions
+                    .iter()
+                    .any(|p| p.owner.split(':').next() == Some(name))
+            };
+            let shared = partitions.iter().all(|p| !p.owner.is_empty())
+                && subscribers.iter().all(|name| owner(name));
+            shared.then_some(())
+        }
+    })
+    .await
+}
+
 /// Takes `n` messages, acking each batch as it comes, and returns them in arrival order.
 async fn drain(sub: &mut Subscriber, n: usize) -> Vec<v1::Message> {
     let mut got = Vec::new();
@@ -247,6 +275,8 @@ async fn a_stream_that_ends_hands_its_partitions_and_unanswered_rows_to_the_othe
     let server = Server::start_serving(&db.config(&GROUPS.replace("2s", "60s"))).await;
     let mut one = join(&server, "kafka", "one", 1000).await;
     let mut two = join(&server, "kafka", "two", 1000).await;
+    // Rows inserted while one stream still owned every partition would all go to it.
+    shared_by(&server, "kafka", &["one", "two"]).await;
     // Fewer rows per stream than a batch, so each gets all of its own at once.
     let ids = insert_keyed(&db, 40, 2).await;
     // Both get rows (the partitions are shared), none twice.

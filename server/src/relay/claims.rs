@@ -141,7 +141,8 @@ impl Claims {
         let batch_size = batch_size
             .min(self.config.max_batch_size)
             .min(self.rows_within(max_bytes.min(self.response_budget())));
-        let pauses = self.pause.read(&*self.storage, &self.name).await;
+        // Per-row claims never run on an outbox with groups: no group pauses to read.
+        let pauses = self.pause.read(&*self.storage, None, &self.name).await;
         let (topics, paused_topics) = match pause::ClaimScope::of(topics, &pauses) {
             pause::ClaimScope::Paused => {
                 // Paused: nothing handed out, nothing asked of the table (see `pause`).

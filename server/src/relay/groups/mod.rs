@@ -43,6 +43,11 @@ pub struct Groups {
     create: bool,
     /// Set once [`Groups::ensure`] succeeded: the DDL runs once per process.
     ready: std::sync::atomic::AtomicBool,
+    /// Bumped when a stream of this replica joins or leaves a group, so the other streams
+    /// of this replica heartbeat at once and hand partitions over (or take them) without
+    /// waiting for their next heartbeat: streams opened together share the partitions
+    /// from the start instead of the first one owning them all for a heartbeat period.
+    membership: tokio::sync::watch::Sender<u64>,
 }
 
 impl Groups {
@@ -58,7 +63,18 @@ impl Groups {
             retention: config.retention,
             create: config.create_schema,
             ready: Default::default(),
+            membership: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Says a stream of this replica joined or left a group (see `membership`).
+    pub fn membership_changed(&self) {
+        self.membership.send_modify(|generation| *generation += 1);
+    }
+
+    /// Wakes on every [`Groups::membership_changed`] after this call.
+    pub fn membership(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.membership.subscribe()
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

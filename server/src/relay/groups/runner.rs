@@ -61,6 +61,8 @@ pub async fn run(
     let registration = outbox.subscribers.register(&spec, &member_id);
     let mut runner = Runner {
         insert_signal: outbox.storage().insert_signal(),
+        membership: groups.membership(),
+        joined: false,
         poll: outbox.config.poll.min,
         next_poll: Instant::now(),
         next_heartbeat: Instant::now(),
@@ -103,6 +105,10 @@ struct Runner {
     /// Answers applied in memory, waiting for the flush that makes them durable.
     pending: Vec<(Settlement, std::collections::HashMap<MessageId, u32>)>,
     insert_signal: Option<tokio::sync::watch::Receiver<crate::storage::Inserts>>,
+    /// Joins and leaves of the other streams of this replica (see `Groups::membership`).
+    membership: tokio::sync::watch::Receiver<u64>,
+    /// Whether a heartbeat has made this stream a member yet.
+    joined: bool,
     /// The idle poll's current wait, growing while reads find nothing.
     poll: Duration,
     next_poll: Instant,
@@ -179,6 +185,9 @@ impl Runner {
                 _ = sleep_until(self.draining_until.unwrap_or_else(Instant::now)), if self.draining_until.is_some() => {
                     tracing::warn!(group = %self.group, member = %self.member_id, held = self.member.flights.len(), "drain timeout; giving back unanswered messages");
                     return Ok(());
+                }
+                Ok(()) = self.membership.changed() => {
+                    self.next_heartbeat = Instant::now();
                 }
                 changed = wait_insert(&mut self.insert_signal) => {
                     if changed {
@@ -482,6 +491,12 @@ impl Runner {
         let lease = self.partition_lease();
         let beat = store.heartbeat(&self.group, &self.member_id, lease).await?;
         self.next_heartbeat = Instant::now() + self.heartbeat_every();
+        if !self.joined {
+            // This stream's own wake-up is not marked seen: another stream may have joined
+            // while this heartbeat ran, and the extra heartbeat it costs is cheap.
+            self.joined = true;
+            self.groups.membership_changed();
+        }
         // Partitions another member took (our lease ran out, or a seek): forget them.
         let owned: Vec<u32> = self.member.parts.keys().copied().collect();
         for partition in owned {
@@ -552,6 +567,7 @@ impl Runner {
         if let Err(error) = self.groups.store.leave(&self.group, &self.member_id).await {
             tracing::warn!(group = %self.group, member = %self.member_id, %error, "leaving the group failed; its partitions free up when their lease runs out");
         }
+        self.groups.membership_changed();
     }
 }
 
