@@ -493,6 +493,16 @@ fn serve_metrics(
             outbox: outbox.name.clone(),
             storage: Arc::clone(outbox.depth_storage()),
             metrics: outbox.metrics().clone(),
+            groups: outbox.groups().ok().map(|groups| depth::CountedGroups {
+                store: Arc::clone(&groups.store),
+                groups: groups
+                    .names()
+                    .filter_map(|name| {
+                        let holds = groups.settings(name).ok()?.dead_letter_holds_key;
+                        Some((name.to_owned(), holds))
+                    })
+                    .collect(),
+            }),
         })
         .collect();
     tokio::spawn(depth::watch(

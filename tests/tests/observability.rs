@@ -370,3 +370,70 @@ async fn a_subscribers_metrics_match_its_counters_and_pass_promtool() {
     assert!(ok, "promtool check metrics:\n{output}\n{scrape}");
     handle.stop().await.unwrap();
 }
+
+/// Two subscription groups, one with a subscriber that acks everything, one with none.
+const TWO_GROUPS: &str =
+    "partitions = 4\n[outboxes.orders.groups.fed]\n[outboxes.orders.groups.idle]\n";
+
+/// Each group's gauges: the fed group passes every row with its one stream owning every
+/// partition; the idle group lags by every row, with no member and no owner.
+async fn group_gauges_count(server: &Server, rows: usize) {
+    let subscriber = Subscriber::builder([server.url()], "orders")
+        .name("feeder")
+        .group("fed")
+        .build(publish)
+        .unwrap()
+        .spawn();
+    let metrics_url = server.metrics_url();
+    let rows = rows as f64;
+    eventually("the group gauges", DEADLINE, || async {
+        let scrape = get(&metrics_url).await;
+        let value = |name: &str, group: &str| {
+            sample(
+                &scrape,
+                &format!(r#"{name}{{group="{group}",outbox="orders"}}"#),
+            )
+        };
+        let counted = value("txoutbox_group_lag_rows", "fed") == Some(0.0)
+            && value("txoutbox_group_lag_rows", "idle") == Some(rows)
+            && value("txoutbox_group_lag_seconds", "idle").is_some_and(|age| age > 0.0)
+            && value("txoutbox_group_members", "fed") == Some(1.0)
+            && value("txoutbox_group_members", "idle") == Some(0.0)
+            && value("txoutbox_group_owned_partitions", "fed") == Some(4.0)
+            && value("txoutbox_group_owned_partitions", "idle") == Some(0.0)
+            && value("txoutbox_group_partitions", "idle") == Some(4.0)
+            && value("txoutbox_group_dead_rows", "fed") == Some(0.0)
+            && value("txoutbox_group_held_keys", "fed") == Some(0.0)
+            && sample(
+                &scrape,
+                r#"txoutbox_group_frontier_delay_seconds{outbox="orders"}"#,
+            )
+            .is_some();
+        counted.then_some(())
+    })
+    .await;
+    subscriber.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_gauges_on_postgres() {
+    let db = TestDb::new().await;
+    let server = Server::start(&with_metrics(db.config(TWO_GROUPS))).await;
+    server.wait_serving("orders").await;
+    for n in 0..5 {
+        db.insert("t", Some(&format!("k{n}")), b"x").await;
+    }
+    group_gauges_count(&server, 5).await;
+    db.drop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_gauges_on_sqlite() {
+    let db = SqliteDb::new().await;
+    let server = Server::start(&with_metrics(db.config(TWO_GROUPS))).await;
+    server.wait_serving("orders").await;
+    for n in 0..5 {
+        db.insert("t", Some(&format!("k{n}")), b"x").await;
+    }
+    group_gauges_count(&server, 5).await;
+}

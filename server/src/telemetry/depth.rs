@@ -16,6 +16,10 @@
 //!   backend, PostgreSQL's status `OR` planned on both), never the delivered history:
 //!   its cost grows with the backlog, which is what it measures.
 //!
+//! An outbox with subscription groups has its groups' figures (lag, retries, held keys,
+//! members, owned partitions) and the frontier's delay refreshed in the same round: one
+//! query per group and one for the frontier, as `Admin.Stats` makes them.
+//!
 //! A failed count leaves the gauges at their last value and counts a storage error; the
 //! age gauge then grows stale, which `txoutbox_storage_errors_total` explains.
 
@@ -25,7 +29,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Metrics, OutboxMetrics};
-use crate::storage::Storage;
+use crate::storage::groups::GroupStore;
+use crate::storage::{Storage, StorageResult};
 
 /// One outbox as the depth gauges count it.
 pub struct Counted {
@@ -35,6 +40,15 @@ pub struct Counted {
     pub storage: Arc<dyn Storage>,
     /// Where a failed count is counted as a storage error.
     pub metrics: OutboxMetrics,
+    /// The outbox's subscription groups, if it declares any.
+    pub groups: Option<CountedGroups>,
+}
+
+/// The groups of one outbox as the gauges count them.
+pub struct CountedGroups {
+    pub store: Arc<dyn GroupStore>,
+    /// Each group's name and whether a dead row holds its key (which keys count as held).
+    pub groups: Vec<(String, bool)>,
 }
 
 /// Refreshes the depth gauges of every outbox of `outboxes` every `interval` until `stop`.
@@ -53,13 +67,26 @@ pub async fn watch(
             _ = ticks.tick() => {}
         }
         for counted in &outboxes {
-            match counted.storage.stats().await {
-                Ok(stats) => metrics.set_depth(&counted.outbox, &stats),
-                Err(error) => {
-                    counted.metrics.storage_error(&error);
-                    tracing::debug!(outbox = %counted.outbox, %error, "depth gauges not refreshed");
-                }
+            if let Err(error) = refresh(counted, &metrics).await {
+                counted.metrics.storage_error(&error);
+                tracing::debug!(outbox = %counted.outbox, %error, "depth gauges not refreshed");
             }
         }
     }
+}
+
+/// One outbox's round: its depth, then its groups' figures and frontier.
+async fn refresh(counted: &Counted, metrics: &Metrics) -> StorageResult<()> {
+    let stats = counted.storage.stats().await?;
+    metrics.set_depth(&counted.outbox, &stats);
+    let Some(groups) = &counted.groups else {
+        return Ok(());
+    };
+    for (group, holds) in &groups.groups {
+        let stats = groups.store.stats(group, *holds).await?;
+        metrics.set_group(&counted.outbox, &stats);
+    }
+    let delay = groups.store.frontier_delay().await?;
+    metrics.set_frontier_delay(&counted.outbox, delay);
+    Ok(())
 }

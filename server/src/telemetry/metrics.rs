@@ -23,6 +23,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::storage::groups::GroupStats;
 use crate::storage::{Stats, StorageError, StorageResult};
 
 /// Seconds buckets of a database round trip: claims and answers.
@@ -153,6 +154,7 @@ pub struct Metrics {
     in_flight: IntGaugeVec,
     serving: IntGaugeVec,
     depth: DepthGauges,
+    groups: GroupGauges,
     pool_connections: IntGaugeVec,
     pool_max: IntGaugeVec,
     pools: Mutex<Vec<(String, PoolProbe)>>,
@@ -172,6 +174,22 @@ struct DepthGauges {
     /// The topics each outbox had at its last refresh: a topic gone from the counts has
     /// its series removed, not left at its last value.
     topics: Mutex<BTreeMap<String, BTreeSet<String>>>,
+}
+
+/// The gauges [`super::depth`] sets from each subscription group's figures (the same as
+/// `Admin.Stats`), by outbox and group; and the frontier's delay, by outbox.
+struct GroupGauges {
+    lag_rows: IntGaugeVec,
+    lag: prometheus::GaugeVec,
+    retrying: IntGaugeVec,
+    held: IntGaugeVec,
+    dead: IntGaugeVec,
+    held_keys: IntGaugeVec,
+    members: IntGaugeVec,
+    /// Partitions with a live owner; the rest wait for a stream.
+    owned_partitions: IntGaugeVec,
+    partitions: IntGaugeVec,
+    frontier_delay: prometheus::GaugeVec,
 }
 
 impl Default for Metrics {
@@ -218,6 +236,27 @@ impl Metrics {
         registry
             .register(Box::new(oldest_pending_age.clone()))
             .expect("registered once");
+        let float_gauge = |name: &str, help: &str, labels: &[&str]| {
+            let family =
+                prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+            registry
+                .register(Box::new(family.clone()))
+                .expect("registered once");
+            family
+        };
+        let by_group = &["outbox", "group"];
+        let groups = GroupGauges {
+            lag_rows: gauge("txoutbox_group_lag_rows", "Visible rows past the group's positions, at the last depth refresh.", by_group),
+            lag: float_gauge("txoutbox_group_lag_seconds", "Age of the oldest row past the group's positions (0 with none), at the last depth refresh.", by_group),
+            retrying: gauge("txoutbox_group_retrying_rows", "Rows of the group waiting for a retry, at the last depth refresh.", by_group),
+            held: gauge("txoutbox_group_held_rows", "Rows of the group held behind an earlier failed row of their key, at the last depth refresh.", by_group),
+            dead: gauge("txoutbox_group_dead_rows", "Rows dead-lettered for the group, at the last depth refresh.", by_group),
+            held_keys: gauge("txoutbox_group_held_keys", "Keys the group holds back behind a failed row, at the last depth refresh.", by_group),
+            members: gauge("txoutbox_group_members", "Streams of the group alive on any replica, at the last depth refresh.", by_group),
+            owned_partitions: gauge("txoutbox_group_owned_partitions", "Partitions of the group with an owner, at the last depth refresh.", by_group),
+            partitions: gauge("txoutbox_group_partitions", "Partitions of the group.", by_group),
+            frontier_delay: float_gauge("txoutbox_group_frontier_delay_seconds", "How long the oldest open writing transaction has been open: rows committed after it started wait for it before any group delivers them, at the last depth refresh.", outbox),
+        };
         let build_info = gauge(
             "txoutbox_build_info",
             "Always 1; the labels say which txoutboxd runs.",
@@ -259,6 +298,7 @@ impl Metrics {
                 oldest_pending_age,
                 topics: Mutex::default(),
             },
+            groups,
             pool_connections: gauge("txoutbox_db_pool_connections", "Connections of the relay's pool of a database, by state (in_use, idle).", &["database", "state"]),
             pool_max: gauge("txoutbox_db_pool_max_connections", "The most connections the relay's pool of a database opens (databases.NAME.max_connections).", &["database"]),
             pools: Mutex::default(),
@@ -314,6 +354,59 @@ impl Metrics {
 
     pub fn set_draining(&self) {
         self.draining.set(1);
+    }
+
+    /// Sets the gauges of one subscription group of `outbox` from its figures.
+    pub fn set_group(&self, outbox: &str, stats: &GroupStats) {
+        let gauges = &self.groups;
+        let labels = [outbox, stats.group.as_str()];
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        gauges
+            .lag_rows
+            .with_label_values(&labels)
+            .set(count(stats.lag_rows));
+        let lag = stats.lag.unwrap_or(Duration::ZERO);
+        gauges.lag.with_label_values(&labels).set(lag.as_secs_f64());
+        gauges
+            .retrying
+            .with_label_values(&labels)
+            .set(count(stats.retrying));
+        gauges
+            .held
+            .with_label_values(&labels)
+            .set(count(stats.held));
+        gauges
+            .dead
+            .with_label_values(&labels)
+            .set(count(stats.dead));
+        gauges
+            .held_keys
+            .with_label_values(&labels)
+            .set(count(stats.held_keys));
+        gauges
+            .members
+            .with_label_values(&labels)
+            .set(count(stats.members));
+        let owned = stats
+            .partitions
+            .iter()
+            .filter(|p| p.owner.is_some() && !p.expired);
+        gauges
+            .owned_partitions
+            .with_label_values(&labels)
+            .set(count(owned.count() as u64));
+        gauges
+            .partitions
+            .with_label_values(&labels)
+            .set(count(stats.partitions.len() as u64));
+    }
+
+    /// Sets the frontier's delay of `outbox` (see [`Metrics::set_group`]).
+    pub fn set_frontier_delay(&self, outbox: &str, delay: Duration) {
+        self.groups
+            .frontier_delay
+            .with_label_values(&[outbox])
+            .set(delay.as_secs_f64());
     }
 
     /// Sets the depth gauges of `outbox` from its counts; topics without pending or dead
