@@ -183,18 +183,25 @@ pub async fn count(
     })
 }
 
+/// The selection of a re-drive or discard request: the same fields in both.
+macro_rules! selected {
+    ($request:ident) => {
+        Selected {
+            outbox: $request.outbox,
+            group: $request.group,
+            selector: $request.selector,
+            limit: $request.limit,
+            dry_run: $request.dry_run,
+        }
+    };
+}
+
 pub async fn redrive(
     relay: &Relay,
     caller: &Caller,
     request: v1::RedriveDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
-    let selected = Selected {
-        outbox: request.outbox,
-        group: request.group,
-        selector: request.selector,
-        limit: request.limit,
-        dry_run: request.dry_run,
-    };
+    let selected = selected!(request);
     let delay = request.delay;
     selected
         .change(relay, caller, Change::Redrive { delay })
@@ -206,13 +213,7 @@ pub async fn discard(
     caller: &Caller,
     request: v1::DiscardDeadLettersRequest,
 ) -> Result<v1::DeadLetterActionResponse, Status> {
-    let selected = Selected {
-        outbox: request.outbox,
-        group: request.group,
-        selector: request.selector,
-        limit: request.limit,
-        dry_run: request.dry_run,
-    };
+    let selected = selected!(request);
     selected.change(relay, caller, Change::Discard).await
 }
 

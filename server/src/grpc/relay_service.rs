@@ -247,9 +247,7 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::AckResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
-        let holder = unary_holder(&caller, &request.worker_id)?;
+        let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
         let (ids, stale) = current(outbox, AnswerKind::Ack, &holder, tokened).await?;
         let (acked, fenced) = outbox.answers.ack(&holder, &ids).await?;
@@ -265,10 +263,8 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::NackResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
+        let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let delay = request.retry_delay_ms.map(Duration::from_millis);
-        let holder = unary_holder(&caller, &request.worker_id)?;
         let tokened = one_answer(outbox, request.id, &request.lease_token)?;
         let (ids, _) = current(outbox, AnswerKind::Nack, &holder, tokened).await?;
         let result = match ids[..] {
@@ -306,10 +302,8 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::ReleaseResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
+        let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
-        let holder = unary_holder(&caller, &request.worker_id)?;
         let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
         let (ids, stale) = current(outbox, AnswerKind::Release, &holder, tokened).await?;
         let (released, fenced) = outbox.answers.release(&holder, &ids, delay).await?;
@@ -325,9 +319,7 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::DeadLetterResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
-        let holder = unary_holder(&caller, &request.worker_id)?;
+        let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let tokened = one_answer(outbox, request.id, &request.lease_token)?;
         let (ids, _) = current(outbox, AnswerKind::DeadLetter, &holder, tokened).await?;
         let dead_lettered = match ids[..] {
@@ -362,6 +354,21 @@ impl v1::relay_server::Relay for RelayService {
             fenced: merged(fenced, stale),
             lease_expires_at: Some(timestamp(extended.lease_expires_at)),
         }))
+    }
+}
+
+impl RelayService {
+    /// The outbox of a unary answer, refused on an outbox delivered by groups, and the
+    /// lease holder answering.
+    fn answering(
+        &self,
+        caller: &Caller,
+        outbox: &str,
+        worker_id: &str,
+    ) -> Result<(&Arc<Outbox>, String), Status> {
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, outbox)?;
+        outbox.per_row()?;
+        Ok((outbox, unary_holder(caller, worker_id)?))
     }
 }
 
