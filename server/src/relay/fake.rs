@@ -218,6 +218,10 @@ impl Storage for FakeStorage {
         "fake"
     }
 
+    fn table_name(&self) -> &str {
+        "fake"
+    }
+
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         self.enter(Op::Claim).await;
         let failing = *self.failing_claims.lock().expect("fake lock");

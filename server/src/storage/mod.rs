@@ -13,6 +13,42 @@
 //!
 //! All times that matter for leases and retries are taken from the database clock, so
 //! several servers (and a skewed application clock) agree on when a lease runs out.
+//!
+//! # Files
+//!
+//! Every backend folder (`postgres/`, `mysql/`, `sqlite/`) has the same files, each with
+//! the same part of the work, so a difference between backends is plain to see:
+//! - `mod.rs`: the backend's storage type, its pools and settings, and its [`Storage`]
+//!   impl, each method a call into the file that does the work;
+//! - `shape.rs`: the table's shape and names (the table, the objects named after it, the
+//!   columns as the backend's SQL writes them) and the SQL every part writes alike (a row
+//!   read as a message);
+//! - `schema.rs`: the DDL ([`Storage::ensure_table`], [`Storage::schema_sql`]) and the
+//!   check of a live table ([`Storage::verify_table`]);
+//! - `claim.rs`: the claim;
+//! - `strict.rs`: strict per-key ordering: PostgreSQL's key-heads table and claim
+//!   function, MariaDB's check of a claim's rows against earlier rows of their key, SQLite's
+//!   filter of a claim's candidates;
+//! - `answers.rs`: what a lease holder answers: ack, nack, release, dead-letter, lease
+//!   extension, leases given back;
+//! - `admin.rs`: an operator's calls (stats, purge, dead letters, blocked keys, lease
+//!   holders, pauses) and the insert of tests and demos;
+//! - `convert.rs`: driver errors classified, rows decoded (and the pool every part runs
+//!   on, where a part holds one).
+//!
+//! Besides these, PostgreSQL has `listen.rs` (insert wake-ups through LISTEN/NOTIFY, which
+//! only it has) and `floor.rs` (where its non-strict claims start: the `FOR UPDATE SKIP
+//! LOCKED` scan of a table whose low ids are leased needs it, the others' claims do not).
+//! A backend's own tests are in its `tests` module (MariaDB's: `tests/`, with what its
+//! locking reads keep locked on a real server). `groups.rs` (here and in `postgres/`,
+//! `sqlite/`, those two with a `groups/` folder of their parts) holds the subscription
+//! groups' tables.
+//!
+//! What is the same for every backend is written once here: the trait's types, the
+//! dead-letter selector ([`dead`]), blocked keys ([`blocked`]), pauses ([`pauses`]), a
+//! batch of nacks planned ([`nack`]), row values ([`rows`]), the column mapping
+//! ([`columns`], [`names`]); and [`timed`], which wraps every backend: the deadline of
+//! each call and its tracing span.
 
 pub mod blocked;
 pub mod columns;
@@ -299,6 +335,9 @@ where
 pub trait Storage: Send + Sync + 'static {
     /// Backend name for admin output, for example `postgres`.
     fn backend(&self) -> &'static str;
+
+    /// The table as messages and spans name it (`schema.table` where a schema is set).
+    fn table_name(&self) -> &str;
 
     /// Due, unleased, pending rows in id order, leased to `owner`, attempts counted.
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed>;

@@ -10,6 +10,10 @@
 //! hour. The deadline here is the client side of the same bound, so a subscriber's stream
 //! sees UNAVAILABLE, and the health checks NOT_SERVING, within seconds.
 //!
+//! It is also where storage calls are traced, for every backend at once: the calls worth a
+//! span of their own (claims, nacks, and the operator's slow ones: purge, DDL, re-drive,
+//! discard) open one named `storage.<call>` with the table's name, around the deadline.
+//!
 //! The call's future is dropped at the deadline: sqlx gives the connection back and rolls
 //! an open transaction back (or closes the connection when it cannot tell its state), so
 //! a call cut short changes nothing the relay counts on: its leases run out, its
@@ -134,10 +138,24 @@ impl Storage for Timed {
         self.inner.backend()
     }
 
+    fn table_name(&self) -> &str {
+        self.inner.table_name()
+    }
+
+    #[tracing::instrument(
+        name = "storage.claim",
+        skip_all,
+        fields(table = self.inner.table_name(), owner = request.owner, batch_size = request.batch_size),
+    )]
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         self.within("claim", self.inner.claim(request)).await
     }
 
+    #[tracing::instrument(
+        name = "storage.claim_ahead",
+        skip_all,
+        fields(table = self.inner.table_name(), owner = request.owner, batch_size = request.batch_size),
+    )]
     async fn claim_ahead(
         &self,
         request: ClaimRequest<'_>,
@@ -160,6 +178,11 @@ impl Storage for Timed {
         self.within("ack", self.inner.ack(ids, owner)).await
     }
 
+    #[tracing::instrument(
+        name = "storage.nack",
+        skip_all,
+        fields(table = self.inner.table_name(), owner, nacks = nacks.len()),
+    )]
     async fn nack_many(
         &self,
         nacks: &[NackRequest<'_>],
@@ -170,6 +193,11 @@ impl Storage for Timed {
             .await
     }
 
+    #[tracing::instrument(
+        name = "storage.nack",
+        skip_all,
+        fields(table = self.inner.table_name(), owner, nacks = 1),
+    )]
     async fn nack(
         &self,
         id: MessageId,
@@ -223,6 +251,7 @@ impl Storage for Timed {
 
     /// Bounded like every call: a purge of a long history that reaches the deadline has
     /// deleted its first batches, and the next purge goes on from there.
+    #[tracing::instrument(name = "storage.purge", skip_all, fields(table = self.inner.table_name()))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
         self.within("purge", self.inner.purge(older_than)).await
     }
@@ -231,6 +260,7 @@ impl Storage for Timed {
         self.inner.schema_sql()
     }
 
+    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = self.inner.table_name()))]
     async fn ensure_table(&self) -> StorageResult<()> {
         self.within_ddl(self.inner.ensure_table()).await
     }
@@ -254,6 +284,7 @@ impl Storage for Timed {
             .await
     }
 
+    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = self.inner.table_name(), limit))]
     async fn redrive_dead(
         &self,
         filter: &DeadFilter,
@@ -264,6 +295,7 @@ impl Storage for Timed {
         self.within("re-drive dead letters", call).await
     }
 
+    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = self.inner.table_name(), limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
         let call = self.inner.discard_dead(filter, limit);
         self.within("discard dead letters", call).await

@@ -1,17 +1,63 @@
-//! Translations between the driver and the storage types: errors, rows, headers.
+//! Translations between the driver and the storage types: errors, rows, headers; and
+//! [`Conn`], the pool every part of the backend runs its transactions on, with the table
+//! its errors name and the one retry after a lock conflict.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlDatabaseError, MySqlRow};
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
 use sqlx::Row;
 
+use super::shape::NOW;
 use crate::storage::dead::DeadCountRow;
 use crate::storage::rows::{self, attempts, count, headers_from_text};
 use crate::storage::{
-    BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, TopicStats,
+    BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, StorageResult,
+    TopicStats,
 };
+
+/// The pool and the table its statements run on.
+#[derive(Clone)]
+pub(super) struct Conn {
+    pub pool: MySqlPool,
+    /// `db.table` unquoted, for messages.
+    pub table: Arc<str>,
+}
+
+impl Conn {
+    /// Translates a driver error for `action`; see [`classify`].
+    pub fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
+        move |err| classify(err, &self.table, action)
+    }
+
+    /// Runs `operation`, once more after a deadlock or lock wait timeout (its transaction
+    /// was dropped, hence rolled back, in between), and translates the error.
+    pub async fn retrying<T, F, Fut>(
+        &self,
+        action: &'static str,
+        mut operation: F,
+    ) -> StorageResult<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        match operation().await {
+            Err(err) if is_lock_conflict(&err) => {
+                tracing::debug!(table = %self.table, action, error = %err, "lock conflict; retrying once");
+                operation().await.map_err(self.error(action))
+            }
+            result => result.map_err(self.error(action)),
+        }
+    }
+}
+
+/// The database clock, read inside `conn`'s transaction after its locks were taken.
+pub(super) async fn now(conn: &mut MySqlConnection) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query_scalar(NOW).fetch_one(conn).await
+}
 
 /// `ER_LOCK_WAIT_TIMEOUT`: a row lock was not granted within `innodb_lock_wait_timeout`.
 const LOCK_WAIT_TIMEOUT: u16 = 1205;

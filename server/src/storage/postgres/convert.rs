@@ -1,15 +1,34 @@
-//! Translations between the driver and the storage types: errors, intervals, rows.
+//! Translations between the driver and the storage types: errors, intervals, rows; and
+//! [`Conn`], the pool every part of the backend runs its statements on, with the table
+//! its errors name.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{types::PgInterval, PgRow};
+use sqlx::postgres::{types::PgInterval, PgPool, PgRow};
 use sqlx::types::Json;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_json};
 use crate::storage::{BlockedKey, HeadState, MessageId, OutboxMessage, StorageError, TopicStats};
+
+/// The pool and the table its statements run on: each part of the backend holds one
+/// (a clone shares the pool).
+#[derive(Clone)]
+pub(super) struct Conn {
+    pub pool: PgPool,
+    /// `schema.table` unquoted, for messages.
+    pub table: Arc<str>,
+}
+
+impl Conn {
+    /// Translates a driver error for `action`; see [`classify`].
+    pub fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
+        move |err| classify(err, &self.table, action)
+    }
+}
 
 /// The one place driver errors become [`StorageError`]s: by kind, not by message.
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
@@ -96,7 +115,7 @@ pub(super) fn decode_claim(rows: &[PgRow]) -> Result<ClaimOutcome, sqlx::Error> 
     Ok(outcome)
 }
 
-/// A row of the statements that read messages (`sql::message`).
+/// A row of the statements that read messages (`shape::message`).
 pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
     let payload: Option<Vec<u8>> = row.try_get("payload")?;
     let stored_bytes: i64 = row.try_get("stored_bytes")?;
@@ -112,7 +131,7 @@ pub(super) fn decode_message(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> 
     })
 }
 
-/// A row of `sql::blocked_keys`.
+/// A row of `admin.rs`'s blocked keys.
 pub(super) fn decode_blocked(row: &PgRow) -> Result<BlockedKey, sqlx::Error> {
     let owner: Option<String> = row.try_get("owner")?;
     Ok(BlockedKey {

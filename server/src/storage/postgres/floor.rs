@@ -14,7 +14,7 @@
 //!
 //! So a claim first takes the rows above the floor, the highest id this server's claims
 //! reached, and only when fewer than its batch are free there, the rows below it, in the
-//! same statement (`sql::claim`). Every id is in one part or the other, so a claimable row
+//! same statement (`claim.rs`). Every id is in one part or the other, so a claimable row
 //! is never missed while the batch has room; what the floor changes is only which rows
 //! come first while rows above it fill every batch. A row can become due below the floor
 //! (a release or a nack's retry, a lease that ran out, another server's rows, a producer

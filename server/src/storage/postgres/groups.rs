@@ -19,7 +19,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Executor, Row};
 
 use super::convert::{classify, decode_message, interval};
-use super::sql::{message, DIALECT};
+use super::shape::{message, DIALECT};
 use crate::config::GroupStart;
 use crate::storage::columns::Columns;
 use crate::storage::groups::{
@@ -289,7 +289,7 @@ impl GroupStore for PostgresGroups {
             let run = format!(
                 "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
                  SELECT pg_advisory_xact_lock({LOCK_CLASS_GROUPS}, hashtext({lock})); {ddl} COMMIT;",
-                lock = super::sql::literal(&s.lock_key),
+                lock = super::shape::literal(&s.lock_key),
                 ddl = s.ddl
             );
             self.pool

@@ -7,7 +7,7 @@
 //! the fallback the whole time.
 //!
 //! A notification's payload is `topic:` and the topic of the rows inserted (see the
-//! trigger in `table.rs`); any other payload (empty, from the trigger of an earlier
+//! trigger in `schema.rs`); any other payload (empty, from the trigger of an earlier
 //! version or a statement that inserted too many topics to list) is an insert of unknown
 //! topic, which wakes every stream (see [`Inserts`]).
 

@@ -1,10 +1,24 @@
 //! The PostgreSQL backend: one outbox table, claimed with `FOR UPDATE SKIP LOCKED`.
 //!
-//! Start with [`PostgresStorage::connect`]. The statements live in [`sql`], the strict
-//! ordering (key heads and the claim function) in [`heads`], the insert wake-ups
-//! (LISTEN/NOTIFY) in [`listen`]. Every write-back is fenced by
-//! `leased_by = owner AND status = 'pending'` and returns the ids it applied to; a nack,
-//! an extension and a delayed release also need a lease that has not run out.
+//! Start with [`PostgresStorage::connect`]. Its files are those of every backend (see
+//! `storage/mod.rs`): the table's names in `shape.rs`, its DDL and check in `schema.rs`,
+//! the claim in `claim.rs`, strict ordering (key heads and the claim function) in
+//! `strict.rs`, the answers in `answers.rs`, the operator's calls in `admin.rs`, errors
+//! and rows in `convert.rs`; and two of its own: the insert wake-ups (LISTEN/NOTIFY) in
+//! `listen.rs`, where non-strict claims start in `floor.rs`. Every write-back is fenced
+//! by `leased_by = owner AND status = 'pending'` and returns the ids it applied to; a
+//! nack, an extension and a delayed release also need a lease that has not run out.
+//!
+//! Times come from `statement_timestamp()`, not `now()`: `now()` is the start of the
+//! transaction, and a strict claim first waits for the table's advisory lock, so `now()`
+//! would be stale by that wait (shorter leases, rows due a moment too late). Within one
+//! statement `statement_timestamp()` is stable, like `now()`, so every row of a claim gets
+//! the same lease deadline.
+//!
+//! Column meanings: `available_at` is when the row may next be claimed. A claim sets it to
+//! the lease deadline (an expired lease is simply due again), a nack to the retry time, a
+//! release to now plus the delay. A pending row is *leased* while `leased_by` is set and
+//! `available_at` is in the future.
 //!
 //! Every operation is one statement (or one function call) in a transaction of its own:
 //! no transaction of the relay waits for a round trip to this server, so a paused or
@@ -18,40 +32,43 @@
 //! what makes the "no earlier row of this key is leased" predicate sound; publishing, the
 //! slow part, still runs in parallel.
 
+mod admin;
+mod answers;
+mod claim;
 mod convert;
 mod floor;
 pub mod groups;
-mod heads;
 mod listen;
-mod ops;
-mod sql;
-mod table;
+mod schema;
+mod shape;
+mod strict;
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::types::Json;
-use sqlx::Executor;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use self::convert::{classify, decode_topic_stats, interval};
+use self::admin::Admin;
+use self::answers::Answers;
+use self::claim::Claims;
+use self::convert::Conn;
 use self::floor::ClaimFloor;
 use self::listen::InsertSignal;
-use self::sql::{Shape, Statements};
-use self::table::{accepts, live_column};
-use super::columns::{check_live_columns, insert_row, InsertPayload};
+use self::schema::Schema;
+use self::shape::{Shape, StrictObjects};
+use self::strict::Strict;
 use super::ident::Ident;
 use super::{
-    in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    HeldKeys, Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses,
-    RetryPolicy, SortedIds, Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
+    BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, HeldKeys,
+    Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
+    SortedIds, Stats, Storage, StorageResult, TableOptions,
 };
 use crate::storage::timed::Timeouts;
 
@@ -102,20 +119,22 @@ pub struct PostgresExtras {
 
 /// An outbox table in PostgreSQL. Dropping it stops its insert listener.
 pub struct PostgresStorage {
-    pool: PgPool,
+    /// `schema.table` unquoted, for messages.
+    table: Arc<str>,
     options: TableOptions,
     extras: PostgresExtras,
-    sql: Statements,
+    claims: Claims,
+    answers: Answers,
+    admin: Admin,
+    schema: Schema,
     /// Present with `notify_channel`.
     signal: Option<InsertSignal>,
-    /// Where this server's non-strict claims start (see `floor.rs`).
-    floor: ClaimFloor,
 }
 
 impl fmt::Debug for PostgresStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStorage")
-            .field("table", &self.sql.display_table)
+            .field("table", &self.table)
             .field("options", &self.options)
             .field("extras", &self.extras)
             .field("listening", &self.signal.is_some())
@@ -178,7 +197,7 @@ impl PostgresStorage {
             .as_deref()
             .map(|c| name("notify_channel", c))
             .transpose()?;
-        let sql = Statements::render(&Shape {
+        let shape = Shape {
             schema: schema.as_ref(),
             table: &table,
             columns: &options.columns,
@@ -187,47 +206,43 @@ impl PostgresStorage {
             visibility_delay: options.visibility_delay,
             notify_channel: channel.as_ref(),
             max_row_bytes: options.max_row_bytes,
-        });
-        let signal = channel
-            .map(|channel| {
-                InsertSignal::spawn(
-                    listener_options,
-                    channel.to_string(),
-                    options.visibility_delay,
-                )
-            })
-            .transpose()?;
-        Ok(Self {
+        };
+        let conn = Conn {
             pool,
+            table: shape.display_table().into(),
+        };
+        let objects = StrictObjects::new(&shape);
+        let strict = shape
+            .strict_ordering
+            .then(|| Arc::new(Strict::new(conn.clone(), &objects)));
+        // Where this server's non-strict claims start (see `floor.rs`).
+        let floor = Arc::new(ClaimFloor::new(Instant::now()));
+        let delete_on_ack = options.delete_on_ack;
+        let storage = Self {
+            table: conn.table.clone(),
+            claims: Claims::new(conn.clone(), &shape, strict.clone(), floor.clone()),
+            answers: Answers::new(
+                conn.clone(),
+                &shape,
+                delete_on_ack,
+                strict.clone(),
+                floor.clone(),
+            ),
+            admin: Admin::new(conn.clone(), &shape, delete_on_ack, strict, floor),
+            schema: Schema::new(conn, &shape, &objects),
+            signal: channel
+                .map(|channel| {
+                    InsertSignal::spawn(
+                        listener_options,
+                        channel.to_string(),
+                        options.visibility_delay,
+                    )
+                })
+                .transpose()?,
             options,
             extras,
-            sql,
-            signal,
-            floor: ClaimFloor::new(Instant::now()),
-        })
-    }
-
-    /// Translates a driver error for `action`; see [`classify`].
-    pub(super) fn error(
-        &self,
-        action: &'static str,
-    ) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
-        move |err| classify(err, &self.sql.display_table, action)
-    }
-
-    /// Whether this version's DDL already ran on the live table (see
-    /// [`table::SchemaCheck`]); catalog reads only, so it waits for no lock.
-    async fn schema_is_current(&self) -> StorageResult<bool> {
-        let check = &self.sql.schema_check;
-        sqlx::query_scalar(table::SCHEMA_CURRENT)
-            .bind(&check.relations)
-            .bind(&self.sql.qualified_table)
-            .bind(&check.triggers)
-            .bind(&check.marker_on)
-            .bind(&check.marker)
-            .fetch_one(&self.pool)
-            .await
-            .map_err(self.error("create schema"))
+        };
+        Ok(storage)
     }
 }
 
@@ -314,26 +329,20 @@ impl Storage for PostgresStorage {
         "postgres"
     }
 
-    #[tracing::instrument(
-        name = "storage.claim",
-        skip_all,
-        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
-    )]
-    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        self.claim_rows(request, None).await
+    fn table_name(&self) -> &str {
+        &self.table
     }
 
-    #[tracing::instrument(
-        name = "storage.claim_ahead",
-        skip_all,
-        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
-    )]
+    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
+        self.claims.claim(request, None).await
+    }
+
     async fn claim_ahead(
         &self,
         request: ClaimRequest<'_>,
         held: &HeldKeys,
     ) -> StorageResult<Claimed> {
-        self.claim_rows(request, Some(held)).await
+        self.claims.claim(request, Some(held)).await
     }
 
     async fn held_attempts(
@@ -341,58 +350,20 @@ impl Storage for PostgresStorage {
         ids: &SortedIds,
         owner: &str,
     ) -> StorageResult<Vec<(MessageId, u32)>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<(MessageId, i32)> = sqlx::query_as(&self.sql.held_attempts)
-            .persistent(false)
-            .bind(ids.as_slice())
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("held_attempts"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, attempts)| (id, crate::storage::rows::attempts(attempts)))
-            .collect())
+        self.answers.held_attempts(ids, owner).await
     }
 
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
-        let statement = if self.options.delete_on_ack {
-            &self.sql.ack_delete
-        } else {
-            &self.sql.ack
-        };
-        let applied: Vec<(MessageId, Option<String>)> = sqlx::query_as(statement)
-            .persistent(false)
-            .bind(ids.as_slice())
-            .bind(owner)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("ack"))?;
-        self.advance_heads(applied.iter().filter_map(|(_, key)| key.clone()))
-            .await;
-        Ok(ids.only(applied.into_iter().map(|(id, _)| id)))
+        self.answers.ack(ids, owner).await
     }
 
-    #[tracing::instrument(
-        name = "storage.nack",
-        skip_all,
-        fields(table = %self.sql.display_table, owner, nacks = nacks.len()),
-    )]
     async fn nack_many(
         &self,
         nacks: &[NackRequest<'_>],
         owner: &str,
         policy: &dyn RetryPolicy,
     ) -> StorageResult<Vec<NackResult>> {
-        if nacks.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.nack_batch(nacks, owner, policy).await
+        self.answers.nack_many(nacks, owner, policy).await
     }
 
     async fn release(
@@ -401,37 +372,11 @@ impl Storage for PostgresStorage {
         owner: &str,
         delay: Duration,
     ) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
-        let applied: Vec<MessageId> = sqlx::query_scalar(&self.sql.release)
-            .persistent(false)
-            .bind(ids.as_slice())
-            .bind(owner)
-            .bind(interval(delay))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("release"))?;
-        if !applied.is_empty() {
-            self.floor.rescan_at(Instant::now() + delay);
-        }
-        Ok(ids.only(applied))
+        self.answers.release(ids, owner, delay).await
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
-        let applied: Option<(MessageId, Option<String>)> = sqlx::query_as(&self.sql.dead_letter)
-            .persistent(false)
-            .bind(id)
-            .bind(owner)
-            .bind(error)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(self.error("dead-letter"))?;
-        let Some((_, key)) = applied else {
-            return Ok(false);
-        };
-        self.advance_heads(key).await;
-        Ok(true)
+        self.answers.dead_letter(id, owner, error).await
     }
 
     async fn extend_lease(
@@ -440,152 +385,35 @@ impl Storage for PostgresStorage {
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended> {
-        let rows: Vec<(Option<MessageId>, DateTime<Utc>)> = sqlx::query_as(&self.sql.extend_lease)
-            .persistent(false)
-            .bind(ids.as_slice())
-            .bind(owner)
-            .bind(interval(lease))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("extend lease"))?;
-        let lease_expires_at = rows.first().map(|(_, at)| *at).ok_or_else(|| {
-            classify(
-                sqlx::Error::RowNotFound,
-                &self.sql.display_table,
-                "extend lease",
-            )
-        })?;
-        let ids = ids.only(rows.into_iter().filter_map(|(id, _)| id));
-        Ok(Extended {
-            ids,
-            lease_expires_at,
-        })
+        self.answers.extend_lease(ids, owner, lease).await
     }
 
     async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let done = sqlx::query(&self.sql.return_leases)
-            .persistent(false)
-            .bind(ids.as_slice())
-            .bind(owner)
-            .execute(&self.pool)
-            .await
-            .map_err(self.error("return leases"))?;
-        if done.rows_affected() > 0 {
-            self.floor.rescan_at(Instant::now());
-        }
-        Ok(done.rows_affected())
+        self.answers.return_leases(ids, owner).await
     }
 
     async fn stats(&self) -> StorageResult<Stats> {
-        let rows = sqlx::query(&self.sql.stats)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(decode_topic_stats)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.error("stats"))?;
-        Ok(Stats::from_topics(topics))
+        self.admin.stats().await
     }
 
     async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
-            .bind(interval(window))
-            .fetch_one(&self.pool)
-            .await
-            .map_err(self.error("stats"))?;
-        Ok(Some(super::rows::count(delivered)))
+        self.admin.delivered_within(window).await
     }
 
-    #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
-        // With delete_on_ack there are no delivered rows to purge, only drained heads.
-        let purged = if self.options.delete_on_ack {
-            0
-        } else {
-            in_batches(|| async {
-                let done = sqlx::query(&self.sql.purge_batch)
-                    .bind(interval(older_than))
-                    .bind(PURGE_BATCH)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(self.error("purge"))?;
-                Ok(done.rows_affected())
-            })
-            .await?
-        };
-        if let Some(strict) = &self.sql.strict {
-            // Drained keys' heads rows; a producer about to fill one keeps it (row lock).
-            in_batches(|| async {
-                let done = sqlx::query(&strict.purge_drained)
-                    .bind(PURGE_BATCH)
-                    .execute(&self.pool)
-                    .await
-                    .map_err(self.error("purge"))?;
-                Ok(done.rows_affected())
-            })
-            .await?;
-        }
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        self.admin.purge(older_than).await
     }
 
     fn schema_sql(&self) -> String {
-        self.sql.schema.clone()
+        self.schema.ddl.clone()
     }
 
-    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
     async fn ensure_table(&self) -> StorageResult<()> {
-        if self.schema_is_current().await? {
-            return Ok(());
-        }
-        // One simple query: one transaction, sent at once (see `Statements::schema_run`).
-        // Servers starting together serialise on its advisory lock (tables in one schema
-        // share its CREATE SCHEMA, so the lock is global, not per table).
-        self.pool
-            .execute(self.sql.schema_run.as_str())
-            .await
-            .map_err(self.error("create schema"))?;
-        Ok(())
+        self.schema.ensure().await
     }
 
     async fn verify_table(&self) -> StorageResult<()> {
-        sqlx::query(&self.sql.ping)
-            .execute(&self.pool)
-            .await
-            .map_err(self.error("ping"))?;
-        let live = sqlx::query(&self.sql.live_columns)
-            .bind(&self.sql.qualified_table)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("ping"))?
-            .iter()
-            .map(live_column)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.error("ping"))?;
-        let mut problems = check_live_columns(&self.options.columns, &live, false, accepts);
-        if !self.sql.functions.is_empty() {
-            let present: i64 = sqlx::query_scalar(&self.sql.functions_present)
-                .bind(&self.sql.functions)
-                .fetch_one(&self.pool)
-                .await
-                .map_err(self.error("ping"))?;
-            if present < self.sql.functions.len() as i64 {
-                problems.push(format!(
-                    "the functions of strict ordering ({}) are missing or of another version: \
-                     run the DDL of `txoutboxd schema <outbox>`, or set create_schema = true",
-                    self.sql.functions.join(", ")
-                ));
-            }
-        }
-        StorageError::unless_problems(&self.sql.display_table, problems)
+        self.schema.verify().await
     }
 
     async fn list_dead(
@@ -594,26 +422,24 @@ impl Storage for PostgresStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<DeadLetter>> {
-        self.dead_rows(filter, after_id, limit).await
+        self.admin.list_dead(filter, after_id, limit).await
     }
 
     async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
-        self.dead_counts(filter).await
+        self.admin.count_dead(filter).await
     }
 
-    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn redrive_dead(
         &self,
         filter: &DeadFilter,
         limit: u32,
         delay: Duration,
     ) -> StorageResult<SortedIds> {
-        self.redrive_rows(filter, limit, delay).await
+        self.admin.redrive_dead(filter, limit, delay).await
     }
 
-    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
-        self.discard_rows(filter, limit).await
+        self.admin.discard_dead(filter, limit).await
     }
 
     async fn blocked_keys(
@@ -621,67 +447,23 @@ impl Storage for PostgresStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&self.sql.blocked_keys)
-            .bind(after_id)
-            .bind(i64::from(limit))
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("blocked keys"))?;
-        rows.iter()
-            .map(convert::decode_blocked)
-            .collect::<Result<_, _>>()
-            .map_err(self.error("blocked keys"))
+        self.admin.blocked_keys(after_id, limit).await
     }
 
     async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("lease holders"))?;
-        Ok(LeaseHolder::from_rows(rows))
+        self.admin.lease_holders().await
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {
-        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.sql.pauses)
-            .fetch_all(&self.pool)
-            .await
-            .map_err(self.error("read the pauses"))?;
-        Ok(Pauses::from_rows(rows))
+        self.admin.pauses().await
     }
 
     async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
-        let statement = if paused {
-            &self.sql.pause
-        } else {
-            &self.sql.resume
-        };
-        sqlx::query(statement)
-            .bind(Pauses::targets(topics))
-            .execute(&self.pool)
-            .await
-            .map_err(self.error("pause"))?;
-        self.pauses().await
+        self.admin.set_paused(topics, paused).await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        let columns = &self.options.columns;
-        let row = insert_row(columns, message)?;
-        let mut query = sqlx::query_scalar(&self.sql.insert);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(Json(headers));
-        }
-        query
-            .fetch_one(&self.pool)
-            .await
-            .map_err(self.error("insert"))
+        self.admin.insert(message).await
     }
 
     fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {

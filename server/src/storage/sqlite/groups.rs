@@ -15,7 +15,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{Executor, Row};
 
 use super::convert::{classify, datetime, decode_messages, now_ms, Place};
-use super::sql::{message, DIALECT};
+use super::shape::{message, DIALECT};
 use super::{SqlitePools, BUSY_TIMEOUT};
 use crate::config::GroupStart;
 use crate::storage::columns::Columns;

@@ -1,10 +1,13 @@
 //! The SQLite backend: one outbox table in a local database file, shared with the
 //! producer application, which inserts rows into the same file in its own transactions.
 //!
-//! Start with [`SqliteStorage::connect`]. The statements live in [`sql`] (which also says
-//! how times are stored: epoch milliseconds), the error mapping and row decoding in
-//! [`convert`], the table's DDL and the check of a live table against the column mapping
-//! in [`table`].
+//! Start with [`SqliteStorage::connect`]. Its files are those of every backend (see
+//! `storage/mod.rs`): the table's names and what every statement writes alike in
+//! `shape.rs` (which also says how times are stored: epoch milliseconds), the DDL and the
+//! check of a live table in `schema.rs`, the claim in `claim.rs`, strict ordering's
+//! filter in `strict.rs`, the answers in `answers.rs`, the operator's calls in
+//! `admin.rs`, errors and rows in [`convert`]. Each file renders its statements
+//! (`impl Statements`) and runs them (`impl SqliteStorage`).
 //!
 //! Locking. SQLite has no `SKIP LOCKED` and no row locks; it has something simpler: one
 //! writer at a time per file, across every connection and every process on the machine.
@@ -26,11 +29,16 @@
 //! purge behave as on PostgreSQL. Several servers may share a file **on one machine**
 //! (SQLite's locks do not work across network file systems).
 
+mod admin;
+mod answers;
+mod claim;
 mod convert;
 pub mod groups;
-mod ops;
-mod sql;
-mod table;
+mod schema;
+mod shape;
+mod strict;
+#[cfg(test)]
+mod tests;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -44,19 +52,14 @@ use sqlx::sqlite::{
     Sqlite, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::Executor;
 
-use self::convert::{
-    after, before, classify, datetime, decode_topic_stats, json_list, now_ms, Place,
-};
-use self::sql::{Shape, Statements};
-
-use super::columns::{check_live_columns, insert_row, InsertPayload, LiveColumn};
+use self::convert::{classify, Place};
+use self::shape::{Shape, Statements};
 use super::ident::Ident;
 use super::{
-    in_batches, BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended,
-    LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
-    Stats, Storage, StorageError, StorageResult, TableOptions, PURGE_BATCH,
+    BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, LeaseHolder,
+    MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds, Stats, Storage,
+    StorageError, StorageResult, TableOptions,
 };
 
 /// How long a statement waits for another process's write lock before giving up.
@@ -148,6 +151,8 @@ fn has_mode(url: &str) -> bool {
 pub struct SqliteStorage {
     pools: SqlitePools,
     options: TableOptions,
+    /// The table's name, checked.
+    table: Ident,
     sql: Statements,
     place: Place,
 }
@@ -193,6 +198,7 @@ impl SqliteStorage {
         Ok(Self {
             pools,
             options,
+            table,
             sql,
             place,
         })
@@ -219,20 +225,6 @@ impl SqliteStorage {
             .map_err(self.error(action))
     }
 
-    /// The live table's columns, as `conn` sees them; none when there is no table.
-    async fn live_columns(
-        &self,
-        conn: impl sqlx::SqliteExecutor<'_>,
-        action: &'static str,
-    ) -> StorageResult<Vec<LiveColumn>> {
-        let rows = sqlx::query_as(&self.sql.live_columns)
-            .bind(&self.sql.display_table)
-            .fetch_all(conn)
-            .await
-            .map_err(self.error(action))?;
-        Ok(rows.into_iter().map(table::live_column).collect())
-    }
-
     /// A write transaction holding the file's write lock from its first statement on.
     pub(super) async fn begin_immediate(
         &self,
@@ -252,11 +244,10 @@ impl Storage for SqliteStorage {
         "sqlite"
     }
 
-    #[tracing::instrument(
-        name = "storage.claim",
-        skip_all,
-        fields(table = %self.sql.display_table, owner = request.owner, batch_size = request.batch_size),
-    )]
+    fn table_name(&self) -> &str {
+        &self.sql.display_table
+    }
+
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
         self.claim_rows(request).await
     }
@@ -266,66 +257,20 @@ impl Storage for SqliteStorage {
         ids: &SortedIds,
         owner: &str,
     ) -> StorageResult<Vec<(MessageId, u32)>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows: Vec<(MessageId, i64)> = sqlx::query_as(&self.sql.held_attempts)
-            .bind(json_list(ids.as_slice()))
-            .bind(owner)
-            .fetch_all(&self.pools.reader)
-            .await
-            .map_err(self.error("held_attempts"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(id, attempts)| (id, crate::storage::rows::attempts(attempts)))
-            .collect())
+        self.held_attempts_of(ids, owner).await
     }
 
     async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
-        let statement = if self.options.delete_on_ack {
-            &self.sql.ack_delete
-        } else {
-            &self.sql.ack
-        };
-        let mut conn = self.writer("ack").await?;
-        let mut query = sqlx::query_scalar(statement)
-            .bind(json_list(ids.as_slice()))
-            .bind(owner);
-        if !self.options.delete_on_ack {
-            query = query.bind(now_ms());
-        }
-        let applied: Vec<MessageId> = query
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(self.error("ack"))?;
-        Ok(ids.only(applied))
+        self.ack_held(ids, owner).await
     }
 
-    #[tracing::instrument(
-        name = "storage.nack",
-        skip_all,
-        fields(table = %self.sql.display_table, owner, nacks = nacks.len()),
-    )]
     async fn nack_many(
         &self,
         nacks: &[NackRequest<'_>],
         owner: &str,
         policy: &dyn RetryPolicy,
     ) -> StorageResult<Vec<NackResult>> {
-        if nacks.is_empty() {
-            return Ok(Vec::new());
-        }
-        // One write transaction for the batch; each nack sees what the ones before it did.
-        let mut tx = self.begin_immediate("nack").await?;
-        let mut results = Vec::with_capacity(nacks.len());
-        for nack in nacks {
-            results.push(self.nack_in(&mut tx, nack, owner, policy).await?);
-        }
-        tx.commit().await.map_err(self.error("nack"))?;
-        Ok(results)
+        self.nack_held(nacks, owner, policy).await
     }
 
     async fn release(
@@ -334,33 +279,11 @@ impl Storage for SqliteStorage {
         owner: &str,
         delay: Duration,
     ) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
-        let mut conn = self.writer("release").await?;
-        let now = now_ms();
-        let applied: Vec<MessageId> = sqlx::query_scalar(&self.sql.release)
-            .bind(json_list(ids.as_slice()))
-            .bind(owner)
-            .bind(after(now, delay))
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(self.error("release"))?;
-        Ok(ids.only(applied))
+        self.release_held(ids, owner, delay).await
     }
 
     async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
-        let mut conn = self.writer("dead-letter").await?;
-        let applied: Option<MessageId> = sqlx::query_scalar(&self.sql.dead_letter)
-            .bind(id)
-            .bind(owner)
-            .bind(error)
-            .bind(now_ms())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(self.error("dead-letter"))?;
-        Ok(applied.is_some())
+        self.dead_letter_held(id, owner, error).await
     }
 
     async fn extend_lease(
@@ -369,143 +292,35 @@ impl Storage for SqliteStorage {
         owner: &str,
         lease: Duration,
     ) -> StorageResult<Extended> {
-        let err = || self.error("extend lease");
-        if ids.is_empty() {
-            let lease_expires_at = datetime(after(now_ms(), lease)).map_err(err())?;
-            return Ok(Extended {
-                ids: SortedIds::default(),
-                lease_expires_at,
-            });
-        }
-        let mut conn = self.writer("extend lease").await?;
-        let now = now_ms();
-        let until = after(now, lease);
-        let extended: Vec<MessageId> = sqlx::query_scalar(&self.sql.extend_lease)
-            .bind(json_list(ids.as_slice()))
-            .bind(owner)
-            .bind(until)
-            .bind(now)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(err())?;
-        Ok(Extended {
-            ids: ids.only(extended),
-            lease_expires_at: datetime(until).map_err(err())?,
-        })
+        self.extend_held(ids, owner, lease).await
     }
 
     async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
-        let mut conn = self.writer("return leases").await?;
-        let done = sqlx::query(&self.sql.return_leases)
-            .bind(json_list(ids.as_slice()))
-            .bind(owner)
-            .bind(now_ms())
-            .execute(&mut *conn)
-            .await
-            .map_err(self.error("return leases"))?;
-        Ok(done.rows_affected())
+        self.return_held(ids, owner).await
     }
 
     async fn stats(&self) -> StorageResult<Stats> {
-        let now = now_ms();
-        let rows = sqlx::query(&self.sql.stats)
-            .bind(now)
-            .fetch_all(&self.pools.reader)
-            .await
-            .map_err(self.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(|row| decode_topic_stats(row, now))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.error("stats"))?;
-        Ok(Stats::from_topics(topics))
+        self.topic_stats().await
     }
 
     async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within)
-            .bind(before(now_ms(), window))
-            .fetch_one(&self.pools.reader)
-            .await
-            .map_err(self.error("stats"))?;
-        Ok(Some(super::rows::count(delivered)))
+        self.delivered_count(window).await
     }
 
-    #[tracing::instrument(name = "storage.purge", skip_all, fields(table = %self.sql.display_table))]
     async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
-        let purged = in_batches(|| async {
-            // The writer is given back between batches, so claims interleave.
-            let mut conn = self.writer("purge").await?;
-            let done = sqlx::query(&self.sql.purge_batch)
-                .bind(before(now_ms(), older_than))
-                .bind(PURGE_BATCH)
-                .execute(&mut *conn)
-                .await
-                .map_err(self.error("purge"))?;
-            Ok(done.rows_affected())
-        })
-        .await?;
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        self.purge_delivered(older_than).await
     }
 
     fn schema_sql(&self) -> String {
-        self.sql.schema.text()
+        self.schema().text()
     }
 
-    /// The table if missing, the bookkeeping columns a table of the team's own lacks
-    /// (see [`table`]: SQLite cannot add a column "if not exists"), then the indexes.
-    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = %self.sql.display_table))]
     async fn ensure_table(&self) -> StorageResult<()> {
-        let err = || self.error("create schema");
-        let schema = &self.sql.schema;
-        // Under the write lock, so servers starting together create it once.
-        let mut tx = self.begin_immediate("create schema").await?;
-        // No bind parameters: every statement of the script runs.
-        tx.execute(schema.create_table.as_str())
-            .await
-            .map_err(err())?;
-        let live = self.live_columns(&mut *tx, "create schema").await?;
-        for add in &schema.add_columns {
-            let name = add.name.as_str();
-            if !live.iter().any(|c| c.name.eq_ignore_ascii_case(name)) {
-                tracing::info!(column = name, "adding a bookkeeping column");
-                tx.execute(add.statement.as_str()).await.map_err(err())?;
-            }
-        }
-        tx.execute(schema.indexes.as_str()).await.map_err(err())?;
-        tx.execute(schema.pauses.as_str()).await.map_err(err())?;
-        tx.commit().await.map_err(err())
+        self.create_schema().await
     }
 
-    /// The table answers, its columns are what the mapping needs (the relay's own table
-    /// is checked too), and the file takes writes: a write that changes nothing fails on
-    /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
-    /// writer proves nothing either way, and is left to the relay's own writes.
     async fn verify_table(&self) -> StorageResult<()> {
-        sqlx::query(&self.sql.ping)
-            .execute(&self.pools.reader)
-            .await
-            .map_err(self.error("ping"))?;
-        let live = self.live_columns(&self.pools.reader, "ping").await?;
-        let problems = check_live_columns(&self.options.columns, &live, true, table::accepts);
-        StorageError::unless_problems(&self.sql.display_table, problems)?;
-        let probe = sqlx::query(&self.sql.write_probe)
-            .execute(&self.pools.writer)
-            .await
-            .map_err(self.error("ping"));
-        match probe {
-            Err(error @ StorageError::ReadOnly(_)) => Err(error),
-            _ => Ok(()),
-        }
+        self.check_table().await
     }
 
     async fn list_dead(
@@ -521,7 +336,6 @@ impl Storage for SqliteStorage {
         self.dead_counts(filter).await
     }
 
-    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn redrive_dead(
         &self,
         filter: &DeadFilter,
@@ -531,7 +345,6 @@ impl Storage for SqliteStorage {
         self.redrive_rows(filter, limit, delay).await
     }
 
-    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = %self.sql.display_table, limit))]
     async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
         self.discard_rows(filter, limit).await
     }
@@ -541,90 +354,28 @@ impl Storage for SqliteStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&self.sql.blocked_keys)
-            .bind(after_id)
-            .bind(i64::from(limit))
-            .bind(now_ms())
-            .fetch_all(&self.pools.reader)
-            .await
-            .map_err(self.error("blocked keys"))?;
-        rows.iter()
-            .map(convert::decode_blocked)
-            .collect::<Result<_, _>>()
-            .map_err(self.error("blocked keys"))
+        self.blocked_heads(after_id, limit).await
     }
 
     async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let err = || self.error("lease holders");
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders)
-            .bind(now_ms())
-            .fetch_all(&self.pools.reader)
-            .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(LeaseHolder::from_rows(rows))
+        self.holders().await
     }
 
     async fn pauses(&self) -> StorageResult<Pauses> {
-        let err = || self.error("read the pauses");
-        let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.pauses)
-            .fetch_all(&self.pools.reader)
-            .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(target, since)| Ok((target, datetime(since)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(Pauses::from_rows(rows))
+        self.read_pauses().await
     }
 
     async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
-        let mut conn = self.writer("pause").await?;
-        let now = now_ms();
-        for target in Pauses::targets(topics) {
-            let query = if paused {
-                sqlx::query(&self.sql.pause).bind(target).bind(now)
-            } else {
-                sqlx::query(&self.sql.resume).bind(target)
-            };
-            query
-                .execute(&mut *conn)
-                .await
-                .map_err(self.error("pause"))?;
-        }
-        drop(conn);
-        self.pauses().await
+        self.change_pauses(topics, paused).await
     }
 
     async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        let row = insert_row(&self.options.columns, message)?;
-        let mut conn = self.writer("insert").await?;
-        let mut query = sqlx::query_scalar(&self.sql.insert);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(sqlx::types::Json(headers));
-        }
-        query
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(self.error("insert"))
+        self.insert_message(message).await
     }
 }
 
 #[cfg(test)]
-mod tests {
+mod unit {
     use super::*;
 
     #[test]

@@ -1,16 +1,136 @@
 //! The table itself: its DDL rendered from the column mapping (with the strict-ordering
-//! objects of `heads.rs` and the insert trigger), and the check of a live table against
-//! the mapping.
+//! objects of `strict.rs` and the insert trigger), run by [`Schema::ensure`], and the
+//! check of a live table against the mapping ([`Schema::verify`]).
 
 use sha2::{Digest, Sha256};
 use sqlx::postgres::PgRow;
-use sqlx::Row;
+use sqlx::{Executor, Row};
 
-use super::heads;
-use super::sql::Shape;
-use crate::storage::columns::{ColumnKind, LiveColumn, PayloadFormat, TopicSource};
-use crate::storage::ident;
-use crate::storage::names::{self, Names};
+use super::convert::Conn;
+use super::shape::StrictObjects;
+use super::shape::{derived_name, Shape, LOCK_CLASS_DDL};
+use super::strict;
+use crate::storage::columns::{
+    check_live_columns, ColumnKind, Columns, LiveColumn, PayloadFormat, TopicSource,
+};
+use crate::storage::names::Names;
+use crate::storage::{StorageError, StorageResult};
+
+/// The DDL of one table, and what checks the live table against it.
+pub(super) struct Schema {
+    conn: Conn,
+    columns: Columns,
+    /// The DDL, for a migration tool.
+    pub ddl: String,
+    /// The DDL, preceded by what makes it run alone and unbounded by the sessions'
+    /// statement timeout: one simple query, one transaction.
+    run: String,
+    check: SchemaCheck,
+    /// The table as the statements name it: quoted, with its schema when configured.
+    table: String,
+    ping: String,
+    /// The functions a strict table needs, as `regprocedure` texts.
+    functions: Vec<String>,
+}
+
+impl Schema {
+    pub fn new(conn: Conn, shape: &Shape<'_>, strict: &StrictObjects) -> Self {
+        let t = shape.table_sql();
+        let n = shape.names();
+        let (ddl, check) = schema(&t, shape, &n, strict);
+        Self {
+            conn,
+            columns: shape.columns.clone(),
+            // One simple query: the statements run in one implicit transaction, sent at
+            // once, so no lock of the DDL waits on this server between them. An index
+            // build may take long; a table lock that does not come within a second is
+            // given up (the health check tries again), since producers' inserts queue
+            // behind a DDL statement waiting for it.
+            run: format!(
+                "SET LOCAL statement_timeout = 0;\n\
+                 SET LOCAL lock_timeout = '1s';\n\
+                 SELECT pg_advisory_xact_lock({LOCK_CLASS_DDL}, 0);\n{ddl}"
+            ),
+            ddl,
+            check,
+            ping: format!("SELECT 1 FROM {t} LIMIT 0"),
+            table: t,
+            functions: match shape.strict_ordering {
+                true => strict::functions(strict),
+                false => Vec::new(),
+            },
+        }
+    }
+
+    /// Whether this version's DDL already ran on the live table (see [`SchemaCheck`]);
+    /// catalog reads only, so it waits for no lock.
+    async fn is_current(&self) -> StorageResult<bool> {
+        let check = &self.check;
+        sqlx::query_scalar(SCHEMA_CURRENT)
+            .bind(&check.relations)
+            .bind(&self.table)
+            .bind(&check.triggers)
+            .bind(&check.marker_on)
+            .bind(&check.marker)
+            .fetch_one(&self.conn.pool)
+            .await
+            .map_err(self.conn.error("create schema"))
+    }
+
+    /// See [`crate::storage::Storage::ensure_table`].
+    pub async fn ensure(&self) -> StorageResult<()> {
+        if self.is_current().await? {
+            return Ok(());
+        }
+        // One simple query: one transaction, sent at once (see `Schema::run`). Servers
+        // starting together serialise on its advisory lock (tables in one schema share
+        // its CREATE SCHEMA, so the lock is global, not per table).
+        self.conn
+            .pool
+            .execute(self.run.as_str())
+            .await
+            .map_err(self.conn.error("create schema"))?;
+        Ok(())
+    }
+
+    /// See [`crate::storage::Storage::verify_table`].
+    pub async fn verify(&self) -> StorageResult<()> {
+        let err = || self.conn.error("ping");
+        sqlx::query(&self.ping)
+            .execute(&self.conn.pool)
+            .await
+            .map_err(err())?;
+        let live = sqlx::query(LIVE_COLUMNS)
+            .bind(&self.table)
+            .fetch_all(&self.conn.pool)
+            .await
+            .map_err(err())?
+            .iter()
+            .map(live_column)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(err())?;
+        let mut problems = check_live_columns(&self.columns, &live, false, accepts);
+        if !self.functions.is_empty() {
+            let present: i64 = sqlx::query_scalar(FUNCTIONS_PRESENT)
+                .bind(&self.functions)
+                .fetch_one(&self.conn.pool)
+                .await
+                .map_err(err())?;
+            if present < self.functions.len() as i64 {
+                problems.push(format!(
+                    "the functions of strict ordering ({}) are missing or of another version: \
+                     run the DDL of `txoutboxd schema <outbox>`, or set create_schema = true",
+                    self.functions.join(", ")
+                ));
+            }
+        }
+        StorageError::unless_problems(&self.conn.table, problems)
+    }
+}
+
+/// Counts the functions among `$1` (`regprocedure` texts) that exist.
+const FUNCTIONS_PRESENT: &str = "SELECT count(*) FROM unnest($1::text[]) AS f(name) \
+                                 WHERE to_regprocedure(f.name) IS NOT NULL";
 
 /// What tells, without a lock, that the DDL of this version already ran on the live
 /// table: the objects it creates exist, and its last statement left `marker` as the
@@ -37,57 +157,6 @@ pub(super) const SCHEMA_CURRENT: &str = "SELECT \
        AND (SELECT count(*) FROM pg_trigger \
             WHERE tgrelid = to_regclass($2) AND tgname = ANY($3::text[])) = cardinality($3::text[]) \
        AND coalesce(obj_description(to_regclass($4), 'pg_class'), '') = $5";
-
-/// The names of a strict table's objects (see `heads.rs`), quoted and qualified.
-pub(super) struct StrictObjects {
-    pub heads: String,
-    pub trigger_function: String,
-    pub trigger: String,
-    pub heads_index: String,
-    pub claim_function: String,
-    pub advance_function: String,
-    pub lock_key: String,
-}
-
-impl StrictObjects {
-    pub fn new(shape: &Shape<'_>) -> Self {
-        let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
-        let display_table = match shape.schema {
-            Some(schema) => format!("{schema}.{}", shape.table),
-            None => shape.table.to_string(),
-        };
-        Self {
-            heads: qualified(shape, &name("_heads")),
-            trigger_function: qualified(shape, &name("_heads_on_insert")),
-            trigger: name("_heads_on_insert"),
-            heads_index: name("_heads_idx"),
-            claim_function: qualified(shape, &name(heads::CLAIM_FUNCTION)),
-            advance_function: qualified(shape, &name(heads::ADVANCE_FUNCTION)),
-            lock_key: format!("txoutbox:{display_table}"),
-        }
-    }
-
-    pub fn objects<'a>(&'a self, table: &'a str) -> heads::Objects<'a> {
-        heads::Objects {
-            table,
-            heads: &self.heads,
-            trigger_function: &self.trigger_function,
-            trigger: &self.trigger,
-            heads_index: &self.heads_index,
-            claim_function: &self.claim_function,
-            advance_function: &self.advance_function,
-            lock_key: &self.lock_key,
-        }
-    }
-}
-
-/// `name` (quoted) in the table's schema, when one is configured.
-pub(super) fn qualified(shape: &Shape<'_>, name: &str) -> String {
-    match shape.schema {
-        Some(schema) => format!("{}.{name}", schema.quoted()),
-        None => name.to_owned(),
-    }
-}
 
 /// The columns of the table named by `$1` (a quoted, possibly qualified name), resolved
 /// like the statements resolve it, through the search path.
@@ -118,13 +187,92 @@ pub(super) fn schema(
     let mut check = SchemaCheck {
         relations: vec![t.to_owned()],
         triggers: Vec::new(),
-        marker_on: qualified(
-            shape,
-            &ident::quote(&derived_name(shape.table.as_str(), "_pending_idx")),
-        ),
+        marker_on: shape.qualified(&shape.derived("_pending_idx")),
         marker: String::new(),
     };
-    let name = |suffix: &str| ident::quote(&derived_name(shape.table.as_str(), suffix));
+    let name = |suffix: &str| shape.derived(suffix);
+    let Names {
+        id,
+        key,
+        status,
+        processed_at,
+        ..
+    } = n;
+    let mut sql = create_table(t, shape, n);
+    sql += &format!(
+        "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
+CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
+CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
+CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
+",
+        keyless = name("_keyless_idx"),
+        pending = name("_pending_idx"),
+        key_pending = name("_key_pending_idx"),
+        processed = name("_processed_idx"),
+        dead = name("_dead_idx"),
+    );
+    for suffix in [
+        "_pending_idx",
+        "_key_pending_idx",
+        "_processed_idx",
+        "_dead_idx",
+        "_keyless_idx",
+    ] {
+        check.relations.push(shape.qualified(&name(suffix)));
+    }
+    // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty pauses
+    // the whole outbox.
+    sql += &format!(
+        "CREATE TABLE IF NOT EXISTS {} (
+    target    TEXT        PRIMARY KEY,
+    paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+",
+        shape.pauses_table()
+    );
+    check.relations.push(shape.pauses_table());
+    if shape.dead_holds_key {
+        // What a strict claim under `dead_letter_holds_key` looks up per key: its dead
+        // rows before and after its first pending row. Only with the policy: building it
+        // scans the table while producers' inserts wait.
+        let key_dead = name("_key_dead_idx");
+        sql += &format!(
+            "CREATE INDEX IF NOT EXISTS {key_dead} ON {t} ({key}, {id}) WHERE {status} = 'dead';\n"
+        );
+        check.relations.push(shape.qualified(&key_dead));
+    }
+    if shape.strict_ordering {
+        sql += &strict::schema(strict, n);
+        check.relations.push(strict.heads.clone());
+        check.relations.push(shape.qualified(&strict.heads_index));
+        check
+            .triggers
+            .push(derived_name(shape.table.as_str(), "_heads_on_insert"));
+    }
+    if let Some(channel) = shape.notify_channel {
+        let function = match shape.schema {
+            Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
+            None => name("_notify"),
+        };
+        sql += &notify_trigger(t, &function, &name("_notify"), channel.as_str(), n);
+        check
+            .triggers
+            .push(derived_name(shape.table.as_str(), "_notify"));
+    }
+    let digest = Sha256::digest(sql.as_bytes());
+    check.marker = format!("txoutbox schema {}", hex::encode(&digest[..8]));
+    sql += &format!(
+        "-- Marks this DDL as applied: a server with create_schema = true then runs none.\n\
+         COMMENT ON INDEX {} IS '{}';\n",
+        check.marker_on, check.marker
+    );
+    (sql, check)
+}
+
+/// The table (and its schema) when missing; for a table made by an earlier version, its
+/// fill factor; for a team's existing table, the bookkeeping columns it lacks.
+fn create_table(t: &str, shape: &Shape<'_>, n: &Names) -> String {
     let Names {
         id,
         key,
@@ -215,75 +363,7 @@ ALTER TABLE {t}
             additions.join(",\n")
         );
     }
-    sql += &format!(
-        "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
-CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
-CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
-CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
-CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
-",
-        keyless = name("_keyless_idx"),
-        pending = name("_pending_idx"),
-        key_pending = name("_key_pending_idx"),
-        processed = name("_processed_idx"),
-        dead = name("_dead_idx"),
-    );
-    for suffix in [
-        "_pending_idx",
-        "_key_pending_idx",
-        "_processed_idx",
-        "_dead_idx",
-        "_keyless_idx",
-    ] {
-        check.relations.push(qualified(shape, &name(suffix)));
-    }
-    // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty pauses
-    // the whole outbox.
-    sql += &format!(
-        "CREATE TABLE IF NOT EXISTS {} (
-    target    TEXT        PRIMARY KEY,
-    paused_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-",
-        pauses_table(shape)
-    );
-    check.relations.push(pauses_table(shape));
-    if shape.dead_holds_key {
-        // What a strict claim under `dead_letter_holds_key` looks up per key: its dead
-        // rows before and after its first pending row. Only with the policy: building it
-        // scans the table while producers' inserts wait.
-        let key_dead = name("_key_dead_idx");
-        sql += &format!(
-            "CREATE INDEX IF NOT EXISTS {key_dead} ON {t} ({key}, {id}) WHERE {status} = 'dead';\n"
-        );
-        check.relations.push(qualified(shape, &key_dead));
-    }
-    if shape.strict_ordering {
-        sql += &heads::schema(&strict.objects(t), n);
-        check.relations.push(strict.heads.clone());
-        check.relations.push(qualified(shape, &strict.heads_index));
-        check
-            .triggers
-            .push(derived_name(shape.table.as_str(), "_heads_on_insert"));
-    }
-    if let Some(channel) = shape.notify_channel {
-        let function = match shape.schema {
-            Some(schema) => format!("{}.{}", schema.quoted(), name("_notify")),
-            None => name("_notify"),
-        };
-        sql += &notify_trigger(t, &function, &name("_notify"), channel.as_str(), n);
-        check
-            .triggers
-            .push(derived_name(shape.table.as_str(), "_notify"));
-    }
-    let digest = Sha256::digest(sql.as_bytes());
-    check.marker = format!("txoutbox schema {}", hex::encode(&digest[..8]));
-    sql += &format!(
-        "-- Marks this DDL as applied: a server with create_schema = true then runs none.\n\
-         COMMENT ON INDEX {} IS '{}';\n",
-        check.marker_on, check.marker
-    );
-    (sql, check)
+    sql
 }
 
 /// Distinct topics one INSERT statement notifies at most; more make one notification of
@@ -349,7 +429,7 @@ CREATE TRIGGER {trigger} AFTER INSERT ON {t} REFERENCING NEW TABLE AS txoutbox_i
     )
 }
 
-/// One row of the live-columns query (`sql::LIVE_COLUMNS`).
+/// One row of the live-columns query ([`LIVE_COLUMNS`]).
 pub(super) fn live_column(row: &PgRow) -> Result<LiveColumn, sqlx::Error> {
     Ok(LiveColumn {
         name: row.try_get("name")?,
@@ -400,25 +480,12 @@ pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'sta
     }
 }
 
-/// `table` + `suffix`, kept within PostgreSQL's 63 bytes (see [`names::derived_name`]).
-/// The outbox's pauses table, quoted and qualified.
-pub(super) fn pauses_table(shape: &Shape<'_>) -> String {
-    qualified(
-        shape,
-        &ident::quote(&derived_name(shape.table.as_str(), "_pauses")),
-    )
-}
-
-fn derived_name(table: &str, suffix: &str) -> String {
-    names::derived_name(table, suffix, ident::MAX_LEN)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::storage::columns::{ColumnMapping, Columns};
     use crate::storage::ident::Ident;
-    use crate::storage::postgres::sql::{insert, message, DIALECT};
+    use crate::storage::postgres::shape::{insert, message, DIALECT};
     use std::time::Duration;
 
     fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
@@ -432,16 +499,6 @@ mod tests {
             notify_channel: channel,
             max_row_bytes: 1 << 22,
         }
-    }
-
-    #[test]
-    fn derived_names_fit_and_stay_distinct() {
-        let long = "t".repeat(63);
-        let a = derived_name(&long, "_pending_idx");
-        let b = derived_name(&long, "_key_pending_idx");
-        assert!(a.len() <= 63 && b.len() <= 63);
-        assert_ne!(a, b);
-        assert_eq!(derived_name("outbox", "_pending_idx"), "outbox_pending_idx");
     }
 
     #[test]

@@ -67,30 +67,18 @@
 //! too), and forcing generic plans on the earlier version made the 1,000-key strict drain
 //! 3x slower through it.
 
-use super::sql::{literal, LOCK_CLASS_CLAIM};
-use crate::storage::blocked;
-use crate::storage::names::Names;
+use sqlx::postgres::PgRow;
 
-/// Suffix of the claim function's name, versioned: a server of another version on the
-/// same table calls a function of its own (its DDL adds it), so a rolling upgrade works.
-/// `v2`: paused topics (a seventh argument) are not claimed. `v3`: with an eighth argument
-/// true (`dead_letter_holds_key`), a dead row holds back its key's later rows. `v4`: with
-/// a ninth and tenth argument (keys, and an id per key), a key whose first rows the owner
-/// itself holds up to that id is extended past them (see [`claim`]). `v5`: the same
-/// arguments and rows, with statements PostgreSQL plans once per session and no hash of the
-/// backlog (see the module docs); a new name so a server still on `v4`, restarting during
-/// a rolling upgrade, does not put the old body back under this server. `v6`: the same
-/// arguments and rows, every statement on a generic plan (and `advance` `v2`), for the
-/// same reason a new name.
-pub(super) const CLAIM_FUNCTION: &str = "_txo_claim_v6";
-/// Suffix of the function that moves heads on (see [`advance`]), versioned as the claim
-/// function is. `v2`: the same, its statements on generic plans.
-pub(super) const ADVANCE_FUNCTION: &str = "_txo_advance_v2";
+use super::convert::{interval, Conn};
+use super::shape::{exhausted_error, literal, StrictObjects, LOCK_CLASS_CLAIM};
+use crate::storage::names::Names;
+use crate::storage::{blocked, ClaimRequest, HeldKeys, StorageResult, TopicFilter};
+
 /// The batch sizes the claim function has a statement of its own for: a batch takes the
 /// first at or above it (past the last, the statement limited by the batch size itself).
 /// Each statement bounds its parts (the key-heads walk, each key's run, the keyless rows)
 /// by the literal, and only then by the batch size. That is for the plan cache, as in the
-/// non-strict claim (`sql::claim`): limited by a variable only, a generic plan has to
+/// non-strict claim (`claim.rs`): limited by a variable only, a generic plan has to
 /// assume it takes a tenth of what it could, so PostgreSQL planned the statement anew on
 /// every call of a full batch (0.9-1.1 ms of a 4.5 ms claim of 100 rows over 1,000 keys,
 /// issue 16). Bounded by a literal near the batch, the generic plan walks the same indexes
@@ -101,27 +89,127 @@ const CLAIM_CAPS: [u32; 3] = [16, 128, 1024];
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
 const HEADS_REPAIRED_BY_AN_EMPTY_CLAIM: u32 = 16;
 
-/// What the DDL of a strict table needs to name.
-pub(super) struct Objects<'a> {
-    /// The outbox table, quoted and qualified.
-    pub table: &'a str,
+/// The claim function's arguments, in order, as `(name, type)`: its declaration, its
+/// `regprocedure` (what `verify_table` looks for) and its call are all written from this.
+/// See [`claim`] for what each means.
+const CLAIM_ARGS: [(&str, &str); 10] = [
+    ("txo_owner", "text"),
+    ("txo_lease", "interval"),
+    ("txo_batch", "integer"),
+    ("txo_topics", "text[]"),
+    ("txo_delay", "interval"),
+    ("txo_max_attempts", "integer"),
+    ("txo_paused", "text[]"),
+    ("txo_dead_holds", "boolean"),
+    ("txo_follow_keys", "text[]"),
+    ("txo_follow_upto", "bigint[]"),
+];
+
+/// The functions a strict table needs, as `regprocedure` texts.
+pub(super) fn functions(objects: &StrictObjects) -> Vec<String> {
+    let types: Vec<&str> = CLAIM_ARGS.iter().map(|(_, kind)| *kind).collect();
+    vec![
+        format!("{}({})", objects.claim_function, types.join(",")),
+        format!("{}(text[])", objects.advance_function),
+    ]
+}
+
+/// The statements of strict ordering, with the pool they run on: the claim function's
+/// call, moving the heads of finished keys on, and the purge of drained keys' heads.
+pub(super) struct Strict {
+    conn: Conn,
+    /// [`CLAIM_ARGS`] as `$1`..`$10`; rows `(id, spent, lease_expires_at)`.
+    claim: String,
+    /// Moves on the heads of the keys `$1` after rows of theirs stopped being pending.
+    advance: String,
+    purge_drained: String,
     /// The heads table, quoted and qualified.
-    pub heads: &'a str,
-    /// The insert trigger's function, quoted and qualified, and the trigger's name.
-    pub trigger_function: &'a str,
-    pub trigger: &'a str,
-    pub heads_index: &'a str,
-    /// The claim and advance functions, quoted and qualified.
-    pub claim_function: &'a str,
-    pub advance_function: &'a str,
-    /// Hashed into the advisory lock key: the same for every server on this table.
-    pub lock_key: &'a str,
+    pub heads: String,
+}
+
+impl Strict {
+    pub fn new(conn: Conn, objects: &StrictObjects) -> Self {
+        let call: Vec<String> = (1..=CLAIM_ARGS.len()).map(|i| format!("${i}")).collect();
+        Self {
+            conn,
+            claim: format!(
+                "SELECT txo_id AS id, txo_spent AS spent, \
+                 txo_lease_expires_at AS lease_expires_at FROM {}({})",
+                objects.claim_function,
+                call.join(", ")
+            ),
+            advance: format!("SELECT {}($1)", objects.advance_function),
+            purge_drained: purge_drained(&objects.heads),
+            heads: objects.heads.clone(),
+        }
+    }
+
+    /// The claim function called for `request` (its arguments in the order of
+    /// [`CLAIM_ARGS`]); with `ahead`, following the owner's own rows of those keys.
+    pub async fn claim(
+        &self,
+        request: &ClaimRequest<'_>,
+        topics: &TopicFilter<'_>,
+        visibility_delay: std::time::Duration,
+        dead_holds: bool,
+        ahead: Option<&HeldKeys>,
+    ) -> StorageResult<Vec<PgRow>> {
+        let delay = (!visibility_delay.is_zero()).then(|| interval(visibility_delay));
+        sqlx::query(&self.claim)
+            .bind(request.owner)
+            .bind(interval(request.lease))
+            .bind(i32::try_from(request.batch_size).unwrap_or(i32::MAX))
+            .bind(matches!(topics, TopicFilter::Only(_)).then_some(topics.topics()))
+            .bind(delay)
+            .bind(i32::try_from(request.max_attempts).unwrap_or(i32::MAX))
+            .bind(matches!(topics, TopicFilter::Except(_)).then_some(topics.topics()))
+            .bind(dead_holds)
+            .bind(ahead.map(|held| &held.keys[..]))
+            .bind(ahead.map(|held| &held.last_ids[..]))
+            .fetch_all(&self.conn.pool)
+            .await
+            .map_err(self.conn.error("claim"))
+    }
+
+    /// After rows of these keys stopped being pending: moves the keys' heads on. A
+    /// failure only leaves a head behind, which claims look past and a later call moves:
+    /// it is logged, never the answer's error.
+    pub async fn advance(&self, keys: impl IntoIterator<Item = String>) {
+        let mut keys: Vec<String> = keys.into_iter().collect();
+        if keys.is_empty() {
+            return;
+        }
+        keys.sort_unstable();
+        keys.dedup();
+        if let Err(error) = sqlx::query(&self.advance)
+            .bind(&keys)
+            .execute(&self.conn.pool)
+            .await
+        {
+            tracing::warn!(table = %self.conn.table, %error, "could not move the heads of finished keys on; claims look past them");
+        }
+    }
+
+    /// Deletes the heads rows of drained keys, a batch at a time; a producer about to
+    /// fill one keeps it (row lock).
+    pub async fn purge_drained(&self) -> StorageResult<()> {
+        crate::storage::in_batches(|| async {
+            let done = sqlx::query(&self.purge_drained)
+                .bind(crate::storage::PURGE_BATCH)
+                .execute(&self.conn.pool)
+                .await
+                .map_err(self.conn.error("purge"))?;
+            Ok(done.rows_affected())
+        })
+        .await?;
+        Ok(())
+    }
 }
 
 /// DDL of the heads table, its trigger, the two functions, and the backfill that makes an
 /// existing table (created before, or without strict ordering) consistent.
-pub(super) fn schema(o: &Objects<'_>, n: &Names) -> String {
-    let Objects {
+pub(super) fn schema(o: &StrictObjects, n: &Names) -> String {
+    let StrictObjects {
         table: t,
         heads,
         trigger_function,
@@ -178,8 +266,8 @@ ON CONFLICT (key) DO NOTHING;
 /// `advance(keys text[])`: moves the heads of `keys` whose head row is no longer pending to
 /// the key's oldest pending row (NULL when none is left). Heads a producer's transaction
 /// holds are skipped: they stay behind, which claims look past, until a later call.
-fn advance(o: &Objects<'_>, n: &Names) -> String {
-    let Objects {
+fn advance(o: &StrictObjects, n: &Names) -> String {
+    let StrictObjects {
         table: t,
         heads,
         advance_function,
@@ -242,54 +330,123 @@ $$;
 /// the owner may hold rows so (the relay's streams send a key's later rows only once its
 /// earlier ones are acked, see `relay/subscription/parked.rs`); a unary caller passes
 /// NULL.
-fn claim(o: &Objects<'_>, n: &Names) -> String {
-    let Objects {
-        table: t,
+fn claim(o: &StrictObjects, n: &Names) -> String {
+    let StrictObjects {
         heads,
         claim_function,
         advance_function,
         lock_key,
         ..
     } = o;
+    let lock_key = literal(lock_key);
+    let repaired = HEADS_REPAIRED_BY_AN_EMPTY_CLAIM;
+    let arguments: Vec<String> = CLAIM_ARGS
+        .chunks(4)
+        .map(|line| {
+            let line: Vec<String> = line
+                .iter()
+                .map(|(name, kind)| format!("{name} {kind}"))
+                .collect();
+            line.join(", ")
+        })
+        .collect();
+    let arguments = arguments.join(",\n    ");
+    let mut branches = String::new();
+    for cap in CLAIM_CAPS {
+        let keyword = if branches.is_empty() { "IF" } else { "ELSIF" };
+        branches += &format!(
+            "    {keyword} txo_batch <= {cap} THEN\n{}",
+            choose(o, n, &cap.to_string())
+        );
+    }
+    let choose = format!(
+        "{branches}    ELSE\n{}    END IF;\n",
+        choose(o, n, "txo_batch")
+    );
+    format!(
+        "CREATE OR REPLACE FUNCTION {claim_function}(
+    {arguments})
+RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
+LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
+DECLARE
+    txo_now timestamptz;
+    txo_chosen bigint[];
+    txo_take bigint[];
+    txo_spend bigint[];
+    txo_spent_keys text[];
+    txo_behind text[];
+    txo_upto jsonb;
+BEGIN
+    PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
+    -- After the lock: the claim before this one may have waited as long.
+    txo_now := clock_timestamp();
+    -- Key -> last id of it the caller holds, looked up per key walked.
+    txo_upto := CASE WHEN txo_follow_keys IS NOT NULL
+                THEN jsonb_object(txo_follow_keys, txo_follow_upto::text[]) END;
+{choose}    IF cardinality(txo_behind) > 0 THEN
+        -- Heads left behind (an answer skipped them while a producer held them): this
+        -- claim walked past finished rows to reach their first pending row. Move them on.
+        PERFORM {advance_function}(txo_behind);
+    END IF;
+
+    IF cardinality(txo_chosen) = 0 THEN
+        -- Idle: move on a few heads left behind by answers that skipped them.
+        PERFORM {advance_function}(ARRAY(
+            SELECT h.key FROM {heads} h WHERE h.head_id IS NOT NULL
+            ORDER BY h.head_id LIMIT {repaired}));
+    ELSE
+{lease}    END IF;
+    RETURN QUERY
+        SELECT u.id, false, txo_now + txo_lease FROM unnest(txo_take) AS u(id)
+        UNION ALL SELECT u.id, true, txo_now + txo_lease FROM unnest(txo_spend) AS u(id)
+        UNION ALL SELECT NULL::bigint, NULL::boolean, txo_now + txo_lease;
+END;
+$$;
+",
+        lease = lease_chosen(o, n),
+    )
+}
+
+/// What makes one pending row (alias `alias`) claimable by the claim function.
+fn claimable(n: &Names, alias: &str) -> String {
+    format!(
+        "{alias}.{available_at} <= txo_now \
+         AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
+         AND (txo_topics IS NULL OR {topic} = ANY(txo_topics)) \
+         AND (txo_paused IS NULL OR ({topic} = ANY(txo_paused)) IS NOT TRUE)",
+        available_at = n.available_at,
+        created_at = n.created_at,
+        topic = n.topic(&format!("{alias}."))
+    )
+}
+
+/// The claim function's choice of rows, for a batch of at most `cap` (a literal, or
+/// `txo_batch` past the largest of [`CLAIM_CAPS`]; see there for why), into `txo_chosen`,
+/// and the keys whose head it found left behind into `txo_behind`.
+///
+/// `bound`: with a full set of heads, no row after the last head can be among the
+/// batch's oldest rows (every other key's rows come after its head), so each key's run
+/// is cut there; this keeps the work near the batch size whatever the backlogs. One
+/// comparison (not `IS NULL OR ...`), so it is part of the index condition. When
+/// following the owner's rows, a key's run starts at its first row past the owner's own
+/// (`first_id`), so the cut is the last of those: every key of the set keeps at least its
+/// first row. `behind` is a scalar subquery, not `NOT EXISTS`: see the module docs.
+fn choose(o: &StrictObjects, n: &Names, cap: &str) -> String {
+    let StrictObjects {
+        table: t, heads, ..
+    } = o;
     let Names {
         id,
         key,
         status,
-        attempts,
         available_at,
         leased_by,
-        last_error,
-        processed_at,
-        created_at,
         ..
     } = n;
-    // What makes one pending row claimable by this claim.
-    let claimable = |alias: &str| {
-        format!(
-            "{alias}.{available_at} <= txo_now \
-             AND (txo_delay IS NULL OR {alias}.{created_at} <= txo_now - txo_delay) \
-             AND (txo_topics IS NULL OR {topic} = ANY(txo_topics)) \
-             AND (txo_paused IS NULL OR ({topic} = ANY(txo_paused)) IS NOT TRUE)",
-            topic = n.topic(&format!("{alias}."))
-        )
-    };
-    let (head_ok, row_ok, keyless_ok) = (claimable("r"), claimable("s"), claimable("o"));
-    let exhausted = exhausted_error(n, "o", "txo_max_attempts");
+    let (head_ok, row_ok, keyless_ok) = (claimable(n, "r"), claimable(n, "s"), claimable(n, "o"));
     let dead_before_first = blocked::dead_before(t, n, "h.key", "f.id");
-    let lock_key = literal(lock_key);
-    let repaired = HEADS_REPAIRED_BY_AN_EMPTY_CLAIM;
-    // `bound`: with a full set of heads, no row after the last head can be among the
-    // batch's oldest rows (every other key's rows come after its head), so each key's run
-    // is cut there; this keeps the work near the batch size whatever the backlogs. One
-    // comparison (not `IS NULL OR ...`), so it is part of the index condition. When
-    // following the owner's rows, a key's run starts at its first row past the owner's own (`first_id`),
-    // so the cut is the last of those: every key of the set keeps at least its first row.
-    // The choice of rows, for a batch of at most `cap` (a literal, or `txo_batch` past
-    // the largest of [`CLAIM_CAPS`]; see there for why). `behind` is a scalar subquery,
-    // not `NOT EXISTS`: see the module docs.
-    let choose = |cap: &str| {
-        format!(
-            "        WITH heads AS (
+    format!(
+        "        WITH heads AS (
             SELECT * FROM (SELECT h.key, h.head_id, f.id AS first_id,
                    CASE WHEN txo_dead_holds THEN (
                        SELECT min(d.{id}) FROM {t} d
@@ -331,52 +488,32 @@ fn claim(o: &Objects<'_>, n: &Names) -> String {
                   AND (SELECT true FROM {t} p
                        WHERE p.{id} = h.head_id AND p.{status} = 'pending' LIMIT 1) IS NULL)
         INTO txo_chosen, txo_behind;\n"
-        )
-    };
-    let mut branches = String::new();
-    for cap in CLAIM_CAPS {
-        let keyword = if branches.is_empty() { "IF" } else { "ELSIF" };
-        branches += &format!(
-            "    {keyword} txo_batch <= {cap} THEN\n{}",
-            choose(&cap.to_string())
-        );
-    }
-    let choose = format!("{branches}    ELSE\n{}    END IF;\n", choose("txo_batch"));
-    format!(
-        "CREATE OR REPLACE FUNCTION {claim_function}(
-    txo_owner text, txo_lease interval, txo_batch integer, txo_topics text[],
-    txo_delay interval, txo_max_attempts integer, txo_paused text[], txo_dead_holds boolean,
-    txo_follow_keys text[], txo_follow_upto bigint[])
-RETURNS TABLE (txo_id bigint, txo_spent boolean, txo_lease_expires_at timestamptz)
-LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
-DECLARE
-    txo_now timestamptz;
-    txo_chosen bigint[];
-    txo_take bigint[];
-    txo_spend bigint[];
-    txo_spent_keys text[];
-    txo_behind text[];
-    txo_upto jsonb;
-BEGIN
-    PERFORM pg_advisory_xact_lock({LOCK_CLASS_CLAIM}, hashtext({lock_key}));
-    -- After the lock: the claim before this one may have waited as long.
-    txo_now := clock_timestamp();
-    -- Key -> last id of it the caller holds, looked up per key walked.
-    txo_upto := CASE WHEN txo_follow_keys IS NOT NULL
-                THEN jsonb_object(txo_follow_keys, txo_follow_upto::text[]) END;
-{choose}    IF cardinality(txo_behind) > 0 THEN
-        -- Heads left behind (an answer skipped them while a producer held them): this
-        -- claim walked past finished rows to reach their first pending row. Move them on.
-        PERFORM {advance_function}(txo_behind);
-    END IF;
+    )
+}
 
-    IF cardinality(txo_chosen) = 0 THEN
-        -- Idle: move on a few heads left behind by answers that skipped them.
-        PERFORM {advance_function}(ARRAY(
-            SELECT h.key FROM {heads} h WHERE h.head_id IS NOT NULL
-            ORDER BY h.head_id LIMIT {repaired}));
-    ELSE
-        -- Lock what was chosen and look again: an answer may have committed meanwhile.
+/// The claim function's lease of the rows it chose: locked and looked at again (an answer
+/// may have committed meanwhile), into `txo_take` (leased) and `txo_spend` (dead-lettered
+/// for their attempts, their keys' heads moved on).
+fn lease_chosen(o: &StrictObjects, n: &Names) -> String {
+    let StrictObjects {
+        table: t,
+        advance_function,
+        ..
+    } = o;
+    let Names {
+        id,
+        key,
+        status,
+        attempts,
+        available_at,
+        leased_by,
+        last_error,
+        processed_at,
+        ..
+    } = n;
+    let exhausted = exhausted_error(n, "o", "txo_max_attempts");
+    format!(
+        "        -- Lock what was chosen and look again: an answer may have committed meanwhile.
         -- A key's row is kept only while every chosen row before it is kept or settled
         -- (with `dead_holds`, settled as delivered: a row dead now holds the rest back).
         WITH locked AS (
@@ -409,105 +546,12 @@ BEGIN
             INTO txo_spent_keys FROM spent s;
             PERFORM {advance_function}(txo_spent_keys);
         END IF;
-    END IF;
-    RETURN QUERY
-        SELECT u.id, false, txo_now + txo_lease FROM unnest(txo_take) AS u(id)
-        UNION ALL SELECT u.id, true, txo_now + txo_lease FROM unnest(txo_spend) AS u(id)
-        UNION ALL SELECT NULL::bigint, NULL::boolean, txo_now + txo_lease;
-END;
-$$;
 "
     )
 }
 
-/// The `last_error` of a row (alias `alias`) dead-lettered by a claim because it was
-/// claimed `max_attempts` (the SQL expression `max_attempts`) times without an answer.
-pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> String {
-    let Names {
-        attempts,
-        last_error,
-        ..
-    } = n;
-    format!(
-        "format('claimed %s times without an answer (max_attempts = %s)', \
-         {alias}.{attempts}, {max_attempts}) || coalesce('; last error: ' || {alias}.{last_error}, '')"
-    )
-}
-
-/// Blocked keys (see `storage/blocked.rs`) of a strict table, `$1` after this head id,
-/// `$2` at most: the heads walked in `head_id` order through their partial index, each
-/// key's first pending row found from its head through the `(key, id)` index of pending
-/// rows, kept when it is not due now. So a page costs one index lookup per key with
-/// pending rows before the page's last blocked key (not one per pending row, as the
-/// statement of a table without heads does), plus the count of the rows behind each
-/// blocked key. Pages follow `head_id`: a head an answer left behind (see the module
-/// docs; the next claim moves it on) is listed where its old `head_id` puts it. With
-/// `dead_holds`, a key behind a dead row is left to [`dead_heads`].
-pub(super) fn blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) -> String {
-    let Names {
-        id,
-        key,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        created_at,
-        ..
-    } = n;
-    let not_behind_dead = match dead_holds {
-        true => format!(
-            " AND NOT {}",
-            blocked::dead_before(t, n, "h.key", &format!("o.{id}"))
-        ),
-        false => String::new(),
-    };
-    let leased_or_waiting = format!(
-        "SELECT h.key AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
-           o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
-           o.{created_at} AS created_at, o.{available_at} AS until, \
-           (SELECT count(*) FROM {t} b WHERE b.{key} = h.key \
-             AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, false AS dead \
-         FROM {heads} h CROSS JOIN LATERAL (\
-           SELECT r.* FROM {t} r WHERE r.{key} = h.key AND r.{status} = 'pending' \
-             AND r.{id} >= h.head_id ORDER BY r.{id} LIMIT 1) o \
-         WHERE h.head_id IS NOT NULL AND h.head_id > $1 \
-           AND o.{available_at} > statement_timestamp(){not_behind_dead} \
-         ORDER BY h.head_id LIMIT $2"
-    );
-    match dead_holds {
-        true => format!(
-            "SELECT * FROM (({leased_or_waiting}) UNION ALL ({})) k ORDER BY head_id LIMIT $2",
-            dead_heads(t, n)
-        ),
-        false => leased_or_waiting,
-    }
-}
-
-/// Keys held by a dead row (`dead_letter_holds_key`, see
-/// [`crate::storage::blocked::dead_heads`]) in the columns of [`blocked_keys`], `$1` after
-/// this id, `$2` at most; `until` is when it died.
-fn dead_heads(t: &str, n: &Names) -> String {
-    let Names {
-        id,
-        key,
-        attempts,
-        last_error,
-        created_at,
-        processed_at,
-        ..
-    } = n;
-    let (from, waiting) = blocked::dead_heads(t, n, "$1", "count(*)");
-    format!(
-        "SELECT d.{key}::text AS key, d.{id}::int8 AS head_id, NULL::text AS owner, \
-           d.{attempts}::int4 AS attempts, d.{last_error} AS last_error, \
-           d.{created_at} AS created_at, d.{processed_at} AS until, {waiting} AS waiting, \
-           true AS dead {from} ORDER BY d.{id} LIMIT $2"
-    )
-}
-
 /// Deletes up to `$1` heads rows of drained keys (`purge`).
-pub(super) fn purge_drained(heads: &str) -> String {
+fn purge_drained(heads: &str) -> String {
     format!(
         "DELETE FROM {heads} WHERE key IN (\
            SELECT key FROM {heads} WHERE head_id IS NULL LIMIT $1 FOR UPDATE SKIP LOCKED) \

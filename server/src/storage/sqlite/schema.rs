@@ -1,5 +1,5 @@
-//! The outbox table itself: its DDL rendered from the column mapping, the check of a live
-//! table against the mapping, and what a row to insert must look like.
+//! The outbox table itself: its DDL rendered from the column mapping and applied, and the
+//! check of a live table against the mapping.
 //!
 //! A mapped table ("bring your own table") usually exists already, holding the producer's
 //! message columns but not the relay's bookkeeping columns. SQLite has no
@@ -20,11 +20,16 @@
 //! `ADD COLUMN` cannot take an expression default, so an added `available_at` defaults to
 //! `0` (due since 1970: claimable at once, like the `CREATE TABLE` default of "now").
 
-use super::sql::NOW_MS;
+use sqlx::Executor;
+
+use super::shape::{pauses_table, NOW_MS};
+use super::SqliteStorage;
+use crate::storage::columns::check_live_columns;
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::Names;
 use crate::storage::MAX_KEY_CHARS;
+use crate::storage::{StorageError, StorageResult};
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -53,7 +58,7 @@ pub(super) struct AddColumn {
 }
 
 impl Schema {
-    /// `t` is the quoted table name; `c` the columns as [`super::sql`] writes them.
+    /// `t` is the quoted table name; `c` the columns as [`super::shape`] writes them.
     pub fn render(t: &str, table: &Ident, columns: &Columns, c: &Names) -> Self {
         let mut lines = Vec::new();
         let mut add_columns = Vec::new();
@@ -142,11 +147,6 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
         }
         text + &self.indexes + &self.pauses
     }
-}
-
-/// The outbox's pauses table, quoted.
-pub(super) fn pauses_table(table: &Ident) -> String {
-    ident::quote(&format!("{table}_pauses"))
 }
 
 /// A column of the `CREATE TABLE`, by its key under `columns.`: its name as written and
@@ -287,6 +287,111 @@ pub(super) fn live_column(
     }
 }
 
+/// `?1` the table name: the live table's columns.
+const LIVE_COLUMNS: &str = "SELECT name, type, \"notnull\", dflt_value IS NOT NULL \
+                            FROM pragma_table_info(?1)";
+
+impl SqliteStorage {
+    /// The table's DDL (rendered when asked for: at start and by `txoutboxd schema`).
+    pub(super) fn schema(&self) -> Schema {
+        let (t, c) = (&self.sql.table, &self.sql.names);
+        dead_holds_schema(
+            Schema::render(t, &self.table, &self.options.columns, c),
+            self.sql.dead_holds_key,
+            &self.sql.display_table,
+            t,
+            c,
+        )
+    }
+
+    /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
+    fn write_probe(&self) -> String {
+        let id = &self.sql.names.id;
+        format!("UPDATE {} SET {id} = {id} WHERE 0", self.sql.table)
+    }
+
+    /// The live table's columns, as `conn` sees them; none when there is no table.
+    async fn live_columns(
+        &self,
+        conn: impl sqlx::SqliteExecutor<'_>,
+        action: &'static str,
+    ) -> StorageResult<Vec<LiveColumn>> {
+        let rows = sqlx::query_as(LIVE_COLUMNS)
+            .bind(&self.sql.display_table)
+            .fetch_all(conn)
+            .await
+            .map_err(self.error(action))?;
+        Ok(rows.into_iter().map(live_column).collect())
+    }
+
+    /// The table if missing, the bookkeeping columns a table of the team's own lacks
+    /// (see the module docs: SQLite cannot add a column "if not exists"), then the indexes.
+    pub(super) async fn create_schema(&self) -> StorageResult<()> {
+        let err = || self.error("create schema");
+        let schema = &self.schema();
+        // Under the write lock, so servers starting together create it once.
+        let mut tx = self.begin_immediate("create schema").await?;
+        // No bind parameters: every statement of the script runs.
+        tx.execute(schema.create_table.as_str())
+            .await
+            .map_err(err())?;
+        let live = self.live_columns(&mut *tx, "create schema").await?;
+        for add in &schema.add_columns {
+            let name = add.name.as_str();
+            if !live.iter().any(|c| c.name.eq_ignore_ascii_case(name)) {
+                tracing::info!(column = name, "adding a bookkeeping column");
+                tx.execute(add.statement.as_str()).await.map_err(err())?;
+            }
+        }
+        tx.execute(schema.indexes.as_str()).await.map_err(err())?;
+        tx.execute(schema.pauses.as_str()).await.map_err(err())?;
+        tx.commit().await.map_err(err())
+    }
+
+    /// The table answers, its columns are what the mapping needs (the relay's own table
+    /// is checked too), and the file takes writes: a write that changes nothing fails on
+    /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
+    /// writer proves nothing either way, and is left to the relay's own writes.
+    pub(super) async fn check_table(&self) -> StorageResult<()> {
+        sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.sql.table))
+            .execute(&self.pools.reader)
+            .await
+            .map_err(self.error("ping"))?;
+        let live = self.live_columns(&self.pools.reader, "ping").await?;
+        let problems = check_live_columns(&self.options.columns, &live, true, accepts);
+        StorageError::unless_problems(&self.sql.display_table, problems)?;
+        let probe = sqlx::query(&self.write_probe())
+            .execute(&self.pools.writer)
+            .await
+            .map_err(self.error("ping"));
+        match probe {
+            Err(error @ StorageError::ReadOnly(_)) => Err(error),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The schema, with the `(key, id)` index of dead rows that `dead_letter_holds_key` looks
+/// keys up in (only then: most outboxes never look).
+fn dead_holds_schema(
+    mut schema: Schema,
+    dead_holds_key: bool,
+    table: &str,
+    t: &str,
+    c: &Names,
+) -> Schema {
+    if dead_holds_key {
+        schema.indexes += &format!(
+            "CREATE INDEX IF NOT EXISTS {} ON {t} ({}, {}) WHERE {} = 'dead';\n",
+            crate::storage::ident::quote(&format!("{table}_key_dead_idx")),
+            c.key,
+            c.id,
+            c.status
+        );
+    }
+    schema
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,7 +403,7 @@ mod tests {
             &ident.quoted(),
             &ident,
             columns,
-            &Names::new(columns, &super::super::sql::DIALECT),
+            &Names::new(columns, &super::super::shape::DIALECT),
         )
     }
 

@@ -7,7 +7,7 @@
 
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use super::*;
+use super::super::*;
 use crate::storage::{ClaimRequest, FailureDecision, NackResult, RetryPolicy};
 
 fn url() -> String {
@@ -88,8 +88,8 @@ async fn pending_rows_of_others_stay_unlocked() {
     assert_eq!(leased, ids[..10]);
 
     let sql = &storage.sql;
-    let mut claim = storage.pool.begin().await.unwrap();
-    let now = storage.now(&mut claim).await.unwrap();
+    let mut claim = storage.conn.pool.begin().await.unwrap();
+    let now = super::super::convert::now(&mut claim).await.unwrap();
     let statement = sql.claim_lock(ids.len());
     let mut query = sqlx::query(&statement);
     for id in &ids {
@@ -102,7 +102,7 @@ async fn pending_rows_of_others_stay_unlocked() {
         .await
         .unwrap();
     assert_eq!(locked.len(), 10, "the rows nobody leased");
-    let mut answer = storage.pool.begin().await.unwrap();
+    let mut answer = storage.conn.pool.begin().await.unwrap();
     let statement = sql.held(leased.len(), false);
     let mut query = sqlx::query_scalar::<_, i64>(&statement);
     for id in &leased {
@@ -114,8 +114,8 @@ async fn pending_rows_of_others_stay_unlocked() {
         .await
         .unwrap()
         .is_empty());
-    let mut nack = storage.pool.begin().await.unwrap();
-    let held = sqlx::query(&sql.nack_select)
+    let mut nack = storage.conn.pool.begin().await.unwrap();
+    let held = sqlx::query(&sql.nack_select())
         .bind(leased[9])
         .bind("w9")
         .fetch_optional(&mut *nack)

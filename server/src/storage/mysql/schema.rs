@@ -1,5 +1,6 @@
-//! The outbox table itself: its DDL rendered from the column mapping, the check of a live
-//! table against the mapping, and what a row to insert must look like.
+//! The outbox table itself: its DDL rendered from the column mapping and applied
+//! ([`Table::ensure`]), and the check of a live table against the mapping
+//! ([`Table::verify`]).
 //!
 //! Indexes of the relay's own table are declared inside `CREATE TABLE` (MySQL 8 has no
 //! `CREATE INDEX IF NOT EXISTS`):
@@ -30,9 +31,14 @@
 //!
 //! For the relay's own names the output is exactly what it always was: no `ALTER`s.
 
-use super::sql::{derived_name, quote, Shape, PENDING_INDEX};
+use sqlx::Executor;
+
+use super::convert::{self, Conn};
+use super::shape::{derived_name, pauses_table, quote, Shape, PENDING_INDEX};
+use crate::storage::columns::check_live_columns;
 use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
 use crate::storage::names::Names;
+use crate::storage::{StorageError, StorageResult};
 
 /// The DDL of one outbox table.
 #[derive(Debug)]
@@ -53,15 +59,6 @@ pub(super) struct Schema {
     own_names: bool,
     /// Marks the rows already in a table delivered (printed with the `ALTER`s).
     skip_existing: String,
-}
-
-/// The outbox's pauses table, quoted, in the table's database.
-pub(super) fn pauses_table(shape: &Shape<'_>) -> String {
-    let name = quote(&derived_name(shape.table.as_str(), "_pauses"));
-    match shape.database {
-        Some(database) => format!("{}.{name}", quote(database.as_str())),
-        None => name,
-    }
 }
 
 /// A column or index that `ALTER TABLE` can add: its name as the live table lists it, and
@@ -336,6 +333,141 @@ pub(super) fn live_column(
     }
 }
 
+/// The live table: its DDL applied ([`Table::ensure`]) and checked ([`Table::verify`]).
+pub(super) struct Table {
+    conn: Conn,
+    pub schema: Schema,
+    /// The database (MySQL's "schema") holding the table; `None`: the URL's.
+    database: Option<String>,
+    /// The table's name, unquoted, as `information_schema` lists it.
+    name: String,
+    columns: Columns,
+    ping: String,
+}
+
+/// `?` database (`NULL`: the connection's), `?` table: the live table's columns.
+const LIVE_COLUMNS: &str = "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE = 'YES', \
+                              COLUMN_DEFAULT IS NOT NULL AND COLUMN_DEFAULT <> 'NULL' \
+                            FROM information_schema.COLUMNS \
+                            WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
+/// `?` database, `?` table: the names of the live table's indexes.
+const LIVE_INDEXES: &str = "SELECT DISTINCT INDEX_NAME FROM information_schema.STATISTICS \
+                            WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ?";
+
+impl Table {
+    pub fn new(conn: Conn, shape: &Shape<'_>, t: &str, c: &Names) -> Self {
+        Self {
+            schema: Schema::render(t, &conn.table, shape, c),
+            conn,
+            database: shape.database.map(|database| database.to_string()),
+            name: shape.table.to_string(),
+            columns: shape.columns.clone(),
+            ping: format!("SELECT 1 FROM {t} LIMIT 0"),
+        }
+    }
+
+    /// The live table's columns and index names; none when there is no table.
+    async fn live_table(
+        &self,
+        action: &'static str,
+    ) -> StorageResult<(Vec<LiveColumn>, Vec<String>)> {
+        let database = self.database.as_deref();
+        let columns: Vec<(String, String, i64, i64)> = sqlx::query_as(LIVE_COLUMNS)
+            .bind(database)
+            .bind(&self.name)
+            .fetch_all(&self.conn.pool)
+            .await
+            .map_err(self.conn.error(action))?;
+        let indexes = sqlx::query_scalar(LIVE_INDEXES)
+            .bind(database)
+            .bind(&self.name)
+            .fetch_all(&self.conn.pool)
+            .await
+            .map_err(self.conn.error(action))?;
+        Ok((columns.into_iter().map(live_column).collect(), indexes))
+    }
+
+    /// What lifts the session's statement limit for one statement: the DDL of
+    /// `create_schema` may rebuild a large table, which takes as long as it takes (as on
+    /// PostgreSQL). MariaDB's `max_statement_time` ends DDL too; MySQL's
+    /// `max_execution_time` only `SELECT`s, and MySQL has no `SET STATEMENT`.
+    async fn unlimited_statement_prefix(&self) -> StorageResult<&'static str> {
+        let version: String = sqlx::query_scalar("SELECT VERSION()")
+            .fetch_one(&self.conn.pool)
+            .await
+            .map_err(self.conn.error("create schema"))?;
+        Ok(if version.contains("MariaDB") {
+            "SET STATEMENT max_statement_time = 0 FOR "
+        } else {
+            ""
+        })
+    }
+
+    /// Runs one `ALTER TABLE` of `create_schema`. A server starting at the same time may
+    /// have added the same columns or indexes first: duplicates are what was wanted.
+    async fn alter(&self, statement: &str) -> StorageResult<()> {
+        match self.conn.pool.execute(statement).await {
+            Err(err) if convert::is_duplicate_column_or_index(&err) => Ok(()),
+            result => result.map(drop).map_err(self.conn.error("create schema")),
+        }
+    }
+    /// The database and table if missing, then what a table of the team's own lacks of
+    /// the bookkeeping columns and indexes, each kind in one `ALTER TABLE` (see the
+    /// module docs).
+    pub async fn ensure(&self) -> StorageResult<()> {
+        // `CREATE ... IF NOT EXISTS` is atomic under MariaDB's metadata locks, so servers
+        // starting together need no lock of their own. DDL commits implicitly: no
+        // transaction around it.
+        let schema = &self.schema;
+        let unlimited = self.unlimited_statement_prefix().await?;
+        for statement in &schema.create {
+            self.conn
+                .pool
+                .execute(format!("{unlimited}{statement}").as_str())
+                .await
+                .map_err(self.conn.error("create schema"))?;
+        }
+        let (live_columns, live_indexes) = self.live_table("create schema").await?;
+        let live: Vec<&str> = live_columns.iter().map(|c| c.name.as_str()).collect();
+        let columns = lacking(&schema.add_columns, &live);
+        if !columns.is_empty() {
+            tracing::info!(columns = columns.len(), "adding bookkeeping columns");
+            let statement = schema.add_columns(columns, false);
+            self.alter(&format!("{unlimited}{statement}")).await?;
+        }
+        let live: Vec<&str> = live_indexes.iter().map(String::as_str).collect();
+        let indexes = lacking(&schema.indexes, &live);
+        if !indexes.is_empty() {
+            tracing::info!(indexes = indexes.len(), "adding indexes");
+            let statement = schema.add_indexes(indexes, false);
+            self.alter(&format!("{unlimited}{statement}")).await?;
+        }
+        Ok(())
+    }
+
+    /// The table answers, its columns are what the mapping needs (the relay's own table
+    /// is checked too), and it has the index claims are pinned to.
+    pub async fn verify(&self) -> StorageResult<()> {
+        sqlx::query(&self.ping)
+            .execute(&self.conn.pool)
+            .await
+            .map_err(self.conn.error("ping"))?;
+        let (columns, indexes) = self.live_table("ping").await?;
+        let mut problems = check_live_columns(&self.columns, &columns, true, accepts);
+        let pending_index = &self.schema.pending_index;
+        if !indexes
+            .iter()
+            .any(|name| name.eq_ignore_ascii_case(pending_index))
+        {
+            problems.push(format!(
+                "index {pending_index:?} is missing: claims are pinned to it; \
+                 `txoutboxd schema` prints the statement that adds it"
+            ));
+        }
+        StorageError::unless_problems(&self.conn.table, problems)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -360,7 +492,7 @@ mod tests {
             &t,
             table.as_str(),
             &shape,
-            &Names::new(columns, &super::super::sql::DIALECT),
+            &Names::new(columns, &super::super::shape::DIALECT),
         )
     }
 

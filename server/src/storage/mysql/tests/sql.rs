@@ -1,7 +1,10 @@
 //! The rendering of the statements: quoting, placeholders, names.
 
-use super::*;
-use crate::storage::columns::{ColumnMapping, PayloadFormat};
+use crate::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use crate::storage::ident::Ident;
+use crate::storage::mysql::claim::ClaimShape;
+use crate::storage::mysql::schema::Schema;
+use crate::storage::mysql::shape::{derived_name, quote, Shape, Statements};
 
 fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
     let database = database.map(|d| Ident::new(d).unwrap());
@@ -19,8 +22,17 @@ fn identifiers_are_backtick_quoted_and_qualified() {
     let sql = render(Some("app"), "Outbox", &Columns::default());
     assert_eq!(sql.table, "`app`.`Outbox`");
     assert_eq!(sql.display_table, "app.Outbox");
-    assert_eq!(sql.schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
-    assert!(sql.schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
+    let database = Ident::new("app").unwrap();
+    let shape = Shape {
+        database: Some(&database),
+        table: &Ident::new("Outbox").unwrap(),
+        columns: &Columns::default(),
+        dead_holds_key: false,
+        max_row_bytes: 1 << 22,
+    };
+    let schema = Schema::render(&sql.table, &sql.display_table, &shape, &sql.names);
+    assert_eq!(schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
+    assert!(schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
     assert_eq!(quote("a`b"), "`a``b`");
 }
 
@@ -89,12 +101,12 @@ fn mapped_names_are_quoted_and_read_under_the_relays_names() {
         .held(1, false)
         .starts_with("SELECT CAST(`event_id` AS SIGNED) FROM `events`"));
     assert_eq!(
-        sql.insert,
+        sql.insert(),
         "INSERT INTO `events` (`event_type`, `aggregate_id`, `body`, `meta`) \
          VALUES (?, ?, ?, ?)"
     );
     assert!(sql
-        .stats
+        .stats()
         .ends_with("GROUP BY `event_type` ORDER BY `event_type`"));
 }
 
@@ -111,8 +123,11 @@ fn a_fixed_topic_reads_the_same_under_every_sql_mode() {
     let claim = sql.claim_lock(1);
     assert!(claim.contains(&format!("{literal} AS topic")), "{claim}");
     assert!(claim.contains("THEN '{}' END AS headers"), "{claim}");
-    assert!(sql.stats.contains(&format!("GROUP BY {literal}")));
-    assert_eq!(sql.insert, "INSERT INTO `t` (`key`, payload) VALUES (?, ?)");
+    assert!(sql.stats().contains(&format!("GROUP BY {literal}")));
+    assert_eq!(
+        sql.insert(),
+        "INSERT INTO `t` (`key`, payload) VALUES (?, ?)"
+    );
 }
 
 #[test]

@@ -1,0 +1,521 @@
+//! What an operator (and a test) asks of a table besides the relay's claims and answers:
+//! stats, the purge of delivered rows, dead letters listed, counted, re-driven and
+//! discarded (see `storage/dead.rs`), blocked keys, lease holders, pauses, and the insert
+//! of tests and demos. Reads run on the reader pool, writes on the writer.
+
+use std::time::Duration;
+
+use sqlx::sqlite::SqliteArguments;
+use sqlx::{Arguments, Row};
+
+use super::convert::{
+    after, before, datetime, decode_blocked, decode_messages, decode_topic_stats, json_list, now_ms,
+};
+use super::shape::{aliased, message, Statements};
+use super::SqliteStorage;
+use crate::storage::blocked;
+use crate::storage::columns::{insert_row, InsertPayload};
+use crate::storage::dead::{self, FilterDialect, FilterValue};
+use crate::storage::names::Names;
+use crate::storage::{
+    in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
+    Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
+};
+
+impl Statements {
+    /// `?1` now. `status = 'pending' OR status = 'dead'` (not IN) lets the planner use the
+    /// two partial indexes instead of scanning the delivered rows. A fixed topic groups by
+    /// a constant: one group, or none for no rows.
+    pub fn stats(&self) -> String {
+        let c = &self.names;
+        let Names {
+            status,
+            available_at,
+            leased_by,
+            created_at,
+            ..
+        } = c;
+        let topic_value = &c.topic("");
+        format!(
+            "SELECT {topic}, \
+               sum({status} = 'pending') AS pending, \
+               sum({status} = 'pending' AND {leased_by} IS NOT NULL \
+                 AND {available_at} > ?1) AS leased, \
+               sum({status} = 'pending' AND {leased_by} IS NULL \
+                 AND {available_at} > ?1) AS waiting, \
+               sum({status} = 'dead') AS dead, \
+               min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
+                 AS oldest_pending_created_at \
+             FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \
+             GROUP BY {topic_value} ORDER BY {topic_value}",
+            topic = aliased(topic_value, "topic"),
+            t = self.table,
+        )
+    }
+
+    /// `?1` cutoff: rows delivered after it.
+    pub fn delivered_within(&self) -> String {
+        let Names {
+            status,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "SELECT count(*) FROM {t} WHERE {status} = 'done' AND {processed_at} > ?1",
+            t = self.table
+        )
+    }
+
+    /// `?1` cutoff, `?2` batch size.
+    pub fn purge_batch(&self) -> String {
+        let Names {
+            id,
+            status,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN (\
+               SELECT {id} FROM {t} WHERE {status} = 'done' AND {processed_at} < ?1 \
+               LIMIT ?2)",
+            t = self.table
+        )
+    }
+
+    /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
+    /// most, `?3` now.
+    pub fn blocked_keys(&self) -> String {
+        let c = &self.names;
+        let Names {
+            id,
+            key,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            last_error,
+            created_at,
+            ..
+        } = c;
+        let t = &self.table;
+        format!(
+            "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
+               o.{attempts} AS attempts, o.{last_error} AS last_error, \
+               o.{created_at} AS created_at, o.{available_at} AS until, \
+               (SELECT count(*) FROM {t} b WHERE b.{key} = o.{key} \
+                 AND b.{status} = 'pending' AND b.{id} > o.{id}) AS waiting, 0 AS dead \
+             FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
+               AND o.{available_at} > ?3 AND o.{id} > ?1 \
+               AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+             ORDER BY head_id LIMIT ?2",
+            blocked_keys_dead(self.dead_holds_key, t, c),
+        )
+    }
+
+    /// `(owner, rows, earliest_expiry)` of the leases live at `?1`, the most rows first.
+    pub fn lease_holders(&self) -> String {
+        let Names {
+            status,
+            available_at,
+            leased_by,
+            ..
+        } = &self.names;
+        format!(
+            "SELECT {leased_by}, count(*), min({available_at}) FROM {t} \
+             WHERE {status} = 'pending' AND {leased_by} IS NOT NULL AND {available_at} > ?1 \
+             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}",
+            t = self.table
+        )
+    }
+
+    /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
+    pub fn pauses(&self) -> String {
+        format!(
+            "SELECT target, paused_at FROM {} ORDER BY target",
+            self.pauses
+        )
+    }
+
+    /// Pauses the target `?1` at `?2` (idempotent).
+    pub fn pause(&self) -> String {
+        format!(
+            "INSERT OR IGNORE INTO {} (target, paused_at) VALUES (?1, ?2)",
+            self.pauses
+        )
+    }
+
+    /// Resumes the target `?1`.
+    pub fn resume(&self) -> String {
+        format!("DELETE FROM {} WHERE target = ?1", self.pauses)
+    }
+
+    /// Parameters in column order: topic (unless the topic is fixed), key, payload,
+    /// headers (if the table has them).
+    pub fn insert(&self) -> String {
+        let inserted = self.names.inserted();
+        let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
+        format!(
+            "INSERT INTO {t} ({}) VALUES ({}) RETURNING {id}",
+            inserted.join(", "),
+            params.join(", "),
+            t = self.table,
+            id = self.names.id
+        )
+    }
+
+    /// Dead rows in id order: `?1` after this id, `?2` at most; the selector's
+    /// `conditions` with placeholders from `?3`.
+    pub fn dead_list(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
+               o.{processed_at} AS died_at FROM {t} o \
+             WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
+            message = message(c, self.max_row_bytes),
+            last_error = c.last_error,
+            processed_at = c.processed_at,
+            status = c.status,
+            id = c.id,
+            t = self.table,
+        )
+    }
+
+    /// Dead rows by topic and error, largest groups first, `?1` groups at most, each with
+    /// the total of every group; `conditions` with placeholders from `?2`.
+    pub fn dead_count(&self, conditions: &str) -> String {
+        let c = &self.names;
+        format!(
+            "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
+               sum(count(*)) OVER () AS total FROM {t} o \
+             WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?1",
+            topic = c.topic("o."),
+            last_error = c.last_error,
+            status = c.status,
+            t = self.table,
+        )
+    }
+
+    /// Makes the first `?1` selected dead rows pending again, attempts reset, claimable
+    /// at `?2`; returns their ids. `conditions` with placeholders from `?3`.
+    pub fn dead_redrive(&self, conditions: &str) -> String {
+        let Names {
+            id,
+            status,
+            attempts,
+            available_at,
+            leased_by,
+            processed_at,
+            ..
+        } = &self.names;
+        format!(
+            "UPDATE {t} SET {status} = 'pending', {attempts} = 0, {available_at} = ?2, \
+             {leased_by} = NULL, {processed_at} = NULL WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
+
+    /// Deletes the first `?1` selected dead rows; returns their ids. `conditions` with
+    /// placeholders from `?2`.
+    pub fn dead_discard(&self, conditions: &str) -> String {
+        let Names { id, status, .. } = &self.names;
+        format!(
+            "DELETE FROM {t} WHERE {id} IN (\
+               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
+            t = self.table,
+        )
+    }
+}
+
+/// With `dead_letter_holds_key`: blocked keys also behind a dead row, in the columns of
+/// the statement of leased and retrying heads (closed by `?1` after, `?2` at most); its
+/// heads behind a dead row are left to the dead part. See `storage/blocked.rs`.
+fn blocked_keys_dead(dead_holds_key: bool, t: &str, c: &Names) -> String {
+    if !dead_holds_key {
+        return String::new();
+    }
+    let Names {
+        id,
+        key,
+        attempts,
+        last_error,
+        created_at,
+        processed_at,
+        ..
+    } = c;
+    let (from, waiting) = blocked::dead_heads(t, c, "?1", "count(*)");
+    format!(
+        " AND NOT {} UNION ALL \
+         SELECT d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
+           d.{last_error} AS last_error, d.{created_at} AS created_at, \
+           d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead {from}",
+        blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}")),
+    )
+}
+
+/// How the dead-letter selector is written here: numbered `?n`, ids as a JSON array.
+pub(super) const FILTER: FilterDialect = FilterDialect {
+    placeholder: |number| format!("?{number}"),
+    in_ids: |column, next, _| format!("{column} IN (SELECT value FROM json_each({}))", next()),
+    contains: |column, placeholder| format!("instr({column}, {placeholder}) > 0"),
+};
+
+impl SqliteStorage {
+    pub(super) async fn topic_stats(&self) -> StorageResult<Stats> {
+        let now = now_ms();
+        let rows = sqlx::query(&self.sql.stats())
+            .bind(now)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("stats"))?;
+        let topics = rows
+            .iter()
+            .map(|row| decode_topic_stats(row, now))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.error("stats"))?;
+        Ok(Stats::from_topics(topics))
+    }
+
+    pub(super) async fn delivered_count(&self, window: Duration) -> StorageResult<Option<u64>> {
+        if self.options.delete_on_ack {
+            return Ok(None);
+        }
+        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within())
+            .bind(before(now_ms(), window))
+            .fetch_one(&self.pools.reader)
+            .await
+            .map_err(self.error("stats"))?;
+        Ok(Some(crate::storage::rows::count(delivered)))
+    }
+
+    pub(super) async fn purge_delivered(&self, older_than: Duration) -> StorageResult<u64> {
+        if self.options.delete_on_ack {
+            return Ok(0);
+        }
+        let purge_batch = self.sql.purge_batch();
+        let purged = in_batches(|| async {
+            // The writer is given back between batches, so claims interleave.
+            let mut conn = self.writer("purge").await?;
+            let done = sqlx::query(&purge_batch)
+                .bind(before(now_ms(), older_than))
+                .bind(PURGE_BATCH)
+                .execute(&mut *conn)
+                .await
+                .map_err(self.error("purge"))?;
+            Ok(done.rows_affected())
+        })
+        .await?;
+        tracing::debug!(purged, "purged delivered rows");
+        Ok(purged)
+    }
+
+    pub(super) async fn blocked_heads(
+        &self,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<BlockedKey>> {
+        let rows = sqlx::query(&self.sql.blocked_keys())
+            .bind(after_id)
+            .bind(i64::from(limit))
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(self.error("blocked keys"))?;
+        rows.iter()
+            .map(decode_blocked)
+            .collect::<Result<_, _>>()
+            .map_err(self.error("blocked keys"))
+    }
+
+    pub(super) async fn holders(&self) -> StorageResult<Vec<LeaseHolder>> {
+        let err = || self.error("lease holders");
+        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders())
+            .bind(now_ms())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        let rows = rows
+            .into_iter()
+            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())?;
+        Ok(LeaseHolder::from_rows(rows))
+    }
+
+    pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
+        let err = || self.error("read the pauses");
+        let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.pauses())
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        let rows = rows
+            .into_iter()
+            .map(|(target, since)| Ok((target, datetime(since)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()
+            .map_err(err())?;
+        Ok(Pauses::from_rows(rows))
+    }
+
+    pub(super) async fn change_pauses(
+        &self,
+        topics: &[String],
+        paused: bool,
+    ) -> StorageResult<Pauses> {
+        let (pause, resume) = (self.sql.pause(), self.sql.resume());
+        let mut conn = self.writer("pause").await?;
+        let now = now_ms();
+        for target in Pauses::targets(topics) {
+            let query = if paused {
+                sqlx::query(&pause).bind(target).bind(now)
+            } else {
+                sqlx::query(&resume).bind(target)
+            };
+            query
+                .execute(&mut *conn)
+                .await
+                .map_err(self.error("pause"))?;
+        }
+        drop(conn);
+        self.read_pauses().await
+    }
+
+    pub(super) async fn insert_message(&self, message: NewMessage) -> StorageResult<MessageId> {
+        let row = insert_row(&self.options.columns, message)?;
+        let mut conn = self.writer("insert").await?;
+        let statement = self.sql.insert();
+        let mut query = sqlx::query_scalar(&statement);
+        if let Some(topic) = row.topic {
+            query = query.bind(topic);
+        }
+        query = query.bind(row.key);
+        query = match row.payload {
+            InsertPayload::Bytes(bytes) => query.bind(bytes),
+            InsertPayload::Text(text) => query.bind(text),
+        };
+        if let Some(headers) = row.headers {
+            query = query.bind(sqlx::types::Json(headers));
+        }
+        query
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(self.error("insert"))
+    }
+}
+
+/// The arguments of a dead-letter statement: its own first (`leading`: ids, limits, epoch
+/// milliseconds, all integers), then the selector's values in the order
+/// [`dead::conditions`] rendered them: ids as a JSON array, times in epoch milliseconds
+/// (see `sql`).
+fn dead_arguments<'q>(
+    leading: &[i64],
+    values: Vec<FilterValue<'q>>,
+) -> Result<SqliteArguments<'q>, sqlx::Error> {
+    let mut arguments = SqliteArguments::default();
+    for value in leading {
+        arguments.add(*value).map_err(sqlx::Error::Encode)?;
+    }
+    for value in values {
+        match value {
+            FilterValue::Ids(ids) => arguments.add(json_list(ids)),
+            FilterValue::Text(text) => arguments.add(text),
+            FilterValue::Time(at) => arguments.add(at.timestamp_millis()),
+        }
+        .map_err(sqlx::Error::Encode)?;
+    }
+    Ok(arguments)
+}
+
+/// The dead-letter operations (see `dead.rs`): reads on the reader pool, writes one
+/// statement each on the writer.
+impl SqliteStorage {
+    pub(super) async fn dead_rows(
+        &self,
+        filter: &DeadFilter,
+        after_id: MessageId,
+        limit: u32,
+    ) -> StorageResult<Vec<DeadLetter>> {
+        let err = || self.error("list dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_list(&conditions);
+        let arguments = dead_arguments(&[after_id, i64::from(limit)], values).map_err(err())?;
+        let rows = sqlx::query_with(&statement, arguments)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        let died: Vec<Option<i64>> = rows
+            .iter()
+            .map(|row| row.try_get("died_at"))
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        let errors: Vec<String> = rows
+            .iter()
+            .map(|row| row.try_get("last_error"))
+            .collect::<Result<_, _>>()
+            .map_err(err())?;
+        let messages = decode_messages(rows).map_err(err())?;
+        messages
+            .into_iter()
+            .zip(errors)
+            .zip(died)
+            .map(|((message, last_error), died_at)| {
+                Ok(DeadLetter {
+                    message,
+                    last_error,
+                    died_at: died_at.map(datetime).transpose()?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(err())
+    }
+
+    pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
+        let err = || self.error("count dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_count(&conditions);
+        let arguments = dead_arguments(&[dead::MAX_COUNT_GROUPS], values).map_err(err())?;
+        let rows = sqlx::query_as_with(&statement, arguments)
+            .fetch_all(&self.pools.reader)
+            .await
+            .map_err(err())?;
+        Ok(DeadCounts::from_rows(rows))
+    }
+
+    pub(super) async fn redrive_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+        delay: Duration,
+    ) -> StorageResult<SortedIds> {
+        let err = || self.error("re-drive dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let statement = self.sql.dead_redrive(&conditions);
+        let mut conn = self.writer("re-drive dead letters").await?;
+        let arguments =
+            dead_arguments(&[i64::from(limit), after(now_ms(), delay)], values).map_err(err())?;
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err())?;
+        Ok(SortedIds::from(ids))
+    }
+
+    pub(super) async fn discard_rows(
+        &self,
+        filter: &DeadFilter,
+        limit: u32,
+    ) -> StorageResult<SortedIds> {
+        let err = || self.error("discard dead letters");
+        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let statement = self.sql.dead_discard(&conditions);
+        let mut conn = self.writer("discard dead letters").await?;
+        let arguments = dead_arguments(&[i64::from(limit)], values).map_err(err())?;
+        let ids: Vec<MessageId> = sqlx::query_scalar_with(&statement, arguments)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err())?;
+        Ok(SortedIds::from(ids))
+    }
+}

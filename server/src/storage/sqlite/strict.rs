@@ -1,0 +1,56 @@
+//! Strict ordering: a row is claimed only when no earlier pending row of its key holds it
+//! back ([`Statements::held_back`]). Sound because a claim runs under `BEGIN IMMEDIATE`:
+//! claims on a file run one at a time, each seeing what the one before it leased (see the
+//! module docs of the backend).
+
+use super::shape::Statements;
+use crate::storage::blocked;
+use crate::storage::names::Names;
+
+impl Statements {
+    /// The filter of a claim's candidates under strict ordering, with the parameters of
+    /// the visibility cutoff and the topics (`except`: paused ones) where the claim has
+    /// them. As in PostgreSQL: an earlier pending row of the key holds this one back
+    /// unless this very claim can take it (it then comes first in id order). Not
+    /// claimable: leased or waiting for a retry, not visible yet, or outside the topic
+    /// filter.
+    pub fn held_back(
+        &self,
+        cutoff_param: Option<&str>,
+        topics_param: Option<&str>,
+        except: bool,
+    ) -> String {
+        let (t, c) = (&self.table, &self.names);
+        let Names {
+            id,
+            key,
+            status,
+            available_at,
+            created_at,
+            ..
+        } = c;
+        let topic = c.topic("");
+        let mut blocked = format!("p.{available_at} > ?1");
+        if let Some(p) = cutoff_param {
+            blocked += &format!(" OR p.{created_at} > {p}");
+        }
+        if let Some(p) = topics_param {
+            let not = if except { "" } else { "NOT " };
+            blocked += &format!(" OR p.{topic} {not}IN (SELECT value FROM json_each({p}))");
+        }
+        let mut filters = format!(
+            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+         WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
+         AND ({blocked})))"
+        );
+        if self.dead_holds_key {
+            // `dead_letter_holds_key`: an earlier dead row of the key holds it back too,
+            // found through the `(key, id)` index of dead rows.
+            filters += &format!(
+                " AND (o.{key} IS NULL OR NOT {})",
+                blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
+            );
+        }
+        filters
+    }
+}
