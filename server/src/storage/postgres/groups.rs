@@ -9,6 +9,13 @@
 //! The partition of a row is `hashtext(key or id) mod partitions`, computed by the
 //! database in the read and in an expression index `(partition, txid, id)`, so each
 //! partition is read by an index range of its own.
+//!
+//! The store's calls are in files by concern, each an `impl` of the store: the trait's
+//! method calls the inherent one of the same name (Rust picks it before the trait's):
+//! `schema.rs` (the DDL and the groups' rows), `members.rs` (heartbeats and partition
+//! leases), `read.rs` (the log past each position, failed rows, rows by id),
+//! `positions.rs` (flushes, seeks, the purge), `stats.rs`, `dead.rs` (dead letters) and
+//! `admin.rs` (blocked keys, pauses).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,9 +23,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
-use sqlx::{Executor, Row};
+use sqlx::Row;
 
-use super::convert::{classify, decode_message, interval};
+use super::convert::{classify, decode_message};
 use super::shape::{message, DIALECT};
 use crate::config::GroupStart;
 use crate::storage::columns::Columns;
@@ -28,9 +35,17 @@ use crate::storage::groups::{
 };
 use crate::storage::ident::{quote, Ident};
 use crate::storage::names::Names;
-use crate::storage::{BlockedKey, MessageId, StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::{BlockedKey, MessageId, StorageError, StorageResult};
 
 mod admin;
+mod dead;
+mod members;
+mod positions;
+mod read;
+mod schema;
+mod stats;
+
+use self::schema::ddl;
 
 /// Serialises the groups' DDL of servers starting together (beside the table's own).
 const LOCK_CLASS_GROUPS: i32 = 0x7478_6f62 + 2;
@@ -173,67 +188,6 @@ impl PostgresGroups {
     }
 }
 
-fn ddl(s: &GroupSql, n: &Names, table: &str, schema: Option<&str>, partitions: u32) -> String {
-    let index = match schema {
-        Some(_) => quote(&format!("{table}_log_p{partitions}_idx")),
-        None => quote(&format!("{table}_log_p{partitions}_idx")),
-    };
-    // The index expression is the read's, without the alias.
-    let part = s.part.replace("o.", "");
-    format!(
-        "-- Subscription groups: the inserting transaction of each row (log order), an index
--- per partition in that order, and the relay's own tables. Adding the column to a
--- table that has rows rewrites it once.
-ALTER TABLE {t} ADD COLUMN IF NOT EXISTS txid xid8 NOT NULL DEFAULT pg_current_xact_id();
-CREATE INDEX IF NOT EXISTS {index} ON {t} ({part}, txid, {id});
-CREATE TABLE IF NOT EXISTS {groups} (
-    name       TEXT        PRIMARY KEY,
-    partitions INT4        NOT NULL,
-    created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    paused_at  TIMESTAMPTZ
-);
-ALTER TABLE {groups} ADD COLUMN IF NOT EXISTS paused_at TIMESTAMPTZ;
-CREATE TABLE IF NOT EXISTS {parts} (
-    group_name       TEXT        NOT NULL,
-    partition        INT4        NOT NULL,
-    owner            TEXT,
-    epoch            INT8        NOT NULL DEFAULT 0,
-    lease_expires_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    pos_txid         INT8        NOT NULL,
-    pos_id           INT8        NOT NULL,
-    PRIMARY KEY (group_name, partition)
-);
-CREATE TABLE IF NOT EXISTS {members} (
-    group_name TEXT        NOT NULL,
-    member     TEXT        NOT NULL,
-    expires_at TIMESTAMPTZ NOT NULL,
-    PRIMARY KEY (group_name, member)
-);
-CREATE TABLE IF NOT EXISTS {messages} (
-    group_name TEXT        NOT NULL,
-    id         INT8        NOT NULL,
-    partition  INT4        NOT NULL,
-    key        TEXT,
-    pos_txid   INT8        NOT NULL,
-    kind       TEXT        NOT NULL CHECK (kind IN ('retry', 'held', 'dead')),
-    attempts   INT4        NOT NULL,
-    due_at     TIMESTAMPTZ NOT NULL,
-    error      TEXT,
-    updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-    PRIMARY KEY (group_name, id)
-);
-CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
-",
-        t = s.table,
-        id = n.id,
-        groups = s.groups,
-        parts = s.partitions,
-        members = s.members,
-        messages = s.messages,
-        messages_key_idx = quote(&format!("{table}_group_messages_key_idx")),
-    )
-}
-
 fn position(txid: i64, id: i64) -> Position {
     Position { txid, id }
 }
@@ -282,101 +236,7 @@ impl GroupStore for PostgresGroups {
         partitions: u32,
         create: bool,
     ) -> StorageResult<()> {
-        let s = &self.sql;
-        if create {
-            // One simple query, one transaction; servers starting together wait for each
-            // other on the advisory lock.
-            let run = format!(
-                "BEGIN; SET LOCAL statement_timeout = 0; SET LOCAL lock_timeout = 0; \
-                 SELECT pg_advisory_xact_lock({LOCK_CLASS_GROUPS}, hashtext({lock})); {ddl} COMMIT;",
-                lock = super::shape::literal(&s.lock_key),
-                ddl = s.ddl
-            );
-            self.pool
-                .execute(run.as_str())
-                .await
-                .map_err(self.error("create groups"))?;
-        }
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(self.error("create groups"))?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
-            .bind(LOCK_CLASS_GROUPS)
-            .bind(&s.lock_key)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("create groups"))?;
-        if !create {
-            let present: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
-                .bind(&s.messages)
-                .fetch_one(&mut *tx)
-                .await
-                .map_err(self.error("check groups"))?;
-            if present.is_none() {
-                return Err(StorageError::MismatchedTable {
-                    table: self.display_table.clone(),
-                    problems: vec![
-                        "the subscription groups' column and tables are missing: run the \
-                         output of `txoutboxd schema` or set create_schema = true"
-                            .to_owned(),
-                    ],
-                });
-            }
-        }
-        let mismatched: Vec<(String, i32)> = sqlx::query_as(&format!(
-            "SELECT name, partitions FROM {} WHERE partitions <> $1",
-            s.groups
-        ))
-        .bind(partitions as i32)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.error("create groups"))?;
-        if let Some((group, was)) = mismatched.first() {
-            return Err(StorageError::MismatchedTable {
-                table: self.display_table.clone(),
-                problems: vec![format!(
-                    "group {group} was created with partitions = {was}, the outbox now says \
-                     {partitions}: the partitions of an outbox's groups cannot change; set \
-                     partitions = {was} back"
-                )],
-            });
-        }
-        for (group, start) in groups {
-            let created: Option<String> = sqlx::query_scalar(&format!(
-                "INSERT INTO {} (name, partitions) VALUES ($1, $2) ON CONFLICT DO NOTHING \
-                 RETURNING name",
-                s.groups
-            ))
-            .bind(group)
-            .bind(partitions as i32)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(self.error("create groups"))?;
-            if created.is_none() {
-                continue;
-            }
-            let (txid, id) = match start {
-                GroupStart::Oldest => ("0".to_owned(), "0".to_owned()),
-                GroupStart::Now => (
-                    "pg_snapshot_xmin(pg_current_snapshot())::text::int8 - 1".to_owned(),
-                    i64::MAX.to_string(),
-                ),
-            };
-            sqlx::query(&format!(
-                "INSERT INTO {} (group_name, partition, pos_txid, pos_id) \
-                 SELECT $1, p, {txid}, {id} FROM generate_series(0, $2 - 1) AS p \
-                 ON CONFLICT DO NOTHING",
-                s.partitions
-            ))
-            .bind(group)
-            .bind(partitions as i32)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("create groups"))?;
-        }
-        tx.commit().await.map_err(self.error("create groups"))
+        self.ensure(groups, partitions, create).await
     }
 
     async fn heartbeat(
@@ -385,60 +245,7 @@ impl GroupStore for PostgresGroups {
         member: &str,
         lease: Duration,
     ) -> StorageResult<Heartbeat> {
-        let s = &self.sql;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(self.error("group heartbeat"))?;
-        sqlx::query(&format!(
-            "INSERT INTO {m} (group_name, member, expires_at) VALUES ($1, $2, now() + $3) \
-             ON CONFLICT (group_name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-            m = s.members
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(interval(lease))
-        .execute(&mut *tx)
-        .await
-        .map_err(self.error("group heartbeat"))?;
-        sqlx::query(&format!(
-            "UPDATE {p} SET lease_expires_at = now() + $3 \
-             WHERE group_name = $1 AND owner = $2 AND lease_expires_at >= now()",
-            p = s.partitions
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(interval(lease))
-        .execute(&mut *tx)
-        .await
-        .map_err(self.error("group heartbeat"))?;
-        let members: Vec<String> = sqlx::query_scalar(&format!(
-            "SELECT member FROM {m} WHERE group_name = $1 AND expires_at >= now() ORDER BY member",
-            m = s.members
-        ))
-        .bind(group)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.error("group heartbeat"))?;
-        let partitions = sqlx::query(&format!(
-            "SELECT partition, owner, epoch, lease_expires_at < now() AS expired, pos_txid, pos_id \
-             FROM {p} WHERE group_name = $1 ORDER BY partition",
-            p = s.partitions
-        ))
-        .bind(group)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.error("group heartbeat"))?
-        .iter()
-        .map(decode_partition)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("group heartbeat"))?;
-        tx.commit().await.map_err(self.error("group heartbeat"))?;
-        Ok(Heartbeat {
-            members,
-            partitions,
-        })
+        self.heartbeat(group, member, lease).await
     }
 
     async fn acquire(
@@ -448,222 +255,31 @@ impl GroupStore for PostgresGroups {
         partition: u32,
         lease: Duration,
     ) -> StorageResult<Option<PartitionLease>> {
-        let row: Option<(i64, i64, i64)> = sqlx::query_as(&format!(
-            "UPDATE {p} SET owner = $2, epoch = epoch + 1, lease_expires_at = now() + $4 \
-             WHERE group_name = $1 AND partition = $3 \
-               AND (owner IS NULL OR lease_expires_at < now()) \
-             RETURNING epoch, pos_txid, pos_id",
-            p = self.sql.partitions
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(partition as i32)
-        .bind(interval(lease))
-        .fetch_optional(&self.pool)
-        .await
-        .map_err(self.error("take partition"))?;
-        Ok(row.map(|(epoch, txid, id)| PartitionLease {
-            partition,
-            epoch,
-            position: position(txid, id),
-        }))
+        self.acquire(group, member, partition, lease).await
     }
 
     async fn release(&self, group: &str, member: &str, partitions: &[u32]) -> StorageResult<()> {
-        let partitions: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
-        sqlx::query(&format!(
-            "UPDATE {p} SET owner = NULL WHERE group_name = $1 AND owner = $2 \
-               AND (cardinality($3::int4[]) = 0 OR partition = ANY($3))",
-            p = self.sql.partitions
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(&partitions)
-        .execute(&self.pool)
-        .await
-        .map_err(self.error("give back partitions"))?;
-        Ok(())
+        self.release(group, member, partitions).await
     }
 
     async fn leave(&self, group: &str, member: &str) -> StorageResult<()> {
-        self.release(group, member, &[]).await?;
-        sqlx::query(&format!(
-            "DELETE FROM {m} WHERE group_name = $1 AND member = $2",
-            m = self.sql.members
-        ))
-        .bind(group)
-        .bind(member)
-        .execute(&self.pool)
-        .await
-        .map_err(self.error("leave group"))?;
-        Ok(())
+        self.leave(group, member).await
     }
 
     async fn flush(&self, group: &str, member: &str, flushes: &[Flush]) -> StorageResult<Vec<u32>> {
-        let s = &self.sql;
-        let parts: Vec<i32> = flushes.iter().map(|f| f.partition as i32).collect();
-        let epochs: Vec<i64> = flushes.iter().map(|f| f.epoch).collect();
-        let txids: Vec<Option<i64>> = flushes.iter().map(|f| f.position.map(|p| p.txid)).collect();
-        let ids: Vec<Option<i64>> = flushes.iter().map(|f| f.position.map(|p| p.id)).collect();
-        let mut tx = self.pool.begin().await.map_err(self.error("group flush"))?;
-        let owned: Vec<i32> = sqlx::query_scalar(&format!(
-            "UPDATE {p} AS p SET pos_txid = coalesce(u.tx, p.pos_txid), pos_id = coalesce(u.i, p.pos_id) \
-             FROM unnest($3::int4[], $4::int8[], $5::int8[], $6::int8[]) AS u(part, ep, tx, i) \
-             WHERE p.group_name = $1 AND p.partition = u.part AND p.owner = $2 AND p.epoch = u.ep \
-             RETURNING p.partition",
-            p = s.partitions
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(&parts)
-        .bind(&epochs)
-        .bind(&txids)
-        .bind(&ids)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.error("group flush"))?;
-        let is_owned = |p: u32| owned.contains(&(p as i32));
-        let upserts: Vec<&StateRow> = flushes
-            .iter()
-            .filter(|f| is_owned(f.partition))
-            .flat_map(|f| &f.upserts)
-            .collect();
-        if !upserts.is_empty() {
-            let ids: Vec<i64> = upserts.iter().map(|r| r.id).collect();
-            let partitions: Vec<i32> = upserts.iter().map(|r| r.partition as i32).collect();
-            let keys: Vec<Option<String>> = upserts.iter().map(|r| r.key.clone()).collect();
-            let txids: Vec<i64> = upserts.iter().map(|r| r.position.txid).collect();
-            let kinds: Vec<&str> = upserts.iter().map(|r| r.kind.as_str()).collect();
-            let attempts: Vec<i32> = upserts.iter().map(|r| r.attempts as i32).collect();
-            let due: Vec<DateTime<Utc>> = upserts.iter().map(|r| r.due_at).collect();
-            let errors: Vec<Option<String>> = upserts.iter().map(|r| r.error.clone()).collect();
-            sqlx::query(&format!(
-                "INSERT INTO {m} (group_name, id, partition, key, pos_txid, kind, attempts, due_at, error) \
-                 SELECT $1, * FROM unnest($2::int8[], $3::int4[], $4::text[], $5::int8[], $6::text[], \
-                    $7::int4[], $8::timestamptz[], $9::text[]) \
-                 ON CONFLICT (group_name, id) DO UPDATE SET kind = EXCLUDED.kind, \
-                    attempts = EXCLUDED.attempts, due_at = EXCLUDED.due_at, \
-                    error = coalesce(EXCLUDED.error, {m}.error), updated_at = now()",
-                m = s.messages
-            ))
-            .bind(group)
-            .bind(&ids)
-            .bind(&partitions)
-            .bind(&keys)
-            .bind(&txids)
-            .bind(&kinds)
-            .bind(&attempts)
-            .bind(&due)
-            .bind(&errors)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("group flush"))?;
-        }
-        let deletes: Vec<i64> = flushes
-            .iter()
-            .filter(|f| is_owned(f.partition))
-            .flat_map(|f| f.deletes.iter().copied())
-            .collect();
-        if !deletes.is_empty() {
-            sqlx::query(&format!(
-                "DELETE FROM {m} WHERE group_name = $1 AND id = ANY($2)",
-                m = s.messages
-            ))
-            .bind(group)
-            .bind(&deletes)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("group flush"))?;
-        }
-        tx.commit().await.map_err(self.error("group flush"))?;
-        Ok(flushes
-            .iter()
-            .map(|f| f.partition)
-            .filter(|p| !is_owned(*p))
-            .collect())
+        self.flush(group, member, flushes).await
     }
 
     async fn read(&self, cursors: &[(u32, Position)], limit: u32) -> StorageResult<Read> {
-        if cursors.is_empty() {
-            return Ok(Read::default());
-        }
-        let s = &self.sql;
-        let parts: Vec<i32> = cursors.iter().map(|(p, _)| *p as i32).collect();
-        let txids: Vec<i64> = cursors.iter().map(|(_, c)| c.txid).collect();
-        let ids: Vec<i64> = cursors.iter().map(|(_, c)| c.id).collect();
-        let rows = sqlx::query(&format!(
-            "SELECT r.* FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
-             CROSS JOIN LATERAL ( \
-                SELECT {row} FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
-                  AND o.txid < pg_snapshot_xmin(pg_current_snapshot()) \
-                ORDER BY o.txid, o.id LIMIT $4) r",
-            row = s.row,
-            t = s.table,
-            part = s.part,
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("group read"))?;
-        let rows = rows
-            .iter()
-            .map(decode_group_row)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(self.error("group read"))?;
-        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-        let mut scanned = BTreeMap::new();
-        for row in &rows {
-            *counts.entry(row.partition).or_default() += 1;
-            scanned.insert(row.partition, row.position);
-        }
-        let more = counts
-            .into_iter()
-            .filter(|(_, count)| *count >= limit)
-            .map(|(p, _)| p)
-            .collect();
-        Ok(Read {
-            rows,
-            scanned,
-            more,
-        })
+        self.read(cursors, limit).await
     }
 
     async fn load_state(&self, group: &str, partition: u32) -> StorageResult<Vec<StateRow>> {
-        sqlx::query(&format!(
-            "SELECT id, partition, key, pos_txid, kind, attempts, due_at, error FROM {m} \
-             WHERE group_name = $1 AND partition = $2 ORDER BY pos_txid, id",
-            m = self.sql.messages
-        ))
-        .bind(group)
-        .bind(partition as i32)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("load group state"))?
-        .iter()
-        .map(decode_state)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("load group state"))
+        self.load_state(group, partition).await
     }
 
     async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {
-        let s = &self.sql;
-        sqlx::query(&format!(
-            "SELECT {row} FROM {t} o WHERE o.id = ANY($1) ORDER BY o.txid, o.id",
-            row = s.row,
-            t = s.table
-        ))
-        .bind(ids)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("group fetch"))?
-        .iter()
-        .map(decode_group_row)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("group fetch"))
+        self.fetch(ids).await
     }
 
     async fn seek(
@@ -672,170 +288,15 @@ impl GroupStore for PostgresGroups {
         target: SeekTarget,
         dry_run: bool,
     ) -> StorageResult<SeekOutcome> {
-        let s = &self.sql;
-        let known: Option<String> =
-            sqlx::query_scalar(&format!("SELECT name FROM {} WHERE name = $1", s.groups))
-                .bind(group)
-                .fetch_optional(&self.pool)
-                .await
-                .map_err(self.error("seek group"))?;
-        if known.is_none() {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
-        }
-        let positions = self.positions_for(group, target).await?;
-        let parts: Vec<i32> = positions.iter().map(|p| p.0).collect();
-        let txids: Vec<i64> = positions.iter().map(|p| p.1).collect();
-        let ids: Vec<i64> = positions.iter().map(|p| p.2).collect();
-        let rows_ahead: i64 = sqlx::query_scalar(&format!(
-            "SELECT coalesce(sum(n), 0)::int8 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
-             CROSS JOIN LATERAL (SELECT count(*) AS n FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i)) r",
-            t = s.table,
-            part = s.part
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("seek group"))?;
-        if !dry_run {
-            let mut tx = self.pool.begin().await.map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "UPDATE {p} AS p SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
-                 FROM unnest($2::int4[], $3::int8[], $4::int8[]) AS u(part, tx, i) \
-                 WHERE p.group_name = $1 AND p.partition = u.part",
-                p = s.partitions
-            ))
-            .bind(group)
-            .bind(&parts)
-            .bind(&txids)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "DELETE FROM {m} WHERE group_name = $1 AND kind <> 'dead'",
-                m = s.messages
-            ))
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            tx.commit().await.map_err(self.error("seek group"))?;
-        }
-        Ok(SeekOutcome {
-            rows_ahead: rows_ahead.max(0) as u64,
-            partitions: positions.len() as u32,
-        })
+        self.seek(group, target, dry_run).await
     }
 
     async fn purge(&self, retention: Duration) -> StorageResult<u64> {
-        let s = &self.sql;
-        // Per partition, below the least position of every group: an index range each.
-        let bounds: Vec<(i32, i64, i64)> = sqlx::query_as(&format!(
-            "SELECT DISTINCT ON (partition) partition, pos_txid, pos_id FROM {p} \
-             ORDER BY partition, pos_txid, pos_id",
-            p = s.partitions
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("purge"))?;
-        let mut total = 0;
-        for (partition, txid, id) in bounds {
-            total += crate::storage::in_batches(|| async move {
-                sqlx::query(&format!(
-                    "DELETE FROM {t} WHERE id IN (SELECT o.id FROM {t} o \
-                        WHERE {part} = $1 AND (o.txid, o.id) <= ($2::text::xid8, $3) \
-                          AND o.created_at < now() - $4 \
-                          AND NOT EXISTS (SELECT 1 FROM {m} g WHERE g.id = o.id) \
-                        ORDER BY o.txid, o.id LIMIT $5)",
-                    t = s.table,
-                    part = s.part,
-                    m = s.messages
-                ))
-                .bind(partition)
-                .bind(txid)
-                .bind(id)
-                .bind(interval(retention))
-                .bind(PURGE_BATCH)
-                .execute(&self.pool)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(self.error("purge"))
-            })
-            .await?;
-        }
-        Ok(total)
+        self.purge(retention).await
     }
 
     async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats> {
-        let s = &self.sql;
-        let partitions = sqlx::query(&format!(
-            "SELECT partition, owner, epoch, lease_expires_at < now() AS expired, pos_txid, pos_id \
-             FROM {p} WHERE group_name = $1 ORDER BY partition",
-            p = s.partitions
-        ))
-        .bind(group)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("group stats"))?
-        .iter()
-        .map(decode_partition)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("group stats"))?;
-        let parts: Vec<i32> = partitions.iter().map(|p| p.partition as i32).collect();
-        let txids: Vec<i64> = partitions.iter().map(|p| p.position.txid).collect();
-        let ids: Vec<i64> = partitions.iter().map(|p| p.position.id).collect();
-        let (lag_rows, oldest): (i64, Option<f64>) = sqlx::query_as(&format!(
-            "SELECT coalesce(sum(r.n), 0)::int8, extract(epoch FROM now() - min(r.oldest))::float8 \
-             FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
-             CROSS JOIN LATERAL (SELECT count(*) AS n, min(o.created_at) AS oldest FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
-                  AND o.txid < pg_snapshot_xmin(pg_current_snapshot())) r",
-            t = s.table,
-            part = s.part
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("group stats"))?;
-        let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*) FILTER (WHERE m.kind = 'retry'), count(*) FILTER (WHERE m.kind = 'held'), \
-                    count(*) FILTER (WHERE m.kind = 'dead'), \
-                    count(DISTINCT m.key) FILTER (WHERE m.key IS NOT NULL AND {holds}) \
-             FROM {m} m WHERE m.group_name = $1",
-            m = s.messages,
-            holds = admin::HOLDS_KEY.replace("{m}", &s.messages),
-        ))
-        .bind(group)
-        .bind(dead_holds_key)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("group stats"))?;
-        let members: i64 = sqlx::query_scalar(&format!(
-            "SELECT count(*) FROM {m} WHERE group_name = $1 AND expires_at >= now()",
-            m = s.members
-        ))
-        .bind(group)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("group stats"))?;
-        Ok(GroupStats {
-            group: group.to_owned(),
-            lag_rows: lag_rows.max(0) as u64,
-            lag: oldest.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
-            retrying: retrying as u64,
-            held: held as u64,
-            dead: dead as u64,
-            held_keys: held_keys as u64,
-            partitions,
-            members: members as u64,
-        })
+        self.stats(group, dead_holds_key).await
     }
 
     async fn blocked_keys(
@@ -862,14 +323,7 @@ impl GroupStore for PostgresGroups {
     }
 
     async fn frontier_delay(&self) -> StorageResult<Duration> {
-        let secs: Option<f64> = sqlx::query_scalar(
-            "SELECT extract(epoch FROM now() - min(xact_start))::float8 FROM pg_stat_activity \
-             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("frontier delay"))?;
-        Ok(Duration::from_secs_f64(secs.unwrap_or(0.0).max(0.0)))
+        self.frontier_delay().await
     }
 
     async fn list_dead(
@@ -878,33 +332,7 @@ impl GroupStore for PostgresGroups {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<GroupDead>> {
-        let s = &self.sql;
-        sqlx::query(&format!(
-            "SELECT {row}, g.error AS group_error, g.updated_at AS dead_at, g.attempts AS group_attempts \
-             FROM {m} g JOIN {t} o ON o.id = g.id \
-             WHERE g.group_name = $1 AND g.kind = 'dead' AND g.id > $2 ORDER BY g.id LIMIT $3",
-            row = s.row,
-            m = s.messages,
-            t = s.table
-        ))
-        .bind(group)
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("list group dead letters"))?
-        .iter()
-        .map(|row| {
-            let mut message = decode_message(row)?;
-            message.attempts = row.try_get::<i32, _>("group_attempts")?.max(0) as u32;
-            Ok(GroupDead {
-                message,
-                error: row.try_get("group_error")?,
-                dead_at: row.try_get("dead_at")?,
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()
-        .map_err(self.error("list group dead letters"))
+        self.list_dead(group, after_id, limit).await
     }
 
     async fn redrive_dead(
@@ -913,16 +341,7 @@ impl GroupStore for PostgresGroups {
         ids: &[MessageId],
         limit: u32,
     ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(
-            group,
-            ids,
-            limit,
-            "UPDATE {m} SET kind = 'retry', attempts = 0, due_at = now(), updated_at = now() \
-             WHERE group_name = $1 AND id IN (SELECT id FROM {m} WHERE group_name = $1 \
-                AND kind = 'dead' AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
-             RETURNING id, partition",
-        )
-        .await
+        self.redrive_dead(group, ids, limit).await
     }
 
     async fn discard_dead(
@@ -931,58 +350,6 @@ impl GroupStore for PostgresGroups {
         ids: &[MessageId],
         limit: u32,
     ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(
-            group,
-            ids,
-            limit,
-            "DELETE FROM {m} WHERE group_name = $1 AND id IN (SELECT id FROM {m} WHERE group_name = $1 \
-                AND kind = 'dead' AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
-             RETURNING id, partition",
-        )
-        .await
-    }
-}
-
-impl PostgresGroups {
-    /// Runs a change of dead rows (`{m}` is the group messages table) and takes the
-    /// partitions they are in from their owners, which reload their state when they take
-    /// them again: the state an owner keeps in memory must not outlive the change.
-    async fn change_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-        statement: &str,
-    ) -> StorageResult<Vec<MessageId>> {
-        let s = &self.sql;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let changed: Vec<(i64, i32)> = sqlx::query_as(&statement.replace("{m}", &s.messages))
-            .bind(group)
-            .bind(ids)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let partitions: Vec<i32> = changed.iter().map(|(_, p)| *p).collect();
-        sqlx::query(&format!(
-            "UPDATE {p} SET owner = NULL, epoch = epoch + 1 \
-             WHERE group_name = $1 AND partition = ANY($2)",
-            p = s.partitions
-        ))
-        .bind(group)
-        .bind(&partitions)
-        .execute(&mut *tx)
-        .await
-        .map_err(self.error("change dead letters"))?;
-        tx.commit()
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let mut ids: Vec<i64> = changed.into_iter().map(|(id, _)| id).collect();
-        ids.sort_unstable();
-        Ok(ids)
+        self.discard_dead(group, ids, limit).await
     }
 }

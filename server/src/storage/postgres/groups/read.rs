@@ -1,0 +1,101 @@
+//! Reading the log: rows past each partition's position, a partition's failed rows, rows by
+//! id.
+
+use std::collections::BTreeMap;
+
+use super::{decode_group_row, decode_state, PostgresGroups};
+use crate::storage::groups::{GroupRow, Position, Read, StateRow};
+use crate::storage::{MessageId, StorageResult};
+
+impl PostgresGroups {
+    pub(super) async fn read(
+        &self,
+        cursors: &[(u32, Position)],
+        limit: u32,
+    ) -> StorageResult<Read> {
+        if cursors.is_empty() {
+            return Ok(Read::default());
+        }
+        let s = &self.sql;
+        let parts: Vec<i32> = cursors.iter().map(|(p, _)| *p as i32).collect();
+        let txids: Vec<i64> = cursors.iter().map(|(_, c)| c.txid).collect();
+        let ids: Vec<i64> = cursors.iter().map(|(_, c)| c.id).collect();
+        let rows = sqlx::query(&format!(
+            "SELECT r.* FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
+             CROSS JOIN LATERAL ( \
+                SELECT {row} FROM {t} o \
+                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
+                  AND o.txid < pg_snapshot_xmin(pg_current_snapshot()) \
+                ORDER BY o.txid, o.id LIMIT $4) r",
+            row = s.row,
+            t = s.table,
+            part = s.part,
+        ))
+        .bind(&parts)
+        .bind(&txids)
+        .bind(&ids)
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.error("group read"))?;
+        let rows = rows
+            .iter()
+            .map(decode_group_row)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(self.error("group read"))?;
+        let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut scanned = BTreeMap::new();
+        for row in &rows {
+            *counts.entry(row.partition).or_default() += 1;
+            scanned.insert(row.partition, row.position);
+        }
+        let more = counts
+            .into_iter()
+            .filter(|(_, count)| *count >= limit)
+            .map(|(p, _)| p)
+            .collect();
+        Ok(Read {
+            rows,
+            scanned,
+            more,
+        })
+    }
+
+    pub(super) async fn load_state(
+        &self,
+        group: &str,
+        partition: u32,
+    ) -> StorageResult<Vec<StateRow>> {
+        sqlx::query(&format!(
+            "SELECT id, partition, key, pos_txid, kind, attempts, due_at, error FROM {m} \
+             WHERE group_name = $1 AND partition = $2 ORDER BY pos_txid, id",
+            m = self.sql.messages
+        ))
+        .bind(group)
+        .bind(partition as i32)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.error("load group state"))?
+        .iter()
+        .map(decode_state)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(self.error("load group state"))
+    }
+
+    pub(super) async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {
+        let s = &self.sql;
+        sqlx::query(&format!(
+            "SELECT {row} FROM {t} o WHERE o.id = ANY($1) ORDER BY o.txid, o.id",
+            row = s.row,
+            t = s.table
+        ))
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.error("group fetch"))?
+        .iter()
+        .map(decode_group_row)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(self.error("group fetch"))
+    }
+}

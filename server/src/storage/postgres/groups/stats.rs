@@ -1,0 +1,91 @@
+//! What a group's stats count, and how far behind the log's frontier is.
+
+use std::time::Duration;
+
+use super::{admin, decode_partition, PostgresGroups};
+use crate::storage::groups::GroupStats;
+use crate::storage::StorageResult;
+
+impl PostgresGroups {
+    pub(super) async fn stats(
+        &self,
+        group: &str,
+        dead_holds_key: bool,
+    ) -> StorageResult<GroupStats> {
+        let s = &self.sql;
+        let partitions = sqlx::query(&format!(
+            "SELECT partition, owner, epoch, lease_expires_at < now() AS expired, pos_txid, pos_id \
+             FROM {p} WHERE group_name = $1 ORDER BY partition",
+            p = s.partitions
+        ))
+        .bind(group)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(self.error("group stats"))?
+        .iter()
+        .map(decode_partition)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(self.error("group stats"))?;
+        let parts: Vec<i32> = partitions.iter().map(|p| p.partition as i32).collect();
+        let txids: Vec<i64> = partitions.iter().map(|p| p.position.txid).collect();
+        let ids: Vec<i64> = partitions.iter().map(|p| p.position.id).collect();
+        let (lag_rows, oldest): (i64, Option<f64>) = sqlx::query_as(&format!(
+            "SELECT coalesce(sum(r.n), 0)::int8, extract(epoch FROM now() - min(r.oldest))::float8 \
+             FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
+             CROSS JOIN LATERAL (SELECT count(*) AS n, min(o.created_at) AS oldest FROM {t} o \
+                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
+                  AND o.txid < pg_snapshot_xmin(pg_current_snapshot())) r",
+            t = s.table,
+            part = s.part
+        ))
+        .bind(&parts)
+        .bind(&txids)
+        .bind(&ids)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.error("group stats"))?;
+        let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
+            "SELECT count(*) FILTER (WHERE m.kind = 'retry'), count(*) FILTER (WHERE m.kind = 'held'), \
+                    count(*) FILTER (WHERE m.kind = 'dead'), \
+                    count(DISTINCT m.key) FILTER (WHERE m.key IS NOT NULL AND {holds}) \
+             FROM {m} m WHERE m.group_name = $1",
+            m = s.messages,
+            holds = admin::HOLDS_KEY.replace("{m}", &s.messages),
+        ))
+        .bind(group)
+        .bind(dead_holds_key)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.error("group stats"))?;
+        let members: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {m} WHERE group_name = $1 AND expires_at >= now()",
+            m = s.members
+        ))
+        .bind(group)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.error("group stats"))?;
+        Ok(GroupStats {
+            group: group.to_owned(),
+            lag_rows: lag_rows.max(0) as u64,
+            lag: oldest.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
+            retrying: retrying as u64,
+            held: held as u64,
+            dead: dead as u64,
+            held_keys: held_keys as u64,
+            partitions,
+            members: members as u64,
+        })
+    }
+
+    pub(super) async fn frontier_delay(&self) -> StorageResult<Duration> {
+        let secs: Option<f64> = sqlx::query_scalar(
+            "SELECT extract(epoch FROM now() - min(xact_start))::float8 FROM pg_stat_activity \
+             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(self.error("frontier delay"))?;
+        Ok(Duration::from_secs_f64(secs.unwrap_or(0.0).max(0.0)))
+    }
+}
