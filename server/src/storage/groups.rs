@@ -303,6 +303,207 @@ pub trait GroupStore: Send + Sync + 'static {
     ) -> StorageResult<Vec<MessageId>>;
 }
 
+/// The [`GroupStore`] impl of a backend's group store whose inherent methods (one file
+/// each per concern) do the work: each of the trait's methods calls the inherent one of the
+/// same name, which Rust picks before the trait's. Written once, since every backend's
+/// store answers the same calls the same way.
+macro_rules! group_store_calls {
+    ($store:ty) => {
+        // Each call below must find the inherent method: were one missing, it would find
+        // the trait's own and call itself forever. Named here by path, where the trait is
+        // not in scope, a missing one does not compile.
+        const _: () = {
+            let _ = (
+                <$store>::schema_sql,
+                <$store>::ensure,
+                <$store>::heartbeat,
+                <$store>::acquire,
+                <$store>::release,
+                <$store>::leave,
+                <$store>::flush,
+                <$store>::read,
+                <$store>::load_state,
+                <$store>::fetch,
+                <$store>::seek,
+                <$store>::purge,
+                <$store>::stats,
+                <$store>::blocked_keys_of,
+                <$store>::paused_groups,
+                <$store>::set_group_paused,
+                <$store>::frontier_delay,
+                <$store>::list_dead,
+                <$store>::redrive_dead,
+                <$store>::discard_dead,
+            );
+        };
+        #[async_trait::async_trait]
+        impl $crate::storage::groups::GroupStore for $store {
+            fn schema_sql(&self) -> String {
+                self.schema_sql()
+            }
+
+            async fn ensure(
+                &self,
+                groups: &[(String, $crate::config::GroupStart)],
+                partitions: u32,
+                create: bool,
+            ) -> $crate::storage::StorageResult<()> {
+                self.ensure(groups, partitions, create).await
+            }
+
+            async fn heartbeat(
+                &self,
+                group: &str,
+                member: &str,
+                lease: std::time::Duration,
+            ) -> $crate::storage::StorageResult<$crate::storage::groups::Heartbeat> {
+                self.heartbeat(group, member, lease).await
+            }
+
+            async fn acquire(
+                &self,
+                group: &str,
+                member: &str,
+                partition: u32,
+                lease: std::time::Duration,
+            ) -> $crate::storage::StorageResult<Option<$crate::storage::groups::PartitionLease>>
+            {
+                self.acquire(group, member, partition, lease).await
+            }
+
+            async fn release(
+                &self,
+                group: &str,
+                member: &str,
+                partitions: &[u32],
+            ) -> $crate::storage::StorageResult<()> {
+                self.release(group, member, partitions).await
+            }
+
+            async fn leave(&self, group: &str, member: &str) -> $crate::storage::StorageResult<()> {
+                self.leave(group, member).await
+            }
+
+            async fn flush(
+                &self,
+                group: &str,
+                member: &str,
+                flushes: &[$crate::storage::groups::Flush],
+            ) -> $crate::storage::StorageResult<Vec<u32>> {
+                self.flush(group, member, flushes).await
+            }
+
+            async fn read(
+                &self,
+                cursors: &[(u32, $crate::storage::groups::Position)],
+                limit: u32,
+            ) -> $crate::storage::StorageResult<$crate::storage::groups::Read> {
+                self.read(cursors, limit).await
+            }
+
+            async fn load_state(
+                &self,
+                group: &str,
+                partition: u32,
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::groups::StateRow>> {
+                self.load_state(group, partition).await
+            }
+
+            async fn fetch(
+                &self,
+                ids: &[$crate::storage::MessageId],
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::groups::GroupRow>> {
+                self.fetch(ids).await
+            }
+
+            async fn seek(
+                &self,
+                group: &str,
+                target: $crate::storage::groups::SeekTarget,
+                dry_run: bool,
+            ) -> $crate::storage::StorageResult<$crate::storage::groups::SeekOutcome> {
+                self.seek(group, target, dry_run).await
+            }
+
+            async fn purge(
+                &self,
+                retention: std::time::Duration,
+            ) -> $crate::storage::StorageResult<u64> {
+                self.purge(retention).await
+            }
+
+            async fn stats(
+                &self,
+                group: &str,
+                dead_holds_key: bool,
+            ) -> $crate::storage::StorageResult<$crate::storage::groups::GroupStats> {
+                self.stats(group, dead_holds_key).await
+            }
+
+            async fn blocked_keys(
+                &self,
+                group: &str,
+                dead_holds_key: bool,
+                after_id: $crate::storage::MessageId,
+                limit: u32,
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::BlockedKey>> {
+                self.blocked_keys_of(group, dead_holds_key, after_id, limit)
+                    .await
+            }
+
+            async fn paused(
+                &self,
+            ) -> $crate::storage::StorageResult<
+                std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
+            > {
+                self.paused_groups().await
+            }
+
+            async fn set_paused(
+                &self,
+                group: &str,
+                paused: bool,
+            ) -> $crate::storage::StorageResult<
+                std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
+            > {
+                self.set_group_paused(group, paused).await
+            }
+
+            async fn frontier_delay(&self) -> $crate::storage::StorageResult<std::time::Duration> {
+                self.frontier_delay().await
+            }
+
+            async fn list_dead(
+                &self,
+                group: &str,
+                after_id: $crate::storage::MessageId,
+                limit: u32,
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::groups::GroupDead>> {
+                self.list_dead(group, after_id, limit).await
+            }
+
+            async fn redrive_dead(
+                &self,
+                group: &str,
+                ids: &[$crate::storage::MessageId],
+                limit: u32,
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::MessageId>> {
+                self.redrive_dead(group, ids, limit).await
+            }
+
+            async fn discard_dead(
+                &self,
+                group: &str,
+                ids: &[$crate::storage::MessageId],
+                limit: u32,
+            ) -> $crate::storage::StorageResult<Vec<$crate::storage::MessageId>> {
+                self.discard_dead(group, ids, limit).await
+            }
+        }
+    };
+}
+pub(crate) use group_store_calls;
+
 /// The partition of a key for backends that compute it in Rust (FNV-1a), keyless rows by
 /// id so they spread over all partitions.
 pub fn partition_of(key: Option<&str>, id: MessageId, partitions: u32) -> u32 {

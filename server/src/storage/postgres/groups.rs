@@ -17,25 +17,16 @@
 //! `positions.rs` (flushes, seeks, the purge), `stats.rs`, `dead.rs` (dead letters) and
 //! `admin.rs` (blocked keys, pauses).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::Row;
 
 use super::convert::{classify, decode_message};
 use super::shape::{message, DIALECT};
-use crate::config::GroupStart;
 use crate::storage::columns::Columns;
-use crate::storage::groups::{
-    Flush, GroupDead, GroupRow, GroupStats, GroupStore, Heartbeat, PartitionLease, PartitionView,
-    Position, Read, SeekOutcome, SeekTarget, StateKind, StateRow,
-};
+use crate::storage::groups::{GroupRow, PartitionView, Position, SeekTarget, StateKind, StateRow};
 use crate::storage::ident::{quote, Ident};
 use crate::storage::names::Names;
-use crate::storage::{BlockedKey, MessageId, StorageError, StorageResult};
+use crate::storage::{StorageError, StorageResult};
 
 mod admin;
 mod dead;
@@ -224,132 +215,4 @@ fn decode_state(row: &PgRow) -> Result<StateRow, sqlx::Error> {
     })
 }
 
-#[async_trait]
-impl GroupStore for PostgresGroups {
-    fn schema_sql(&self) -> String {
-        self.sql.ddl.clone()
-    }
-
-    async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
-        self.ensure(groups, partitions, create).await
-    }
-
-    async fn heartbeat(
-        &self,
-        group: &str,
-        member: &str,
-        lease: Duration,
-    ) -> StorageResult<Heartbeat> {
-        self.heartbeat(group, member, lease).await
-    }
-
-    async fn acquire(
-        &self,
-        group: &str,
-        member: &str,
-        partition: u32,
-        lease: Duration,
-    ) -> StorageResult<Option<PartitionLease>> {
-        self.acquire(group, member, partition, lease).await
-    }
-
-    async fn release(&self, group: &str, member: &str, partitions: &[u32]) -> StorageResult<()> {
-        self.release(group, member, partitions).await
-    }
-
-    async fn leave(&self, group: &str, member: &str) -> StorageResult<()> {
-        self.leave(group, member).await
-    }
-
-    async fn flush(&self, group: &str, member: &str, flushes: &[Flush]) -> StorageResult<Vec<u32>> {
-        self.flush(group, member, flushes).await
-    }
-
-    async fn read(&self, cursors: &[(u32, Position)], limit: u32) -> StorageResult<Read> {
-        self.read(cursors, limit).await
-    }
-
-    async fn load_state(&self, group: &str, partition: u32) -> StorageResult<Vec<StateRow>> {
-        self.load_state(group, partition).await
-    }
-
-    async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {
-        self.fetch(ids).await
-    }
-
-    async fn seek(
-        &self,
-        group: &str,
-        target: SeekTarget,
-        dry_run: bool,
-    ) -> StorageResult<SeekOutcome> {
-        self.seek(group, target, dry_run).await
-    }
-
-    async fn purge(&self, retention: Duration) -> StorageResult<u64> {
-        self.purge(retention).await
-    }
-
-    async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats> {
-        self.stats(group, dead_holds_key).await
-    }
-
-    async fn blocked_keys(
-        &self,
-        group: &str,
-        dead_holds_key: bool,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<BlockedKey>> {
-        self.blocked_keys_of(group, dead_holds_key, after_id, limit)
-            .await
-    }
-
-    async fn paused(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        self.paused_groups().await
-    }
-
-    async fn set_paused(
-        &self,
-        group: &str,
-        paused: bool,
-    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        self.set_group_paused(group, paused).await
-    }
-
-    async fn frontier_delay(&self) -> StorageResult<Duration> {
-        self.frontier_delay().await
-    }
-
-    async fn list_dead(
-        &self,
-        group: &str,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<GroupDead>> {
-        self.list_dead(group, after_id, limit).await
-    }
-
-    async fn redrive_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.redrive_dead(group, ids, limit).await
-    }
-
-    async fn discard_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.discard_dead(group, ids, limit).await
-    }
-}
+crate::storage::groups::group_store_calls!(PostgresGroups);

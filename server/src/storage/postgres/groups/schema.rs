@@ -10,6 +10,11 @@ use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 
 impl PostgresGroups {
+    /// See [`crate::storage::groups::GroupStore::schema_sql`].
+    pub(super) fn schema_sql(&self) -> String {
+        self.sql.ddl.clone()
+    }
+
     pub(super) async fn ensure(
         &self,
         groups: &[(String, GroupStart)],

@@ -8,6 +8,11 @@ use crate::config::GroupStart;
 use crate::storage::{StorageError, StorageResult};
 
 impl SqliteGroups {
+    /// See [`crate::storage::groups::GroupStore::schema_sql`].
+    pub(super) fn schema_sql(&self) -> String {
+        self.ddl.clone()
+    }
+
     pub(super) async fn ensure(
         &self,
         groups: &[(String, GroupStart)],
