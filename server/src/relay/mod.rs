@@ -12,8 +12,6 @@ pub mod bytes_in_flight;
 pub mod claims;
 pub mod dead_letters;
 pub mod drain;
-#[cfg(test)]
-pub(crate) mod fake;
 pub mod groups;
 pub mod idle;
 pub mod lease_token;

@@ -53,6 +53,8 @@
 pub mod blocked;
 pub mod columns;
 pub mod dead;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod groups;
 pub mod ident;
 pub mod ids;

@@ -336,7 +336,7 @@ impl Storage for Timed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::relay::fake::{FakeStorage, Op};
+    use crate::storage::fake::{FakeStorage, Op};
 
     #[tokio::test(start_paused = true)]
     async fn a_call_past_the_deadline_is_unavailable_and_names_the_settings() {

@@ -13,7 +13,7 @@ use tokio::time::{sleep, Instant};
 
 use super::*;
 use crate::config::{OutboxConfig, PollConfig};
-use crate::relay::fake::{FakeStorage, Op, WAIT};
+use crate::storage::fake::{FakeStorage, Op, WAIT};
 
 /// Polling too slow to matter within a test: only insert signals and answers wake streams.
 const NO_POLLING: PollConfig = PollConfig {

@@ -1,9 +1,9 @@
-//! An in-memory [`Storage`] for the relay's unit tests: rows in id order, write-backs
-//! fenced by owner, strict per-key order (a row waits while an earlier row of its key is
-//! leased), every call counted, and gates that hold a kind of call until the test lets it
-//! through, to see which calls of one stream run at the same time. Leases never run out
-//! and retries are due at once: the tests that use it are about the relay's loop, not
-//! about the database's clock.
+//! An in-memory [`Storage`] for unit tests (the relay's loop, the [`super::timed`]
+//! wrapper): rows in id order, write-backs fenced by owner, strict per-key order (a row
+//! waits while an earlier row of its key is leased), every call counted, and gates that
+//! hold a kind of call until the test lets it through, to see which calls of one stream
+//! run at the same time. Leases never run out and retries are due at once: the tests that
+//! use it are about the relay's loop, not about the database's clock.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
