@@ -36,8 +36,6 @@ mod read;
 mod schema;
 mod stats;
 
-use self::schema::ddl;
-
 /// Serialises the groups' DDL of servers starting together (beside the table's own).
 const LOCK_CLASS_GROUPS: i32 = 0x7478_6f62 + 2;
 
@@ -102,7 +100,7 @@ impl PostgresGroups {
             part,
             table: t,
         };
-        let ddl = ddl(&sql, &n, table, schema, partitions);
+        let ddl = sql.render_ddl(&n, table, schema, partitions);
         Ok(Self {
             pool,
             display_table: match schema {

@@ -131,13 +131,20 @@ impl PostgresGroups {
     }
 }
 
-pub(super) fn ddl(
-    s: &GroupSql,
-    n: &Names,
-    table: &str,
-    schema: Option<&str>,
-    partitions: u32,
-) -> String {
+impl GroupSql {
+    /// The groups' DDL for a table with these names (`n`) in `schema`.
+    pub(super) fn render_ddl(
+        &self,
+        n: &Names,
+        table: &str,
+        schema: Option<&str>,
+        partitions: u32,
+    ) -> String {
+        ddl(self, n, table, schema, partitions)
+    }
+}
+
+fn ddl(s: &GroupSql, n: &Names, table: &str, schema: Option<&str>, partitions: u32) -> String {
     let index = match schema {
         Some(_) => quote(&format!("{table}_log_p{partitions}_idx")),
         None => quote(&format!("{table}_log_p{partitions}_idx")),
