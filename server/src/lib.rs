@@ -9,10 +9,10 @@
 //!   [`storage::columns`], [`storage::rows`], [`storage::SortedIds`] (the ids a
 //!   write-back takes and returns, sorted once by the relay), [`storage::nack`], the
 //!   operator's [`storage::dead`], [`storage::pauses`] and [`storage::blocked`], the
-//!   purge loop), then one module per backend with the same files: `mod.rs` the trait,
-//!   `ops.rs` operations of several statements, `sql.rs` the statements (MySQL's
-//!   dead-letter ones in `sql/dead.rs`), `table.rs` DDL and the check of a live table,
-//!   `convert.rs` errors and rows;
+//!   purge loop), then one module per backend with the same files (see [`storage`]):
+//!   `mod.rs` the trait, each method a call into the file doing the work, `shape.rs` the
+//!   table's names, `schema.rs` DDL and the check of a live table, `claim.rs`,
+//!   `strict.rs`, `answers.rs`, `admin.rs`, and `convert.rs` errors and rows;
 //! - [`relay`]: outboxes, idle polling, retry policy, an identity's bytes in flight
 //!   (`relay/bytes_in_flight.rs`), and the subscription loop behind `Subscribe` (its
 //!   claiming and answering sides state machines, `relay/subscription/claiming.rs` and

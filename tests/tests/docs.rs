@@ -597,7 +597,7 @@ fn the_checks_catch_what_they_are_for() {
     );
     let root = repository();
     assert!(glob_exists(&root, "tests/tests/broker_*.rs"));
-    assert!(glob_exists(&root, "server/src/storage/<backend>/sql.rs"));
+    assert!(glob_exists(&root, "server/src/storage/<backend>/claim.rs"));
     assert!(!glob_exists(&root, "server/src/config.rs"));
     let txoutbox = Program::new(
         &["txoutbox"],

@@ -6,8 +6,8 @@
 //! Cost. A strict PostgreSQL table answers through its key-heads table: heads in
 //! `head_id` order, each key's first pending row looked up through the `(key, id)` index
 //! of pending rows, so a page costs one lookup per key before its last blocked key, not
-//! one per pending row (`postgres::heads::blocked_keys`; BENCHMARKS.md, "Blocked keys",
-//! has the measurement and its command). Every other table answers with one statement
+//! one per pending row (`strict_blocked_keys` in `postgres/admin.rs`; BENCHMARKS.md,
+//! "Blocked keys", has the measurement and its command). Every other table answers with one statement
 //! that visits the pending rows not due now (leased, or waiting for a retry), checks each
 //! is its key's head through the `(key, id)` index of pending rows, and counts the rows
 //! behind it through the same index. The pending rows not due now are found by a pass

@@ -5,7 +5,7 @@
 //! Re-drive keeps per-key order without anything special: it makes rows pending again
 //! with their original ids, and every backend's strict claim hands out a key's pending
 //! rows in id order (PostgreSQL also moves the key's head back to the lowest re-driven
-//! row, see its `sql::redrive`). A re-driven row that is older than a row of its key
+//! row, see its re-drive in `postgres/admin.rs`). A re-driven row that is older than a row of its key
 //! already leased cannot overtake that one; it goes before every later pending row.
 
 use chrono::{DateTime, Utc};

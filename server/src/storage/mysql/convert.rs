@@ -174,7 +174,7 @@ fn message(row: &MySqlRow, attempts: u32) -> Result<OutboxMessage, sqlx::Error> 
     })
 }
 
-/// A row of `sql::blocked_keys`.
+/// A row of `Statements::blocked_keys` (`admin.rs`).
 pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> {
     let owner = text(row, "owner")?;
     let stored_attempts: i64 = row.try_get("attempts")?;
@@ -191,7 +191,7 @@ pub(super) fn decode_blocked(row: &MySqlRow) -> Result<BlockedKey, sqlx::Error> 
     })
 }
 
-/// A row of `sql::dead_list`.
+/// A row of the dead-letter list (`admin.rs`).
 pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
     let stored_attempts: i64 = row.try_get("attempts")?;
     Ok(DeadLetter {
@@ -201,7 +201,7 @@ pub(super) fn decode_dead(row: &MySqlRow) -> Result<DeadLetter, sqlx::Error> {
     })
 }
 
-/// A row of `sql::dead_count`.
+/// A row of the dead-letter counts (`admin.rs`).
 pub(super) fn decode_dead_count(row: &MySqlRow) -> Result<DeadCountRow, sqlx::Error> {
     Ok(DeadCountRow {
         topic: required_text(row, "topic")?,

@@ -145,7 +145,7 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
     Ok(messages)
 }
 
-/// A row of `sql::blocked_keys`.
+/// A row of `Statements::blocked_keys` (`admin.rs`).
 pub(super) fn decode_blocked(row: &SqliteRow) -> Result<BlockedKey, sqlx::Error> {
     let owner: Option<String> = row.try_get("owner")?;
     Ok(BlockedKey {
