@@ -315,25 +315,10 @@ fn claim(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::storage::columns::Columns;
     use crate::storage::ident::Ident;
-    use crate::storage::postgres::shape::DIALECT;
-
-    fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
-        Shape {
-            schema: None,
-            table,
-            columns,
-            strict_ordering: true,
-            dead_holds_key: false,
-            visibility_delay: Duration::ZERO,
-            notify_channel: channel,
-            max_row_bytes: 1 << 22,
-        }
-    }
+    use crate::storage::postgres::shape::{test_shape as shape, DIALECT};
 
     #[test]
     fn claim_parameters_are_numbered_in_order() {

@@ -485,22 +485,7 @@ mod tests {
     use super::*;
     use crate::storage::columns::{ColumnMapping, Columns};
     use crate::storage::ident::Ident;
-    use crate::storage::postgres::shape::{insert, message, DIALECT};
-    use std::time::Duration;
-
-    fn shape<'a>(table: &'a Ident, columns: &'a Columns, channel: Option<&'a Ident>) -> Shape<'a> {
-        Shape {
-            schema: None,
-            table,
-            columns,
-            strict_ordering: true,
-            dead_holds_key: false,
-            visibility_delay: Duration::ZERO,
-            notify_channel: channel,
-            max_row_bytes: 1 << 22,
-        }
-    }
-
+    use crate::storage::postgres::shape::{insert, message, test_shape as shape, DIALECT};
     #[test]
     fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
         let table = Ident::new("Outbox").unwrap();

@@ -212,6 +212,25 @@ pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> Str
     )
 }
 
+/// A strict table's shape with the default columns, for the backend's tests.
+#[cfg(test)]
+pub(super) fn test_shape<'a>(
+    table: &'a Ident,
+    columns: &'a Columns,
+    channel: Option<&'a Ident>,
+) -> Shape<'a> {
+    Shape {
+        schema: None,
+        table,
+        columns,
+        strict_ordering: true,
+        dead_holds_key: false,
+        visibility_delay: Duration::ZERO,
+        notify_channel: channel,
+        max_row_bytes: 1 << 22,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
