@@ -320,6 +320,96 @@ async fn a_stream_that_ends_hands_its_partitions_and_unanswered_rows_to_the_othe
     db.drop().await;
 }
 
+/// Pumps until messages come, and returns them unanswered.
+async fn received(sub: &mut Subscriber) -> Vec<i64> {
+    tokio::time::timeout(DEADLINE, async {
+        while sub.inbox.is_empty() {
+            assert!(sub.pump().await.expect("stream error"), "stream ended");
+        }
+    })
+    .await
+    .expect("messages within the deadline");
+    sub.inbox.drain(..).map(|m| m.id).collect()
+}
+
+/// A row waits behind its key's row in flight while a row of another key, sent after it,
+/// is acked: the written position stays before the waiting row. A partition handed over
+/// then must send that row and see it settled first, or its next owner would read from
+/// that position and deliver the acked row again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_handed_over_behind_a_waiting_row_delivers_nothing_twice() {
+    let db = TestDb::new().await;
+    let config = GROUPS
+        .replace("2s", "60s")
+        .replace("partitions = 4", "partitions = 1");
+    let server = Server::start_serving(&db.config(&config)).await;
+    // Live members take the partitions in the order of their ids, which start with the
+    // subscriber's name: the one partition is first's until second joins.
+    let mut first = join(&server, "kafka", "z-first", 100).await;
+    shared_by(&server, "kafka", &["z-first"]).await;
+    let a1 = db
+        .insert_many("orders.created", &[(Some("a".into()), b"a1".to_vec())])
+        .await;
+    assert_eq!(received(&mut first).await, a1);
+    let later = db
+        .insert_many(
+            "orders.created",
+            &[
+                (Some("a".into()), b"a2".to_vec()),
+                (Some("b".into()), b"b1".to_vec()),
+            ],
+        )
+        .await;
+    let (a2, b1) = (later[0], later[1]);
+    assert_eq!(received(&mut first).await, vec![b1], "a2 waits behind a1");
+    assert_eq!(first.ack(&[b1]).await.acked, vec![b1]);
+
+    let second = join(&server, "kafka", "a-second", 100).await;
+    eventually("first handing the partition over", DEADLINE, || async {
+        server
+            .log_contains("handing the partition over")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(first.ack(&a1).await.acked, a1);
+    // From here both streams ack whatever comes, until the second gets a row inserted
+    // once it owns the partition.
+    let (tx, mut deliveries) = tokio::sync::mpsc::unbounded_channel();
+    let streams = [("first", first), ("second", second)].map(|(name, mut sub)| {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            loop {
+                let ids = received(&mut sub).await;
+                for id in &ids {
+                    let _ = tx.send((name, *id));
+                }
+                sub.ack(&ids).await;
+            }
+        })
+    });
+    shared_by(&server, "kafka", &["a-second"]).await;
+    let c1 = db
+        .insert_many("orders.created", &[(Some("c".into()), b"c1".to_vec())])
+        .await;
+    let mut got = Vec::new();
+    tokio::time::timeout(DEADLINE, async {
+        while !got.contains(&("second", c1[0])) {
+            got.push(deliveries.recv().await.expect("the streams run"));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the second stream never got the new row: {got:?}"));
+    for stream in streams {
+        stream.abort();
+    }
+    assert_eq!(
+        got,
+        vec![("first", a2), ("second", c1[0])],
+        "the waiting row went before the hand-over, and nothing came twice"
+    );
+    db.drop().await;
+}
+
 /// A seek takes the partitions from their owner: answers it sends afterwards for rows
 /// it held are fenced, and the group delivers again from the new place, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -57,8 +57,10 @@ impl Dispatch {
 #[derive(Debug)]
 pub struct Part {
     pub epoch: i64,
-    /// As the table has it.
+    /// As the table has it: moved by [`Member::flushed`] once a flush committed.
     pub committed: Position,
+    /// Every row up to here is settled in memory; past `committed` until a flush writes it.
+    settled: Position,
     /// Read up to here.
     pub cursor: Position,
     /// The last read found nothing more; reset by a wake-up.
@@ -82,6 +84,7 @@ impl Part {
         let mut part = Self {
             epoch: lease.epoch,
             committed: lease.position,
+            settled: lease.position,
             cursor: lease.position,
             caught_up: false,
             queue: VecDeque::new(),
@@ -157,9 +160,11 @@ impl Part {
     /// head of `open` that no flush has written yet.
     fn position_would_move(&self) -> bool {
         let bound = self.queue.front().map(|row| row.position);
-        self.open
-            .first_key_value()
-            .is_some_and(|(&position, &settled)| settled && bound.is_none_or(|b| position <= b))
+        self.settled > self.committed
+            || self
+                .open
+                .first_key_value()
+                .is_some_and(|(&position, &settled)| settled && bound.is_none_or(|b| position <= b))
     }
 
     pub fn state_rows(&self) -> impl Iterator<Item = &StateRow> {
@@ -327,13 +332,19 @@ impl Member {
             let mut fresh: Vec<GroupRow> = Vec::new();
             {
                 let part = self.parts.get_mut(&partition).expect("listed above");
-                if part.leaving {
-                    continue;
-                }
+                // A partition being handed over sends only the rows queued before the last
+                // row it sent (held back behind a key in flight): its position must pass
+                // every row it sent before the next owner reads from there, or that owner
+                // would deliver them again. Its state rows are written: they wait for it.
+                let horizon = match (part.leaving, part.open.last_key_value()) {
+                    (false, _) => None,
+                    (true, Some((last, _))) => Some(*last),
+                    (true, None) => continue,
+                };
                 // State rows first: each blocked key's first row, and keyless retries.
                 let mut taken = 0;
                 let mut seen_keys: BTreeSet<&str> = BTreeSet::new();
-                for row in part.state.values() {
+                for row in part.state.values().filter(|_| horizon.is_none()) {
                     if out.fresh.len() + out.from_state.len() + taken >= room {
                         break;
                     }
@@ -361,7 +372,9 @@ impl Member {
                 // Then the log, skipping keys still in flight from an earlier batch.
                 let mut kept = VecDeque::new();
                 while let Some(row) = part.queue.pop_front() {
-                    if out.fresh.len() + out.from_state.len() + taken + fresh.len() >= room {
+                    if out.fresh.len() + out.from_state.len() + taken + fresh.len() >= room
+                        || horizon.is_some_and(|last| row.position > last)
+                    {
                         kept.push_back(row);
                         continue;
                     }
@@ -683,16 +696,16 @@ impl Member {
         let mut flushes = Vec::new();
         let touched = std::mem::take(&mut self.touched);
         for (partition, part) in &mut self.parts {
-            let position = part.settled_position().filter(|p| *p > part.committed);
+            if let Some(settled) = part.settled_position() {
+                part.settled = part.settled.max(settled);
+            }
+            let position = (part.settled > part.committed).then_some(part.settled);
             if position.is_none()
                 && part.upserts.is_empty()
                 && part.deletes.is_empty()
                 && !touched.contains(partition)
             {
                 continue;
-            }
-            if let Some(position) = position {
-                part.committed = position;
             }
             flushes.push(Flush {
                 partition: *partition,
@@ -705,10 +718,57 @@ impl Member {
         flushes
     }
 
-    /// Partitions marked leaving with nothing in flight and nothing to write. An ack
-    /// applied since the last flush moved the position in memory only: released before
-    /// that flush, the partition's next owner would read from the old position and
-    /// deliver the acked rows again.
+    /// Records what a flush committed (the partitions it found moved are lost already).
+    pub fn flushed(&mut self, flushes: &[Flush]) {
+        for flush in flushes {
+            if let (Some(part), Some(position)) =
+                (self.parts.get_mut(&flush.partition), flush.position)
+            {
+                if part.epoch == flush.epoch {
+                    part.committed = part.committed.max(position);
+                }
+            }
+        }
+    }
+
+    /// Takes back the writes of a flush that failed, so the next one (the stream's last,
+    /// if the failure ends it) carries them again: a position moved in memory only would
+    /// let the partition's next owner read from the old one and deliver acked rows again.
+    /// Writes made since for the same row win.
+    pub fn unflushed(&mut self, flushes: Vec<Flush>) {
+        for flush in flushes {
+            let Some(part) = self.parts.get_mut(&flush.partition) else {
+                continue;
+            };
+            if part.epoch != flush.epoch {
+                continue;
+            }
+            let newer = |id: MessageId, part: &Part| {
+                part.upserts.iter().any(|r| r.id == id) || part.deletes.contains(&id)
+            };
+            let mut upserts: Vec<StateRow> = flush
+                .upserts
+                .into_iter()
+                .filter(|r| !newer(r.id, part))
+                .collect();
+            let mut deletes: Vec<MessageId> = flush
+                .deletes
+                .into_iter()
+                .filter(|id| !newer(*id, part))
+                .collect();
+            upserts.append(&mut part.upserts);
+            deletes.append(&mut part.deletes);
+            part.upserts = upserts;
+            part.deletes = deletes;
+            self.touched.insert(flush.partition);
+        }
+    }
+
+    /// Partitions marked leaving with nothing in flight and nothing to write, whose
+    /// written position passed every row taken from their queue. An ack applied since the
+    /// last flush moved the position in memory only, and a row still queued before an
+    /// acked one holds the position before both: released so, the partition's next owner
+    /// would read from the old position and deliver the acked rows again.
     pub fn quiet_leaving(&self) -> Vec<u32> {
         self.parts
             .iter()
@@ -716,6 +776,7 @@ impl Member {
                 p.leaving
                     && p.upserts.is_empty()
                     && p.deletes.is_empty()
+                    && p.open.is_empty()
                     && !p.position_would_move()
                     && !self.flights.values().any(|f| f.partition == **n)
             })

@@ -162,6 +162,13 @@ impl Runner {
                 self.fill().await?;
             }
             self.flush().await?;
+            match self.release_quiet().await {
+                Ok(()) => {}
+                Err(error) if heals(&error) => {
+                    tracing::warn!(group = %self.group, member = %self.member_id, %error, "giving partitions back failed; trying again at the next heartbeat");
+                }
+                Err(error) => return Err(error.into()),
+            }
             self.info.set_in_flight(self.member.flights.len());
             if self.draining_until.is_some() && self.member.flights.is_empty() {
                 return Ok(());
@@ -438,6 +445,7 @@ impl Runner {
                     .await
                 {
                     Ok(fenced) => {
+                        self.member.flushed(&flushes);
                         lost = fenced;
                         break;
                     }
@@ -446,7 +454,10 @@ impl Runner {
                         tracing::warn!(group = %self.group, %error, "group flush failed; trying again");
                         tokio::time::sleep(STORAGE_ERROR_DELAY).await;
                     }
-                    Err(error) => return Err(error.into()),
+                    Err(error) => {
+                        self.member.unflushed(flushes);
+                        return Err(error.into());
+                    }
                 }
             }
         }
@@ -514,21 +525,20 @@ impl Runner {
             }
         }
         let members = beat.members;
-        let me = members.iter().position(|m| *m == self.member_id);
+        let member_id = self.member_id.clone();
+        let me = members.iter().position(|m| *m == member_id);
         let assigned = |partition: u32| match me {
-            Some(_) => members[partition as usize % members.len()] == self.member_id,
+            Some(_) => members[partition as usize % members.len()] == member_id,
             None => false,
         };
         for (partition, part) in self.member.parts.iter_mut() {
-            part.leaving = !assigned(*partition) || self.draining_until.is_some();
-        }
-        let quiet = self.member.quiet_leaving();
-        if !quiet.is_empty() {
-            store.release(&self.group, &self.member_id, &quiet).await?;
-            for partition in quiet {
-                self.member.parts.remove(&partition);
+            let leaving = !assigned(*partition) || self.draining_until.is_some();
+            if leaving && !part.leaving {
+                tracing::debug!(group = %self.group, member = %self.member_id, partition, "handing the partition over");
             }
+            part.leaving = leaving;
         }
+        self.release_quiet().await?;
         if self.draining_until.is_some() {
             return Ok(());
         }
@@ -553,6 +563,27 @@ impl Runner {
         if waiting {
             self.next_heartbeat = Instant::now() + HANDOVER_HEARTBEAT.min(self.heartbeat_every());
         }
+        Ok(())
+    }
+
+    /// Gives up the partitions being handed over that have gone quiet (nothing in flight,
+    /// their last answers flushed), at once rather than at the next heartbeat: their next
+    /// owner, which may be waiting with nothing else to do, only waits for that flush.
+    /// The streams of this replica are woken to heartbeat, so one of them that is assigned
+    /// a released partition takes it now.
+    async fn release_quiet(&mut self) -> Result<(), StorageError> {
+        let quiet = self.member.quiet_leaving();
+        if quiet.is_empty() {
+            return Ok(());
+        }
+        self.groups
+            .store
+            .release(&self.group, &self.member_id, &quiet)
+            .await?;
+        for partition in quiet {
+            self.member.parts.remove(&partition);
+        }
+        self.groups.membership_changed();
         Ok(())
     }
 

@@ -104,6 +104,35 @@ fn the_position_passes_only_settled_rows() {
 }
 
 #[test]
+fn a_failed_flush_is_written_again_by_the_next() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);
+    m.dispatch(10, Utc::now(), later());
+    let mut outcome = Outcome::default();
+    m.ack(&[1], &mut outcome);
+    m.fail(2, nack("down", None), Utc::now(), &mut outcome);
+    let failed = m.take_flushes();
+    assert_eq!(failed[0].position, Some(Position { txid: 0, id: 2 }));
+    // Not written: the partition is not quiet, and the next flush carries it all again.
+    m.unflushed(failed);
+    m.parts.get_mut(&0).unwrap().leaving = true;
+    assert!(m.quiet_leaving().is_empty());
+    let again = m.take_flushes();
+    assert_eq!(again[0].position, Some(Position { txid: 0, id: 2 }));
+    assert_eq!(
+        again[0].upserts.iter().map(|r| r.id).collect::<Vec<_>>(),
+        vec![2]
+    );
+    // Once written, nothing is left to write and the partition can go.
+    m.flushed(&again);
+    assert!(m.take_flushes().is_empty());
+    assert_eq!(
+        m.quiet_leaving(),
+        vec![0],
+        "row 2's retry is written: the next owner has it"
+    );
+}
+
+#[test]
 fn the_position_never_passes_a_queued_row() {
     // Key a's second row waits for its first: rows of other keys go ahead of it, and
     // the position stops before it.
@@ -123,6 +152,45 @@ fn the_position_never_passes_a_queued_row() {
     let flushes = m.take_flushes();
     assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 1 }));
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
+}
+
+/// A row held back behind its key's earlier row keeps the position before the rows of
+/// other keys sent after it: a partition handed over then sends it first, so the next
+/// owner starts past every row this one sent.
+#[test]
+fn a_leaving_partition_sends_what_it_held_back_before_it_is_quiet() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
+    m.add_read(
+        &[(0, Position { txid: 0, id: 1 })],
+        Read {
+            rows: vec![row(2, Some("a")), row(3, Some("b"))],
+            ..Read::default()
+        },
+    );
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![3]);
+    let mut outcome = Outcome::default();
+    m.ack(&[1, 3], &mut outcome);
+    m.add_read(
+        &[(0, Position { txid: 0, id: 3 })],
+        Read {
+            rows: vec![row(4, Some("c"))],
+            ..Read::default()
+        },
+    );
+    m.parts.get_mut(&0).expect("partition 0").leaving = true;
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 1 }));
+    m.flushed(&flushes);
+    assert!(m.quiet_leaving().is_empty(), "row 3 is acked past row 2");
+    // Row 2 goes; row 4, after the last row sent, is left to the next owner.
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
+    m.ack(&[2], &mut outcome);
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 3 }));
+    m.flushed(&flushes);
+    assert_eq!(m.quiet_leaving(), vec![0]);
+    assert!(m.dispatch(10, Utc::now(), later()).is_empty());
 }
 
 #[test]
@@ -238,7 +306,7 @@ fn an_expired_lease_retries_at_once_keeping_the_attempt() {
 
 /// A partition handed over right after an ack, before the flush that writes its
 /// position, would have its next owner deliver the acked row again: it is quiet only
-/// once that position is taken for the flush.
+/// once the flush that writes that position committed.
 #[test]
 fn a_leaving_partition_is_quiet_only_once_its_acks_are_flushed() {
     let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);
@@ -250,5 +318,10 @@ fn a_leaving_partition_is_quiet_only_once_its_acks_are_flushed() {
     assert!(m.quiet_leaving().is_empty(), "acked, not flushed");
     let flushes = m.take_flushes();
     assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 2 }));
+    assert!(
+        m.quiet_leaving().is_empty(),
+        "taken for a flush, not written yet"
+    );
+    m.flushed(&flushes);
     assert_eq!(m.quiet_leaving(), vec![0]);
 }
