@@ -218,8 +218,8 @@ pub async fn run(plan: Plan) -> anyhow::Result<Outcome> {
         dir.path().display()
     );
     let mut replicas = vec![
-        Replica::start("r1", &db, &plan.groups).await?,
-        Replica::start("r2", &db, &plan.groups).await?,
+        Replica::start("r1", &db, &plan.groups, dir.path()).await?,
+        Replica::start("r2", &db, &plan.groups, dir.path()).await?,
     ];
     let mut subscribers = Vec::new();
     for (index, replica) in replicas.iter().enumerate() {

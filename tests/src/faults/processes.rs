@@ -29,11 +29,19 @@ pub struct Replica {
     /// This replica to its database; none for SQLite.
     pub db_link: Option<Link>,
     pub restarts: u32,
+    /// Every process's log of this replica, appended as each one ends.
+    log: PathBuf,
 }
 
 impl Replica {
-    /// A replica of an outbox declaring `groups` (none: per-row claims).
-    pub async fn start(name: &str, db: &Database, groups: &[String]) -> anyhow::Result<Self> {
+    /// A replica of an outbox declaring `groups` (none: per-row claims), its log kept in
+    /// `dir` (`NAME.log`).
+    pub async fn start(
+        name: &str,
+        db: &Database,
+        groups: &[String],
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
         let db_link = match db.server_address()? {
             Some(address) => Some(Link::start(address).await?),
             None => None,
@@ -48,7 +56,21 @@ impl Replica {
             client_link,
             db_link,
             restarts: 0,
+            log: dir.join(format!("{name}.log")),
         })
+    }
+
+    /// Appends the ended process's log to the replica's file.
+    fn keep_log(&self) {
+        let lines = self.server.log.lock().expect("log lock").join("\n");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .and_then(|mut file| writeln!(file, "{lines}\n--- process ended ---"));
+        if let Err(error) = written {
+            eprintln!("[faults] {}: {error}", self.log.display());
+        }
     }
 
     pub fn server(&self) -> &Server {
@@ -83,6 +105,7 @@ impl Replica {
     }
 
     async fn restart(&mut self) -> anyhow::Result<()> {
+        self.keep_log();
         self.server = start_server(&self.config).await;
         self.client_link.set_upstream(self.server.address.parse()?);
         self.restarts += 1;
@@ -98,12 +121,15 @@ impl Replica {
         {
             self.server.kill();
         }
+        self.keep_log();
     }
 }
 
 async fn start_server(config: &str) -> Server {
-    // `info` keeps the "listening" line the harness waits for; warnings are echoed.
-    let server = Server::start_with_log(config, "info", false).await;
+    // `info` keeps the "listening" line the harness waits for; TXOUTBOX_FAULTS_LOG may ask
+    // for more (`info,txoutbox_server::relay::groups=debug`) to follow a failure.
+    let level = std::env::var("TXOUTBOX_FAULTS_LOG").unwrap_or_else(|_| "info".to_owned());
+    let server = Server::start_with_log(config, &level, false).await;
     server.wait_serving("orders").await;
     server
 }
