@@ -72,6 +72,9 @@ pub struct Part {
     state: BTreeMap<Position, StateRow>,
     /// Keys with state rows that block them, each with those rows' positions.
     blocked: HashMap<String, BTreeSet<Position>>,
+    /// Rows of state rows settled and deleted before the log brought them (a former owner
+    /// wrote them past its position): skipped when the log brings them.
+    settled_ahead: BTreeSet<Position>,
     /// Handed over to another member once nothing of it is in flight.
     pub leaving: bool,
     /// Writes for the next flush.
@@ -91,6 +94,7 @@ impl Part {
             open: BTreeMap::new(),
             state: BTreeMap::new(),
             blocked: HashMap::new(),
+            settled_ahead: BTreeSet::new(),
             leaving: false,
             upserts: Vec::new(),
             deletes: Vec::new(),
@@ -136,6 +140,9 @@ impl Part {
 
     fn drop_state(&mut self, position: Position) {
         if let Some(row) = self.state.remove(&position) {
+            if position > self.settled.max(self.committed) && !self.open.contains_key(&position) {
+                self.settled_ahead.insert(position);
+            }
             self.unblock(&row);
             self.upserts.retain(|r| r.id != row.id);
             self.deletes.push(row.id);
@@ -380,7 +387,9 @@ impl Member {
                     }
                     // Already a state row (a retry a former owner wrote): the state row is
                     // what delivers it; the position may pass it.
-                    if part.state.contains_key(&row.position) {
+                    if part.state.contains_key(&row.position)
+                        || part.settled_ahead.remove(&row.position)
+                    {
                         part.open.insert(row.position, true);
                         continue;
                     }
@@ -698,6 +707,8 @@ impl Member {
         for (partition, part) in &mut self.parts {
             if let Some(settled) = part.settled_position() {
                 part.settled = part.settled.max(settled);
+                let passed = part.settled;
+                part.settled_ahead.retain(|p| *p > passed);
             }
             let position = (part.settled > part.committed).then_some(part.settled);
             if position.is_none()

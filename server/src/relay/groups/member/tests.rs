@@ -193,6 +193,45 @@ fn a_leaving_partition_sends_what_it_held_back_before_it_is_quiet() {
     assert!(m.dispatch(10, Utc::now(), later()).is_empty());
 }
 
+/// A former owner wrote a retry past its position (a row waited before it): delivered
+/// and acked from its state row before the log brings the row, it is not sent again.
+#[test]
+fn a_retry_settled_before_the_log_brings_its_row_is_not_sent_again() {
+    let mut m = Member::new(settings(GroupOrdering::Key));
+    let retry = StateRow {
+        id: 3,
+        partition: 0,
+        key: Some("c".into()),
+        position: Position { txid: 0, id: 3 },
+        kind: StateKind::Retry,
+        attempts: 1,
+        due_at: Utc::now(),
+        error: None,
+    };
+    m.take(
+        PartitionLease {
+            partition: 0,
+            epoch: 2,
+            position: Position::START,
+        },
+        vec![retry],
+    );
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![3]);
+    let mut outcome = Outcome::default();
+    m.ack(&[3], &mut outcome);
+    m.add_read(
+        &[(0, Position::START)],
+        Read {
+            rows: vec![row(1, Some("a")), row(2, Some("b")), row(3, Some("c"))],
+            ..Read::default()
+        },
+    );
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1, 2]);
+    m.ack(&[1, 2], &mut outcome);
+    let flushes = m.take_flushes();
+    assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 3 }));
+}
+
 #[test]
 fn a_failed_key_holds_only_itself() {
     let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);
