@@ -63,6 +63,17 @@ fn member(ordering: GroupOrdering, rows: &[(i64, Option<&str>)]) -> Member {
     member
 }
 
+/// The log brings `rows` to partition 0, read after the row `after`.
+fn read_after(m: &mut Member, after: i64, rows: &[(i64, Option<&str>)]) {
+    m.add_read(
+        &[(0, Position { txid: 0, id: after })],
+        Read {
+            rows: rows.iter().map(|(id, key)| row(*id, *key)).collect(),
+            ..Read::default()
+        },
+    );
+}
+
 fn sent(dispatch: &Dispatch) -> Vec<i64> {
     dispatch
         .fresh
@@ -138,13 +149,7 @@ fn the_position_never_passes_a_queued_row() {
     // the position stops before it.
     let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
-    m.add_read(
-        &[(0, Position { txid: 0, id: 1 })],
-        Read {
-            rows: vec![row(2, Some("a")), row(3, Some("b"))],
-            ..Read::default()
-        },
-    );
+    read_after(&mut m, 1, &[(2, Some("a")), (3, Some("b"))]);
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![3]);
     let mut outcome = Outcome::default();
     m.ack(&[3], &mut outcome);
@@ -161,23 +166,11 @@ fn the_position_never_passes_a_queued_row() {
 fn a_leaving_partition_sends_what_it_held_back_before_it_is_quiet() {
     let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
-    m.add_read(
-        &[(0, Position { txid: 0, id: 1 })],
-        Read {
-            rows: vec![row(2, Some("a")), row(3, Some("b"))],
-            ..Read::default()
-        },
-    );
+    read_after(&mut m, 1, &[(2, Some("a")), (3, Some("b"))]);
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![3]);
     let mut outcome = Outcome::default();
     m.ack(&[1, 3], &mut outcome);
-    m.add_read(
-        &[(0, Position { txid: 0, id: 3 })],
-        Read {
-            rows: vec![row(4, Some("c"))],
-            ..Read::default()
-        },
-    );
+    read_after(&mut m, 3, &[(4, Some("c"))]);
     m.parts.get_mut(&0).expect("partition 0").leaving = true;
     let flushes = m.take_flushes();
     assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 1 }));
@@ -239,13 +232,7 @@ fn a_failed_key_holds_only_itself() {
     let mut outcome = Outcome::default();
     m.fail(1, nack("down", None), Utc::now(), &mut outcome);
     assert_eq!(outcome.retried, vec![1]);
-    m.add_read(
-        &[(0, Position { txid: 0, id: 2 })],
-        Read {
-            rows: vec![row(3, Some("a")), row(4, Some("b"))],
-            ..Read::default()
-        },
-    );
+    read_after(&mut m, 2, &[(3, Some("a")), (4, Some("b"))]);
     m.ack(&[2], &mut outcome);
     // b goes on; a's next row becomes a held state row instead of being sent.
     let d = m.dispatch(10, Utc::now(), later());
@@ -289,13 +276,7 @@ fn a_due_retry_goes_first_then_its_held_rows_in_order() {
 fn a_key_in_flight_from_an_earlier_batch_waits() {
     let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
-    m.add_read(
-        &[(0, Position { txid: 0, id: 1 })],
-        Read {
-            rows: vec![row(2, Some("a"))],
-            ..Read::default()
-        },
-    );
+    read_after(&mut m, 1, &[(2, Some("a"))]);
     assert!(m.dispatch(10, Utc::now(), later()).is_empty());
     let mut outcome = Outcome::default();
     m.ack(&[1], &mut outcome);
