@@ -21,9 +21,7 @@ use tokio::time::Instant;
 
 use crate::config::GroupSettings;
 use crate::relay::backoff::Backoff;
-use crate::storage::groups::{
-    Flush, GroupRow, PartitionLease, Position, Read, StateKind, StateRow,
-};
+use crate::storage::groups::{GroupRow, PartitionLease, Position, Read, StateKind, StateRow};
 use crate::storage::{FailureDecision, MessageId, RetryPolicy};
 
 /// A message in flight to the subscriber.
@@ -323,172 +321,6 @@ impl Member {
             .all(|p| p.leaving || (p.caught_up && p.queue.is_empty()))
     }
 
-    /// Picks up to `room` messages to send now, in key order.
-    pub fn dispatch(&mut self, room: usize, now: DateTime<Utc>, deadline: Instant) -> Dispatch {
-        let mut out = Dispatch::default();
-        if room == 0 {
-            return out;
-        }
-        self.batches += 1;
-        let batch = self.batches;
-        let ordered = self.settings.ordered();
-        let holds = self.holds_key();
-        let partitions: Vec<u32> = self.parts.keys().copied().collect();
-        for partition in partitions {
-            let mut sends: Vec<(StateRow, bool)> = Vec::new();
-            let mut fresh: Vec<GroupRow> = Vec::new();
-            {
-                let part = self.parts.get_mut(&partition).expect("listed above");
-                // A partition being handed over sends only the rows queued before the last
-                // row it sent (held back behind a key in flight): its position must pass
-                // every row it sent before the next owner reads from there, or that owner
-                // would deliver them again. Its state rows are written: they wait for it.
-                let horizon = match (part.leaving, part.open.last_key_value()) {
-                    (false, _) => None,
-                    (true, Some((last, _))) => Some(*last),
-                    (true, None) => continue,
-                };
-                // State rows first: each blocked key's first row, and keyless retries.
-                let mut taken = 0;
-                let mut seen_keys: BTreeSet<&str> = BTreeSet::new();
-                for row in part.state.values().filter(|_| horizon.is_none()) {
-                    if out.fresh.len() + out.from_state.len() + taken >= room {
-                        break;
-                    }
-                    if self.flights.contains_key(&row.id) || row.kind == StateKind::Dead {
-                        if let (true, Some(key)) = (ordered, &row.key) {
-                            if row.kind != StateKind::Dead || holds {
-                                seen_keys.insert(key);
-                            }
-                        }
-                        continue;
-                    }
-                    let first_of_key = match (&row.key, ordered) {
-                        (Some(key), true) => {
-                            let first = seen_keys.insert(key.as_str());
-                            first && !self.keys_in_flight.contains_key(key)
-                        }
-                        _ => true,
-                    };
-                    let due = row.kind == StateKind::Held || row.due_at <= now;
-                    if first_of_key && due {
-                        sends.push((row.clone(), true));
-                        taken += 1;
-                    }
-                }
-                // Then the log, skipping keys still in flight from an earlier batch.
-                let mut kept = VecDeque::new();
-                while let Some(row) = part.queue.pop_front() {
-                    if out.fresh.len() + out.from_state.len() + taken + fresh.len() >= room
-                        || horizon.is_some_and(|last| row.position > last)
-                    {
-                        kept.push_back(row);
-                        continue;
-                    }
-                    // Already a state row (a retry a former owner wrote): the state row is
-                    // what delivers it; the position may pass it.
-                    if part.state.contains_key(&row.position)
-                        || part.settled_ahead.remove(&row.position)
-                    {
-                        part.open.insert(row.position, true);
-                        continue;
-                    }
-                    let key = row.message.key.clone();
-                    if let (true, Some(key)) = (ordered, &key) {
-                        if part.blocked.contains_key(key) {
-                            let held = StateRow {
-                                id: row.message.id,
-                                partition,
-                                key: Some(key.clone()),
-                                position: row.position,
-                                kind: StateKind::Held,
-                                attempts: 0,
-                                due_at: now,
-                                error: None,
-                            };
-                            part.open.insert(row.position, true);
-                            part.put_state(held, holds, true);
-                            continue;
-                        }
-                        let busy = self.keys_in_flight.contains_key(key)
-                            && self
-                                .flights
-                                .values()
-                                .any(|f| f.key.as_deref() == Some(key) && f.batch != batch);
-                        if busy
-                            || kept
-                                .iter()
-                                .any(|r: &GroupRow| r.message.key.as_deref() == Some(key))
-                        {
-                            kept.push_back(row);
-                            continue;
-                        }
-                    }
-                    part.open.insert(row.position, false);
-                    fresh.push(row);
-                }
-                part.queue = kept;
-            }
-            for (row, _) in sends {
-                self.fly(
-                    row.id,
-                    partition,
-                    row.position,
-                    row.key.clone(),
-                    row.attempts + 1,
-                    deadline,
-                    true,
-                    batch,
-                );
-                out.from_state.push(row.id);
-            }
-            for mut row in fresh {
-                self.fly(
-                    row.message.id,
-                    partition,
-                    row.position,
-                    row.message.key.clone(),
-                    1,
-                    deadline,
-                    false,
-                    batch,
-                );
-                row.message.attempts = 1;
-                out.fresh.push(row);
-            }
-        }
-        out
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn fly(
-        &mut self,
-        id: MessageId,
-        partition: u32,
-        position: Position,
-        key: Option<String>,
-        attempts: u32,
-        deadline: Instant,
-        from_state: bool,
-        batch: u64,
-    ) {
-        if let Some(key) = &key {
-            *self.keys_in_flight.entry(key.clone()).or_default() += 1;
-        }
-        self.flights.insert(
-            id,
-            Flight {
-                partition,
-                position,
-                key,
-                attempts,
-                deadline,
-                from_state,
-                batch,
-            },
-        );
-    }
-
     /// The attempt of the delivery in flight of `id`, if this member holds it.
     pub fn attempts_held(&self, id: MessageId) -> Option<u32> {
         self.flights.get(&id).map(|f| f.attempts)
@@ -700,101 +532,6 @@ impl Member {
             .min()
     }
 
-    /// The writes of every partition with something to write; clears them.
-    pub fn take_flushes(&mut self) -> Vec<Flush> {
-        let mut flushes = Vec::new();
-        let touched = std::mem::take(&mut self.touched);
-        for (partition, part) in &mut self.parts {
-            if let Some(settled) = part.settled_position() {
-                part.settled = part.settled.max(settled);
-                let passed = part.settled;
-                part.settled_ahead.retain(|p| *p > passed);
-            }
-            let position = (part.settled > part.committed).then_some(part.settled);
-            if position.is_none()
-                && part.upserts.is_empty()
-                && part.deletes.is_empty()
-                && !touched.contains(partition)
-            {
-                continue;
-            }
-            flushes.push(Flush {
-                partition: *partition,
-                epoch: part.epoch,
-                position,
-                upserts: std::mem::take(&mut part.upserts),
-                deletes: std::mem::take(&mut part.deletes),
-            });
-        }
-        flushes
-    }
-
-    /// Records what a flush committed (the partitions it found moved are lost already).
-    pub fn flushed(&mut self, flushes: &[Flush]) {
-        for flush in flushes {
-            if let (Some(part), Some(position)) =
-                (self.parts.get_mut(&flush.partition), flush.position)
-            {
-                if part.epoch == flush.epoch {
-                    part.committed = part.committed.max(position);
-                }
-            }
-        }
-    }
-
-    /// Takes back the writes of a flush that failed, so the next one (the stream's last,
-    /// if the failure ends it) carries them again: a position moved in memory only would
-    /// let the partition's next owner read from the old one and deliver acked rows again.
-    /// Writes made since for the same row win.
-    pub fn unflushed(&mut self, flushes: Vec<Flush>) {
-        for flush in flushes {
-            let Some(part) = self.parts.get_mut(&flush.partition) else {
-                continue;
-            };
-            if part.epoch != flush.epoch {
-                continue;
-            }
-            let newer = |id: MessageId, part: &Part| {
-                part.upserts.iter().any(|r| r.id == id) || part.deletes.contains(&id)
-            };
-            let mut upserts: Vec<StateRow> = flush
-                .upserts
-                .into_iter()
-                .filter(|r| !newer(r.id, part))
-                .collect();
-            let mut deletes: Vec<MessageId> = flush
-                .deletes
-                .into_iter()
-                .filter(|id| !newer(*id, part))
-                .collect();
-            upserts.append(&mut part.upserts);
-            deletes.append(&mut part.deletes);
-            part.upserts = upserts;
-            part.deletes = deletes;
-            self.touched.insert(flush.partition);
-        }
-    }
-
-    /// Partitions marked leaving with nothing in flight and nothing to write, whose
-    /// written position passed every row taken from their queue. An ack applied since the
-    /// last flush moved the position in memory only, and a row still queued before an
-    /// acked one holds the position before both: released so, the partition's next owner
-    /// would read from the old position and deliver the acked rows again.
-    pub fn quiet_leaving(&self) -> Vec<u32> {
-        self.parts
-            .iter()
-            .filter(|(n, p)| {
-                p.leaving
-                    && p.upserts.is_empty()
-                    && p.deletes.is_empty()
-                    && p.open.is_empty()
-                    && !p.position_would_move()
-                    && !self.flights.values().any(|f| f.partition == **n)
-            })
-            .map(|(n, _)| *n)
-            .collect()
-    }
-
     pub fn partition_of(&self, id: MessageId) -> Option<u32> {
         self.flights.get(&id).map(|f| f.partition)
     }
@@ -803,6 +540,9 @@ impl Member {
 pub fn chrono_of(duration: Duration) -> chrono::Duration {
     chrono::Duration::from_std(duration).unwrap_or(chrono::Duration::MAX)
 }
+
+mod dispatch;
+mod flush;
 
 #[cfg(test)]
 mod tests;

@@ -494,112 +494,6 @@ impl Runner {
         }
         Ok(())
     }
-
-    /// Renews membership and partitions, lets go of what is handed over, takes what is
-    /// assigned and free.
-    async fn heartbeat(&mut self) -> Result<(), StorageError> {
-        let store = Arc::clone(&self.groups.store);
-        let lease = self.partition_lease();
-        let beat = store.heartbeat(&self.group, &self.member_id, lease).await?;
-        self.next_heartbeat = Instant::now() + self.heartbeat_every();
-        if !self.joined {
-            // This stream's own wake-up is not marked seen: another stream may have joined
-            // while this heartbeat ran, and the extra heartbeat it costs is cheap.
-            self.joined = true;
-            self.groups.membership_changed();
-        }
-        // Partitions another member took (our lease ran out, or a seek): forget them.
-        let owned: Vec<u32> = self.member.parts.keys().copied().collect();
-        for partition in owned {
-            let still = beat.partitions.iter().any(|v| {
-                v.partition == partition
-                    && v.owner.as_deref() == Some(self.member_id.as_str())
-                    && Some(v.epoch) == self.member.parts.get(&partition).map(|p| p.epoch)
-            });
-            if !still {
-                tracing::warn!(group = %self.group, member = %self.member_id, partition, "partition lost");
-                let ids = self.member.lose(partition);
-                if !ids.is_empty() {
-                    self.send(Event::LeasesExpired(ids)).await;
-                }
-            }
-        }
-        let members = beat.members;
-        let member_id = self.member_id.clone();
-        let me = members.iter().position(|m| *m == member_id);
-        let assigned = |partition: u32| match me {
-            Some(_) => members[partition as usize % members.len()] == member_id,
-            None => false,
-        };
-        for (partition, part) in self.member.parts.iter_mut() {
-            let leaving = !assigned(*partition) || self.draining_until.is_some();
-            if leaving && !part.leaving {
-                tracing::debug!(group = %self.group, member = %self.member_id, partition, "handing the partition over");
-            }
-            part.leaving = leaving;
-        }
-        self.release_quiet().await?;
-        if self.draining_until.is_some() {
-            return Ok(());
-        }
-        let mut waiting = false;
-        for view in &beat.partitions {
-            if !assigned(view.partition) || self.member.parts.contains_key(&view.partition) {
-                continue;
-            }
-            if view.owner.is_some() && !view.expired {
-                waiting = true;
-                continue;
-            }
-            if let Some(lease) = store
-                .acquire(&self.group, &self.member_id, view.partition, lease)
-                .await?
-            {
-                let state = store.load_state(&self.group, view.partition).await?;
-                tracing::debug!(group = %self.group, member = %self.member_id, partition = view.partition, epoch = lease.epoch, "partition taken");
-                self.member.take(lease, state);
-            }
-        }
-        if waiting {
-            self.next_heartbeat = Instant::now() + HANDOVER_HEARTBEAT.min(self.heartbeat_every());
-        }
-        Ok(())
-    }
-
-    /// Gives up the partitions being handed over that have gone quiet (nothing in flight,
-    /// their last answers flushed), at once rather than at the next heartbeat: their next
-    /// owner, which may be waiting with nothing else to do, only waits for that flush.
-    /// The streams of this replica are woken to heartbeat, so one of them that is assigned
-    /// a released partition takes it now.
-    async fn release_quiet(&mut self) -> Result<(), StorageError> {
-        let quiet = self.member.quiet_leaving();
-        if quiet.is_empty() {
-            return Ok(());
-        }
-        self.groups
-            .store
-            .release(&self.group, &self.member_id, &quiet)
-            .await?;
-        for partition in quiet {
-            self.member.parts.remove(&partition);
-        }
-        self.groups.membership_changed();
-        Ok(())
-    }
-
-    /// However the stream ends: what it holds becomes retries due now, the positions are
-    /// written, and its partitions are free for the others at once.
-    async fn give_back(&mut self) {
-        let held: Vec<MessageId> = self.member.flights.keys().copied().collect();
-        self.member.give_back(&held, Utc::now());
-        if let Err(error) = self.flush().await {
-            tracing::warn!(group = %self.group, member = %self.member_id, %error, "final group flush failed; the partitions' leases will run out");
-        }
-        if let Err(error) = self.groups.store.leave(&self.group, &self.member_id).await {
-            tracing::warn!(group = %self.group, member = %self.member_id, %error, "leaving the group failed; its partitions free up when their lease runs out");
-        }
-        self.groups.membership_changed();
-    }
 }
 
 /// Whether a storage error may heal by waiting (the database down or busy).
@@ -615,3 +509,5 @@ async fn wait_insert(
         None => std::future::pending().await,
     }
 }
+
+mod membership;
