@@ -1,13 +1,23 @@
 //! Which rows a member sends now: state rows due first, then the log, in key order.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 
-use super::{Dispatch, Flight, Member};
+use super::{Dispatch, Flight, Member, Part};
 use crate::storage::groups::{GroupRow, Position, StateKind, StateRow};
 use crate::storage::MessageId;
+
+/// What a dispatch turn reads of the member while it changes one partition.
+struct Turn<'a> {
+    ordered: bool,
+    holds: bool,
+    now: DateTime<Utc>,
+    batch: u64,
+    flights: &'a BTreeMap<MessageId, Flight>,
+    keys_in_flight: &'a HashMap<String, usize>,
+}
 
 impl Member {
     /// Picks up to `room` messages to send now, in key order.
@@ -18,13 +28,9 @@ impl Member {
         }
         self.batches += 1;
         let batch = self.batches;
-        let ordered = self.settings.ordered();
-        let holds = self.holds_key();
         let partitions: Vec<u32> = self.parts.keys().copied().collect();
         for partition in partitions {
-            let mut sends: Vec<(StateRow, bool)> = Vec::new();
-            let mut fresh: Vec<GroupRow> = Vec::new();
-            {
+            let (sends, fresh) = {
                 let part = self.parts.get_mut(&partition).expect("listed above");
                 // A partition being handed over sends only the rows queued before the last
                 // row it sent (held back behind a key in flight): its position must pass
@@ -35,88 +41,23 @@ impl Member {
                     (true, Some((last, _))) => Some(*last),
                     (true, None) => continue,
                 };
-                // State rows first: each blocked key's first row, and keyless retries.
-                let mut taken = 0;
-                let mut seen_keys: BTreeSet<&str> = BTreeSet::new();
-                for row in part.state.values().filter(|_| horizon.is_none()) {
-                    if out.fresh.len() + out.from_state.len() + taken >= room {
-                        break;
-                    }
-                    if self.flights.contains_key(&row.id) || row.kind == StateKind::Dead {
-                        if let (true, Some(key)) = (ordered, &row.key) {
-                            if row.kind != StateKind::Dead || holds {
-                                seen_keys.insert(key);
-                            }
-                        }
-                        continue;
-                    }
-                    let first_of_key = match (&row.key, ordered) {
-                        (Some(key), true) => {
-                            let first = seen_keys.insert(key.as_str());
-                            first && !self.keys_in_flight.contains_key(key)
-                        }
-                        _ => true,
-                    };
-                    let due = row.kind == StateKind::Held || row.due_at <= now;
-                    if first_of_key && due {
-                        sends.push((row.clone(), true));
-                        taken += 1;
-                    }
-                }
-                // Then the log, skipping keys still in flight from an earlier batch.
-                let mut kept = VecDeque::new();
-                while let Some(row) = part.queue.pop_front() {
-                    if out.fresh.len() + out.from_state.len() + taken + fresh.len() >= room
-                        || horizon.is_some_and(|last| row.position > last)
-                    {
-                        kept.push_back(row);
-                        continue;
-                    }
-                    // Already a state row (a retry a former owner wrote): the state row is
-                    // what delivers it; the position may pass it.
-                    if part.state.contains_key(&row.position)
-                        || part.settled_ahead.remove(&row.position)
-                    {
-                        part.open.insert(row.position, true);
-                        continue;
-                    }
-                    let key = row.message.key.clone();
-                    if let (true, Some(key)) = (ordered, &key) {
-                        if part.blocked.contains_key(key) {
-                            let held = StateRow {
-                                id: row.message.id,
-                                partition,
-                                key: Some(key.clone()),
-                                position: row.position,
-                                kind: StateKind::Held,
-                                attempts: 0,
-                                due_at: now,
-                                error: None,
-                            };
-                            part.open.insert(row.position, true);
-                            part.put_state(held, holds, true);
-                            continue;
-                        }
-                        let busy = self.keys_in_flight.contains_key(key)
-                            && self
-                                .flights
-                                .values()
-                                .any(|f| f.key.as_deref() == Some(key) && f.batch != batch);
-                        if busy
-                            || kept
-                                .iter()
-                                .any(|r: &GroupRow| r.message.key.as_deref() == Some(key))
-                        {
-                            kept.push_back(row);
-                            continue;
-                        }
-                    }
-                    part.open.insert(row.position, false);
-                    fresh.push(row);
-                }
-                part.queue = kept;
-            }
-            for (row, _) in sends {
+                let turn = Turn {
+                    ordered: self.settings.ordered(),
+                    holds: self.settings.dead_letter_holds_key,
+                    now,
+                    batch,
+                    flights: &self.flights,
+                    keys_in_flight: &self.keys_in_flight,
+                };
+                let left = room - out.fresh.len() - out.from_state.len();
+                let sends = match horizon {
+                    None => due_state_rows(part, left, &turn),
+                    Some(_) => Vec::new(),
+                };
+                let fresh = log_rows(part, partition, left - sends.len(), horizon, &turn);
+                (sends, fresh)
+            };
+            for row in sends {
                 self.fly(
                     row.id,
                     partition,
@@ -175,4 +116,96 @@ impl Member {
             },
         );
     }
+}
+
+/// State rows to send, up to `room`: each blocked key's first row when due, and keyless
+/// retries when due.
+fn due_state_rows(part: &Part, room: usize, turn: &Turn) -> Vec<StateRow> {
+    let mut sends = Vec::new();
+    let mut seen_keys: BTreeSet<&str> = BTreeSet::new();
+    for row in part.state.values() {
+        if sends.len() >= room {
+            break;
+        }
+        if turn.flights.contains_key(&row.id) || row.kind == StateKind::Dead {
+            if let (true, Some(key)) = (turn.ordered, &row.key) {
+                if row.kind != StateKind::Dead || turn.holds {
+                    seen_keys.insert(key);
+                }
+            }
+            continue;
+        }
+        let first_of_key = match (&row.key, turn.ordered) {
+            (Some(key), true) => {
+                let first = seen_keys.insert(key.as_str());
+                first && !turn.keys_in_flight.contains_key(key)
+            }
+            _ => true,
+        };
+        let due = row.kind == StateKind::Held || row.due_at <= turn.now;
+        if first_of_key && due {
+            sends.push(row.clone());
+        }
+    }
+    sends
+}
+
+/// Rows of the log to send, up to `room` (none past `horizon`), skipping keys still in
+/// flight from an earlier batch; rows of a blocked key become held state rows.
+fn log_rows(
+    part: &mut Part,
+    partition: u32,
+    room: usize,
+    horizon: Option<Position>,
+    turn: &Turn,
+) -> Vec<GroupRow> {
+    let mut fresh: Vec<GroupRow> = Vec::new();
+    let mut kept = VecDeque::new();
+    while let Some(row) = part.queue.pop_front() {
+        if fresh.len() >= room || horizon.is_some_and(|last| row.position > last) {
+            kept.push_back(row);
+            continue;
+        }
+        // Already a state row (a retry a former owner wrote): the state row is what
+        // delivers it; the position may pass it.
+        if part.state.contains_key(&row.position) || part.settled_ahead.remove(&row.position) {
+            part.open.insert(row.position, true);
+            continue;
+        }
+        let key = row.message.key.clone();
+        if let (true, Some(key)) = (turn.ordered, &key) {
+            if part.blocked.contains_key(key) {
+                let held = StateRow {
+                    id: row.message.id,
+                    partition,
+                    key: Some(key.clone()),
+                    position: row.position,
+                    kind: StateKind::Held,
+                    attempts: 0,
+                    due_at: turn.now,
+                    error: None,
+                };
+                part.open.insert(row.position, true);
+                part.put_state(held, turn.holds, true);
+                continue;
+            }
+            let busy = turn.keys_in_flight.contains_key(key)
+                && turn
+                    .flights
+                    .values()
+                    .any(|f| f.key.as_deref() == Some(key) && f.batch != turn.batch);
+            if busy
+                || kept
+                    .iter()
+                    .any(|r: &GroupRow| r.message.key.as_deref() == Some(key))
+            {
+                kept.push_back(row);
+                continue;
+            }
+        }
+        part.open.insert(row.position, false);
+        fresh.push(row);
+    }
+    part.queue = kept;
+    fresh
 }
