@@ -373,7 +373,13 @@ impl Runner {
                 }
             }
         }
-        // In log order within each partition; one response at most `max_message_bytes`.
+        self.send_in_order(messages).await;
+        Ok(())
+    }
+
+    /// Sends `messages` in log order within each partition, one response at most
+    /// `max_message_bytes`; a row too large for any response is dead-lettered.
+    async fn send_in_order(&mut self, mut messages: Vec<OutboxMessage>) {
         let positions: std::collections::HashMap<MessageId, Position> = self
             .member
             .flights
@@ -413,7 +419,6 @@ impl Runner {
         if !batch.is_empty() {
             self.send_batch(batch, lease_expires_at).await;
         }
-        Ok(())
     }
 
     async fn send_batch(
