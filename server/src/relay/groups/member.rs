@@ -73,6 +73,9 @@ pub struct Part {
     /// Rows of state rows settled and deleted before the log brought them (a former owner
     /// wrote them past its position): skipped when the log brings them.
     settled_ahead: BTreeSet<Position>,
+    /// Until when the last renewal of its lease that this member saw lets it send the
+    /// partition's rows (none: not bounded, as in the unit tests).
+    pub lease_until: Option<Instant>,
     /// Handed over to another member once nothing of it is in flight.
     pub leaving: bool,
     /// Writes for the next flush.
@@ -93,6 +96,7 @@ impl Part {
             state: BTreeMap::new(),
             blocked: HashMap::new(),
             settled_ahead: BTreeSet::new(),
+            lease_until: None,
             leaving: false,
             upserts: Vec::new(),
             deletes: Vec::new(),

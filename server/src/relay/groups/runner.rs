@@ -3,8 +3,9 @@
 //! One task, one loop, storage calls awaited in place, in this order each turn: the
 //! heartbeat when due (membership, partitions lost and taken), lease expiries, a read
 //! when the window has room and a partition has nothing queued, a batch, then a flush
-//! of what answers and dispatch changed, after which the answers' `settled` go out: an
-//! ack is confirmed only once the position or state row that records it is committed.
+//! of what answers and dispatch changed (at most one per `FLUSH_EVERY` while the stream
+//! is busy), after which the answers' `settled` go out: an ack is confirmed only once the
+//! position or state row that records it is committed.
 //! Then it waits for an answer, a timer (heartbeat, lease, retry due, idle poll), an
 //! insert signal, the drain, or the subscriber going away.
 
@@ -31,6 +32,15 @@ const MAX_HEARTBEAT: Duration = Duration::from_secs(5);
 /// Heartbeat while a partition assigned to this member is still owned by another one
 /// (handing it over), so the hand-over is quick.
 const HANDOVER_HEARTBEAT: Duration = Duration::from_millis(250);
+/// A partition's read brings up to this many batches: it is read again only once fewer
+/// than a batch are queued, so one statement serves several loop turns (each read costs
+/// the database about as much for 100 rows as for a few hundred).
+const READ_AHEAD: usize = 4;
+/// Least time between two flushes of a busy stream: one flush then writes what several
+/// loop turns applied (a position write per turn cost the database as much as reading
+/// the rows). An idle stream's answer is flushed at once; a busy one's `settled` waits at
+/// most this long.
+const FLUSH_EVERY: Duration = Duration::from_millis(5);
 /// Pause after a failed storage call before the next.
 const STORAGE_ERROR_DELAY: Duration = Duration::from_secs(1);
 
@@ -66,6 +76,7 @@ pub async fn run(
         poll: outbox.config.poll.min,
         next_poll: Instant::now(),
         next_heartbeat: Instant::now(),
+        next_flush: Instant::now(),
         window: spec.max_in_flight,
         member: Member::new(settings),
         outbox,
@@ -113,6 +124,8 @@ struct Runner {
     poll: Duration,
     next_poll: Instant,
     next_heartbeat: Instant,
+    /// The earliest time of the next flush while the stream is busy (see [`FLUSH_EVERY`]).
+    next_flush: Instant,
     draining_until: Option<Instant>,
     /// The outbox or the group was paused at the last look: nothing is sent until it is
     /// resumed.
@@ -161,13 +174,15 @@ impl Runner {
             if self.draining_until.is_none() {
                 self.fill().await?;
             }
-            self.flush().await?;
-            match self.release_quiet().await {
-                Ok(()) => {}
-                Err(error) if heals(&error) => {
-                    tracing::warn!(group = %self.group, member = %self.member_id, %error, "giving partitions back failed; trying again at the next heartbeat");
+            if self.flush_due() {
+                self.flush().await?;
+                match self.release_quiet().await {
+                    Ok(()) => {}
+                    Err(error) if heals(&error) => {
+                        tracing::warn!(group = %self.group, member = %self.member_id, %error, "giving partitions back failed; trying again at the next heartbeat");
+                    }
+                    Err(error) => return Err(error.into()),
                 }
-                Err(error) => return Err(error.into()),
             }
             self.info.set_in_flight(self.member.flights.len());
             if self.draining_until.is_some() && self.member.flights.is_empty() {
@@ -212,8 +227,22 @@ impl Runner {
         }
     }
 
+    /// Whether this turn flushes: writes are waiting and none went out within
+    /// [`FLUSH_EVERY`], or the stream drains or hands a partition over (the next owner
+    /// waits for that flush).
+    fn flush_due(&self) -> bool {
+        let waiting = !self.pending.is_empty() || self.member.has_writes();
+        waiting
+            && (Instant::now() >= self.next_flush
+                || self.draining_until.is_some()
+                || self.member.parts.values().any(|p| p.leaving))
+    }
+
     fn next_wake(&self) -> Instant {
         let mut wake = self.next_heartbeat;
+        if !self.pending.is_empty() || self.member.has_writes() {
+            wake = wake.min(self.next_flush);
+        }
         if let Some(deadline) = self.member.next_deadline() {
             wake = wake.min(deadline);
         }
@@ -315,7 +344,7 @@ impl Runner {
             match self
                 .groups
                 .store
-                .read(&cursors, batch.min(1000) as u32)
+                .read(&cursors, (batch * READ_AHEAD).min(1000) as u32)
                 .await
             {
                 Ok(read) => {
@@ -441,6 +470,7 @@ impl Runner {
         let flushes = self.member.take_flushes();
         let mut lost = Vec::new();
         if !flushes.is_empty() {
+            self.next_flush = Instant::now() + FLUSH_EVERY;
             let mut attempt = 0;
             loop {
                 match self

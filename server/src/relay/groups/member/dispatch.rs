@@ -29,9 +29,15 @@ impl Member {
         self.batches += 1;
         let batch = self.batches;
         let partitions: Vec<u32> = self.parts.keys().copied().collect();
+        let instant = Instant::now();
         for partition in partitions {
             let (sends, fresh) = {
                 let part = self.parts.get_mut(&partition).expect("listed above");
+                // Its lease may have run out in the database (heartbeats failed): another
+                // member may own it now. Nothing is sent until a heartbeat renews it.
+                if part.lease_until.is_some_and(|until| until <= instant) {
+                    continue;
+                }
                 // A partition being handed over sends only the rows queued before the last
                 // row it sent (held back behind a key in flight): its position must pass
                 // every row it sent before the next owner reads from there, or that owner

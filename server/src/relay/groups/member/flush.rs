@@ -6,6 +6,15 @@ use crate::storage::groups::{Flush, StateRow};
 use crate::storage::MessageId;
 
 impl Member {
+    /// Whether the next flush has anything to write or check.
+    pub fn has_writes(&self) -> bool {
+        !self.touched.is_empty()
+            || self
+                .parts
+                .values()
+                .any(|p| !p.upserts.is_empty() || !p.deletes.is_empty() || p.position_would_move())
+    }
+
     /// The writes of every partition with something to write; clears them.
     pub fn take_flushes(&mut self) -> Vec<Flush> {
         let mut flushes = Vec::new();

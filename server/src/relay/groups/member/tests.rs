@@ -225,6 +225,17 @@ fn a_retry_settled_before_the_log_brings_its_row_is_not_sent_again() {
     assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 3 }));
 }
 
+/// A partition whose lease ran out by this member's clock (its heartbeats failed) sends
+/// nothing: another member may own it in the database by now.
+#[test]
+fn a_partition_past_its_lease_sends_nothing_until_renewed() {
+    let mut m = member(GroupOrdering::Key, &[(1, Some("a"))]);
+    m.parts.get_mut(&0).expect("partition 0").lease_until = Some(Instant::now());
+    assert!(m.dispatch(10, Utc::now(), later()).is_empty());
+    m.parts.get_mut(&0).expect("partition 0").lease_until = Some(later());
+    assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![1]);
+}
+
 #[test]
 fn a_failed_key_holds_only_itself() {
     let mut m = member(GroupOrdering::Key, &[(1, Some("a")), (2, Some("b"))]);

@@ -10,12 +10,18 @@ use super::{Runner, HANDOVER_HEARTBEAT};
 use crate::relay::subscription::Event;
 use crate::storage::{MessageId, StorageError};
 
+/// The share of a partition's lease, counted from the start of the call that renewed it,
+/// during which its owner sends its rows: a member whose heartbeats fail stops sending
+/// before the database lets another member take the partition.
+const LEASE_USED: f64 = 0.9;
+
 impl Runner {
     /// Renews membership and partitions, lets go of what is handed over, takes what is
     /// assigned and free.
     pub(super) async fn heartbeat(&mut self) -> Result<(), StorageError> {
         let store = Arc::clone(&self.groups.store);
         let lease = self.partition_lease();
+        let sent = Instant::now();
         let beat = store.heartbeat(&self.group, &self.member_id, lease).await?;
         self.next_heartbeat = Instant::now() + self.heartbeat_every();
         if !self.joined {
@@ -24,12 +30,15 @@ impl Runner {
             self.joined = true;
             self.groups.membership_changed();
         }
-        // Partitions another member took (our lease ran out, or a seek): forget them.
+        // Partitions another member took (our lease ran out, or a seek), or whose lease
+        // ran out before this heartbeat could renew it (any member may take them): forget
+        // them; one that is still free is taken again below, with a new epoch.
         let owned: Vec<u32> = self.member.parts.keys().copied().collect();
         for partition in owned {
             let still = beat.partitions.iter().any(|v| {
                 v.partition == partition
                     && v.owner.as_deref() == Some(self.member_id.as_str())
+                    && !v.expired
                     && Some(v.epoch) == self.member.parts.get(&partition).map(|p| p.epoch)
             });
             if !still {
@@ -39,6 +48,9 @@ impl Runner {
                     self.send(Event::LeasesExpired(ids)).await;
                 }
             }
+        }
+        for part in self.member.parts.values_mut() {
+            part.lease_until = Some(sent + lease.mul_f64(LEASE_USED));
         }
         let members = beat.members;
         let member_id = self.member_id.clone();
@@ -67,13 +79,17 @@ impl Runner {
                 waiting = true;
                 continue;
             }
-            if let Some(lease) = store
+            let sent = Instant::now();
+            if let Some(taken) = store
                 .acquire(&self.group, &self.member_id, view.partition, lease)
                 .await?
             {
                 let state = store.load_state(&self.group, view.partition).await?;
-                tracing::debug!(group = %self.group, member = %self.member_id, partition = view.partition, epoch = lease.epoch, "partition taken");
-                self.member.take(lease, state);
+                tracing::debug!(group = %self.group, member = %self.member_id, partition = view.partition, epoch = taken.epoch, "partition taken");
+                self.member.take(taken, state);
+                if let Some(part) = self.member.parts.get_mut(&view.partition) {
+                    part.lease_until = Some(sent + lease.mul_f64(LEASE_USED));
+                }
             }
         }
         if waiting {
