@@ -66,20 +66,7 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let peer = request.remote_addr().map(|addr| addr.to_string());
         let mut inbound = request.into_inner();
-        let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
-            .await
-            .map_err(|_| {
-                Status::deadline_exceeded("no `open` message within 30s of opening the stream")
-            })??;
-        let open = match first.and_then(|r| r.request) {
-            Some(subscribe_request::Request::Open(open)) => open,
-            Some(_) => {
-                return Err(Status::invalid_argument(
-                    "the first message of Subscribe must be `open`",
-                ))
-            }
-            None => return Err(Status::invalid_argument("the stream ended before `open`")),
-        };
+        let open = first_open(&mut inbound).await?;
         if self.drain.is_started() {
             return Err(to_status(RelayError::ShuttingDown));
         }
@@ -92,23 +79,7 @@ impl v1::relay_server::Relay for RelayService {
                 open.max_in_flight
             )));
         }
-        let group = match open.group.as_str() {
-            "" => {
-                outbox.per_row()?;
-                None
-            }
-            name => {
-                let groups = Arc::clone(outbox.groups()?);
-                groups.settings(name)?;
-                if !open.topics.is_empty() {
-                    return Err(Status::invalid_argument(
-                        "topics: a group receives every row of its outbox; subscribe without a \
-                         topic filter and filter in the publisher",
-                    ));
-                }
-                Some((groups, name.to_owned()))
-            }
-        };
+        let group = group_of(&outbox, &open)?;
         let lease = match (&group, open.lease_ms) {
             (Some((groups, name)), 0) => groups.settings(name)?.lease,
             _ => outbox.claims.lease(Duration::from_millis(open.lease_ms))?,
@@ -575,5 +546,48 @@ fn plain_answer(
         None => invalid(
             "empty SubscribeRequest: set one of ack, nack, release, dead_letter, extend_lease, set_window",
         ),
+    }
+}
+
+/// The stream's first message, which must be `open`, within [`OPEN_TIMEOUT`].
+async fn first_open(
+    inbound: &mut Streaming<v1::SubscribeRequest>,
+) -> Result<v1::OpenSubscription, Status> {
+    let first = tokio::time::timeout(OPEN_TIMEOUT, inbound.message())
+        .await
+        .map_err(|_| {
+            Status::deadline_exceeded("no `open` message within 30s of opening the stream")
+        })??;
+    match first.and_then(|r| r.request) {
+        Some(subscribe_request::Request::Open(open)) => Ok(open),
+        Some(_) => Err(Status::invalid_argument(
+            "the first message of Subscribe must be `open`",
+        )),
+        None => Err(Status::invalid_argument("the stream ended before `open`")),
+    }
+}
+
+/// The group an `open` names (none: the outbox's per-row claims), checked against what
+/// the outbox declares.
+fn group_of(
+    outbox: &Outbox,
+    open: &v1::OpenSubscription,
+) -> Result<Option<(Arc<groups::Groups>, String)>, Status> {
+    match open.group.as_str() {
+        "" => {
+            outbox.per_row()?;
+            Ok(None)
+        }
+        name => {
+            let groups = Arc::clone(outbox.groups()?);
+            groups.settings(name)?;
+            if !open.topics.is_empty() {
+                return Err(Status::invalid_argument(
+                    "topics: a group receives every row of its outbox; subscribe without a \
+                     topic filter and filter in the publisher",
+                ));
+            }
+            Ok(Some((groups, name.to_owned())))
+        }
     }
 }

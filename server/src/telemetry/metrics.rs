@@ -201,62 +201,21 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
-        let counter = |name: &str, help: &str, labels: &[&str]| {
-            let family = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(family.clone()))
-                .expect("registered once");
-            family
-        };
-        let gauge = |name: &str, help: &str, labels: &[&str]| {
-            let family = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(family.clone()))
-                .expect("registered once");
-            family
-        };
+        let families = Families(&registry);
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| families.counter(name, help, labels);
+        let gauge = |name: &str, help: &str, labels: &[&str]| families.gauge(name, help, labels);
         let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
-            let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
-            let family = HistogramVec::new(opts, labels).expect("valid metric");
-            registry
-                .register(Box::new(family.clone()))
-                .expect("registered once");
-            family
+            families.histogram(name, help, labels, buckets)
         };
         let outbox = &["outbox"];
         let by_topic = &["outbox", "topic"];
-        let oldest_pending_age = prometheus::GaugeVec::new(
-            Opts::new(
-                "txoutbox_outbox_oldest_pending_age_seconds",
-                "Age of the oldest pending row (now - created_at, database clock), at the last depth refresh.",
-            ),
+        let oldest_pending_age = families.float_gauge(
+            "txoutbox_outbox_oldest_pending_age_seconds",
+            "Age of the oldest pending row (now - created_at, database clock), at the last depth refresh.",
             by_topic,
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(oldest_pending_age.clone()))
-            .expect("registered once");
-        let float_gauge = |name: &str, help: &str, labels: &[&str]| {
-            let family =
-                prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
-            registry
-                .register(Box::new(family.clone()))
-                .expect("registered once");
-            family
-        };
-        let by_group = &["outbox", "group"];
-        let groups = GroupGauges {
-            lag_rows: gauge("txoutbox_group_lag_rows", "Visible rows past the group's positions, at the last depth refresh.", by_group),
-            lag: float_gauge("txoutbox_group_lag_seconds", "Age of the oldest row past the group's positions (0 with none), at the last depth refresh.", by_group),
-            retrying: gauge("txoutbox_group_retrying_rows", "Rows of the group waiting for a retry, at the last depth refresh.", by_group),
-            held: gauge("txoutbox_group_held_rows", "Rows of the group held behind an earlier failed row of their key, at the last depth refresh.", by_group),
-            dead: gauge("txoutbox_group_dead_rows", "Rows dead-lettered for the group, at the last depth refresh.", by_group),
-            held_keys: gauge("txoutbox_group_held_keys", "Keys the group holds back behind a failed row, at the last depth refresh.", by_group),
-            members: gauge("txoutbox_group_members", "Streams of the group alive on any replica, at the last depth refresh.", by_group),
-            owned_partitions: gauge("txoutbox_group_owned_partitions", "Partitions of the group with an owner, at the last depth refresh.", by_group),
-            partitions: gauge("txoutbox_group_partitions", "Partitions of the group.", by_group),
-            frontier_delay: float_gauge("txoutbox_group_frontier_delay_seconds", "How long the oldest open writing transaction has been open: rows committed after it started wait for it before any group delivers them, at the last depth refresh.", outbox),
-        };
+        );
+        let groups = GroupGauges::new(&families);
         let build_info = gauge(
             "txoutbox_build_info",
             "Always 1; the labels say which txoutboxd runs.",
@@ -265,14 +224,13 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
-        let draining = IntGauge::new(
-            "txoutbox_draining",
-            "1 once the server is draining (shutting down), 0 while it serves.",
-        )
-        .expect("valid metric");
-        registry
-            .register(Box::new(draining.clone()))
-            .expect("registered once");
+        let draining = families.register(
+            IntGauge::new(
+                "txoutbox_draining",
+                "1 once the server is draining (shutting down), 0 while it serves.",
+            )
+            .expect("valid metric"),
+        );
         Self {
             claimed: counter("txoutbox_claimed_rows_total", "Rows claimed and handed to subscribers.", outbox),
             acked: counter("txoutbox_acked_rows_total", "Rows acked (delivered).", outbox),
@@ -572,6 +530,56 @@ impl Drop for StreamGuard {
         // short-lived subscribers do not pile up.
         if streams.get() <= 0 {
             let _ = metrics.subscriber_streams.remove_label_values(&labels);
+        }
+    }
+}
+
+/// Makes metric families, each registered with one registry.
+struct Families<'a>(&'a Registry);
+
+impl Families<'_> {
+    fn register<T: prometheus::core::Collector + Clone + 'static>(&self, family: T) -> T {
+        self.0
+            .register(Box::new(family.clone()))
+            .expect("registered once");
+        family
+    }
+
+    fn counter(&self, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+        self.register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn gauge(&self, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+        self.register(IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric"))
+    }
+
+    fn float_gauge(&self, name: &str, help: &str, labels: &[&str]) -> prometheus::GaugeVec {
+        self.register(
+            prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("valid metric"),
+        )
+    }
+
+    fn histogram(&self, name: &str, help: &str, labels: &[&str], buckets: &[f64]) -> HistogramVec {
+        let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+        self.register(HistogramVec::new(opts, labels).expect("valid metric"))
+    }
+}
+
+impl GroupGauges {
+    fn new(families: &Families) -> Self {
+        let by_group = &["outbox", "group"];
+        let gauge = |name: &str, help: &str| families.gauge(name, help, by_group);
+        Self {
+            lag_rows: gauge("txoutbox_group_lag_rows", "Visible rows past the group's positions, at the last depth refresh."),
+            lag: families.float_gauge("txoutbox_group_lag_seconds", "Age of the oldest row past the group's positions (0 with none), at the last depth refresh.", by_group),
+            retrying: gauge("txoutbox_group_retrying_rows", "Rows of the group waiting for a retry, at the last depth refresh."),
+            held: gauge("txoutbox_group_held_rows", "Rows of the group held behind an earlier failed row of their key, at the last depth refresh."),
+            dead: gauge("txoutbox_group_dead_rows", "Rows dead-lettered for the group, at the last depth refresh."),
+            held_keys: gauge("txoutbox_group_held_keys", "Keys the group holds back behind a failed row, at the last depth refresh."),
+            members: gauge("txoutbox_group_members", "Streams of the group alive on any replica, at the last depth refresh."),
+            owned_partitions: gauge("txoutbox_group_owned_partitions", "Partitions of the group with an owner, at the last depth refresh."),
+            partitions: gauge("txoutbox_group_partitions", "Partitions of the group."),
+            frontier_delay: families.float_gauge("txoutbox_group_frontier_delay_seconds", "How long the oldest open writing transaction has been open: rows committed after it started wait for it before any group delivers them, at the last depth refresh.", &["outbox"]),
         }
     }
 }
