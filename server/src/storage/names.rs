@@ -3,6 +3,8 @@
 //! differ in here. PostgreSQL quotes every name (`"id"`); MySQL and SQLite write the
 //! relay's own names bare, as their tables always had them, and quote a configured one.
 
+use std::fmt::{Display, Write as _};
+
 use super::columns::{Columns, PayloadFormat, TopicSource};
 use super::ident::Ident;
 
@@ -71,6 +73,63 @@ impl Names {
         }
     }
 
+    /// The column of a role by the relay's name for it (`status`, `leased_by`, ...): the ten
+    /// roles every table has. The topic and the headers may be absent or fixed, so they are
+    /// no role here: a statement writes [`Names::topic`] or the optional column itself.
+    pub fn role(&self, role: &str) -> Option<&str> {
+        Some(match role {
+            "id" => &self.id,
+            "key" => &self.key,
+            "payload" => &self.payload,
+            "created_at" => &self.created_at,
+            "status" => &self.status,
+            "attempts" => &self.attempts,
+            "available_at" => &self.available_at,
+            "leased_by" => &self.leased_by,
+            "last_error" => &self.last_error,
+            "processed_at" => &self.processed_at,
+            _ => return None,
+        })
+    }
+
+    /// A statement from `template`, written with the roles' names: each `{role}` (see
+    /// [`Names::role`]) becomes this table's column for it and each other `{name}` the value
+    /// `values` gives it. A statement reads the same whatever the table calls its columns,
+    /// and names only what it uses. A `{` not followed by a name and `}` is SQL's own (an
+    /// array literal `'{}'`) and stays.
+    ///
+    /// # Panics
+    /// On a `{name}` neither a role nor in `values`: templates are the relay's own text,
+    /// so that is a typo, found by the first test that renders the statement.
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut sql = String::with_capacity(template.len() * 2);
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            sql.push_str(&rest[..open]);
+            let after = &rest[open + 1..];
+            let name_len = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            let name = &after[..name_len];
+            let closed = after[name_len..].starts_with('}');
+            if name.is_empty() || !closed || name.starts_with(|c: char| c.is_ascii_digit()) {
+                sql.push('{');
+                rest = after;
+                continue;
+            }
+            if let Some(column) = self.role(name) {
+                sql.push_str(column);
+            } else if let Some((_, value)) = values.iter().find(|(key, _)| *key == name) {
+                write!(sql, "{value}").expect("writing to a String");
+            } else {
+                panic!("statement template names `{{{name}}}`, neither a column role nor a value given: {template}");
+            }
+            rest = &after[name_len + 1..];
+        }
+        sql.push_str(rest);
+        sql
+    }
+
     /// The columns an insert writes, in the order of its parameters: the topic (only with
     /// a topic column), key, payload, headers (only with a headers column).
     pub fn inserted(&self) -> Vec<&str> {
@@ -123,5 +182,43 @@ impl Placeholders {
     /// The number the next placeholder would have.
     pub fn next_number(&self) -> usize {
         self.next
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::columns::ColumnMapping;
+
+    const QUOTED: Dialect = Dialect {
+        column: |name, _| format!("\"{name}\""),
+        literal: |text| format!("'{text}'"),
+    };
+
+    fn mapped() -> Names {
+        let mapping = ColumnMapping {
+            status: "state".to_owned(),
+            ..ColumnMapping::default()
+        };
+        Names::new(&Columns::from_mapping(&mapping).unwrap(), &QUOTED)
+    }
+
+    #[test]
+    fn a_template_names_roles_and_values_and_keeps_sqls_own_braces() {
+        let sql = mapped().fill(
+            "UPDATE {t} SET {status} = 'done' WHERE {id} = ANY('{}') LIMIT {limit}",
+            &[("t", &"outbox"), ("limit", &10)],
+        );
+        assert_eq!(
+            sql,
+            "UPDATE outbox SET \"state\" = 'done' WHERE \"id\" = ANY('{}') LIMIT 10"
+        );
+        assert_eq!(mapped().fill("'{1,2}' {", &[]), "'{1,2}' {");
+    }
+
+    #[test]
+    #[should_panic(expected = "`{stauts}`")]
+    fn a_template_naming_nothing_known_is_a_bug_found_at_once() {
+        mapped().fill("SELECT {stauts} FROM t", &[]);
     }
 }

@@ -402,18 +402,7 @@ struct NackBatch<'a> {
 /// gives back. Rows `(id, key, cause, dead, at)`: a nacked row has `cause = id`, a row
 /// given back the id of the nack that gave it back.
 fn nack_apply(t: &str, n: &Names) -> String {
-    let Names {
-        id,
-        key,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        processed_at,
-        ..
-    } = n;
-    format!(
+    n.fill(
         "WITH input AS (\
            SELECT * FROM unnest($1::int8[], $2::int4[], $3::interval[], $4::text[]) \
              WITH ORDINALITY AS i(id, attempts, delay, error, ord)), \
@@ -442,6 +431,7 @@ fn nack_apply(t: &str, n: &Names) -> String {
            FROM successors x WHERE s.{id} = x.id \
            RETURNING s.{id}::int8 AS id, x.key, x.cause, x.at) \
          SELECT c.id, c.key::text AS key, c.id AS cause, c.dead, c.at FROM nacked c \
-         UNION ALL SELECT r.id, r.key::text, r.cause, false, r.at FROM released r"
+         UNION ALL SELECT r.id, r.key::text, r.cause, false, r.at FROM released r",
+        &[("t", &t)],
     )
 }
