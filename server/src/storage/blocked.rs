@@ -96,20 +96,25 @@ pub fn dead_before(t: &str, n: &Names, key: &str, id: &str) -> String {
 /// dead rows, which an operator keeps few. `waiting` counts the rows behind (`count` is
 /// the backend's `count(*)`, cast as it needs).
 pub fn dead_heads(t: &str, n: &Names, after: &str, count: &str) -> (String, String) {
-    let Names {
-        id, key, status, ..
-    } = n;
     let behind = |what: &str| {
-        format!(
+        n.fill(
             "(SELECT {what} FROM {t} b WHERE b.{key} = d.{key} AND b.{status} = 'pending' \
-             AND b.{id} > d.{id})"
+             AND b.{id} > d.{id})",
+            &[("t", &t), ("what", &what)],
         )
     };
-    let from = format!(
+    let from = n.fill(
         "FROM {t} d WHERE d.{status} = 'dead' AND d.{key} IS NOT NULL AND d.{id} > {after} \
-         AND NOT {} AND EXISTS {}",
-        dead_before(t, n, &format!("d.{key}"), &format!("d.{id}")),
-        behind("1"),
+         AND NOT {dead_before} AND EXISTS {behind}",
+        &[
+            ("t", &t),
+            ("after", &after),
+            (
+                "dead_before",
+                &dead_before(t, n, &format!("d.{}", n.key), &format!("d.{}", n.id)),
+            ),
+            ("behind", &behind("1")),
+        ],
     );
     (from, behind(count))
 }

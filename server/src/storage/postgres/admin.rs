@@ -3,6 +3,7 @@
 //! discarded (see `storage/dead.rs`), blocked keys, lease holders, pauses, and the insert
 //! of tests and demos.
 
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,20 +64,12 @@ impl Admin {
     ) -> Self {
         let t = shape.table_sql();
         let n = shape.names();
-        let Names {
-            id,
-            status,
-            available_at,
-            leased_by,
-            processed_at,
-            created_at,
-            ..
-        } = &n;
         let pauses = shape.pauses_table();
+        let table = [("t", &t as &dyn Display)];
         Self {
             // `status = 'pending' OR status = 'dead'` (not IN) lets the planner OR the two
             // partial indexes instead of scanning the delivered rows.
-            stats: format!(
+            stats: n.fill(
                 "SELECT {topic} AS topic, \
                    count(*) FILTER (WHERE {status} = 'pending') AS pending, \
                    count(*) FILTER (WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
@@ -89,18 +82,20 @@ impl Admin {
                      AS oldest_pending_secs \
                  FROM {t} o WHERE {status} = 'pending' OR {status} = 'dead' \
                  GROUP BY 1 ORDER BY 1",
-                topic = n.topic("o."),
+                &[("t", &t), ("topic", &n.topic("o."))],
             ),
             delivered_within: (!delete_on_ack).then(|| {
-                format!(
+                n.fill(
                     "SELECT count(*) FROM {t} WHERE {status} = 'done' \
-                 AND {processed_at} > statement_timestamp() - $1::interval"
+                     AND {processed_at} > statement_timestamp() - $1::interval",
+                    &table,
                 )
             }),
-            purge_batch: format!(
+            purge_batch: n.fill(
                 "DELETE FROM {t} WHERE {id} IN (\
                    SELECT {id} FROM {t} WHERE {status} = 'done' \
-                   AND {processed_at} < statement_timestamp() - $1::interval LIMIT $2)"
+                   AND {processed_at} < statement_timestamp() - $1::interval LIMIT $2)",
+                &table,
             ),
             blocked_keys: match shape.strict_ordering {
                 true => {
@@ -109,11 +104,12 @@ impl Admin {
                 }
                 false => blocked_keys(&t, &n),
             },
-            lease_holders: format!(
+            lease_holders: n.fill(
                 "SELECT {leased_by}::text, count(*)::int8, min({available_at}) FROM {t} \
                  WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                    AND {available_at} > statement_timestamp() \
-                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}"
+                 GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}",
+                &[("t", &t), ("MAX_LEASE_HOLDERS", &MAX_LEASE_HOLDERS)],
             ),
             pauses: format!("SELECT target, paused_at FROM {pauses} ORDER BY target"),
             pause: format!(
@@ -327,16 +323,15 @@ impl Admin {
     /// [`crate::storage::dead::conditions`] with placeholders from `$3`.
     pub fn dead_list(&self, conditions: &str) -> String {
         let n = &self.names;
-        format!(
+        n.fill(
             "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
              o.{processed_at} AS died_at FROM {t} o \
              WHERE o.{status} = 'dead' AND o.{id} > $1{conditions} ORDER BY o.{id} LIMIT $2",
-            message = message(n, "o", self.max_row_bytes),
-            last_error = n.last_error,
-            processed_at = n.processed_at,
-            status = n.status,
-            id = n.id,
-            t = self.table,
+            &[
+                ("message", &message(n, "o", self.max_row_bytes)),
+                ("conditions", &conditions),
+                ("t", &self.table),
+            ],
         )
     }
 
@@ -344,14 +339,15 @@ impl Admin {
     /// the total of every group; `conditions` with placeholders from `$2`.
     pub fn dead_count(&self, conditions: &str) -> String {
         let n = &self.names;
-        format!(
+        n.fill(
             "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
              (sum(count(*)) OVER ())::int8 AS total FROM {t} o \
              WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT $1",
-            topic = n.topic("o."),
-            last_error = n.last_error,
-            status = n.status,
-            t = self.table,
+            &[
+                ("topic", &n.topic("o.")),
+                ("conditions", &conditions),
+                ("t", &self.table),
+            ],
         )
     }
 
@@ -361,18 +357,6 @@ impl Admin {
     /// it died), so a strict claim finds it before the key's later rows. `conditions`
     /// with placeholders from `$3`.
     pub fn dead_redrive(&self, conditions: &str) -> String {
-        let n = &self.names;
-        let t = &self.table;
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            processed_at,
-            ..
-        } = n;
         let heads = match self.strict.as_ref().map(|strict| &strict.heads) {
             Some(heads) => format!(
                 ", heads AS (\
@@ -383,7 +367,7 @@ impl Admin {
             ),
             None => String::new(),
         };
-        format!(
+        self.names.fill(
             "WITH chosen AS MATERIALIZED (\
                SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
                ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED), \
@@ -393,23 +377,27 @@ impl Admin {
                  {processed_at} = NULL \
                FROM chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
                RETURNING u.{id}::int8 AS id, u.{key}::text AS key){heads} \
-             SELECT id FROM redriven ORDER BY id"
+             SELECT id FROM redriven ORDER BY id",
+            &[
+                ("t", &self.table),
+                ("conditions", &conditions),
+                ("heads", &heads),
+            ],
         )
     }
 
     /// Deletes the first `$1` selected dead rows; returns their ids. `conditions` with
     /// placeholders from `$2`.
     pub fn dead_discard(&self, conditions: &str) -> String {
-        let Names { id, status, .. } = &self.names;
-        let t = &self.table;
         // The choice in a CTE of its own: a `LIMIT` subquery under `IN` may be run again
         // per row by the plan, and took more rows than the limit.
-        format!(
+        self.names.fill(
             "WITH chosen AS MATERIALIZED (\
                SELECT o.{id} AS id FROM {t} o WHERE o.{status} = 'dead'{conditions} \
                ORDER BY o.{id} LIMIT $1 FOR UPDATE SKIP LOCKED) \
              DELETE FROM {t} u USING chosen c WHERE u.{id} = c.id AND u.{status} = 'dead' \
-             RETURNING u.{id}::int8"
+             RETURNING u.{id}::int8",
+            &[("t", &self.table), ("conditions", &conditions)],
         )
     }
 }
@@ -418,18 +406,7 @@ impl Admin {
 /// ordering, in the columns of [`strict_blocked_keys`]: each pending row with a key
 /// checked for an earlier pending row of its key.
 fn blocked_keys(t: &str, n: &Names) -> String {
-    let Names {
-        id,
-        key,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        created_at,
-        ..
-    } = n;
-    format!(
+    n.fill(
         "SELECT o.{key}::text AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
          o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
          o.{created_at} AS created_at, o.{available_at} AS until, \
@@ -439,7 +416,8 @@ fn blocked_keys(t: &str, n: &Names) -> String {
          AND o.{available_at} > statement_timestamp() AND o.{id} > $1 \
          AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
            AND p.{status} = 'pending' AND p.{id} < o.{id}) \
-         ORDER BY o.{id} LIMIT $2"
+         ORDER BY o.{id} LIMIT $2",
+        &[("t", &t)],
     )
 }
 
@@ -453,25 +431,14 @@ fn blocked_keys(t: &str, n: &Names) -> String {
 /// docs of `strict.rs`; the next claim moves it on) is listed where its old `head_id` puts it. With
 /// `dead_holds`, a key behind a dead row is left to [`dead_heads`].
 fn strict_blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) -> String {
-    let Names {
-        id,
-        key,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        created_at,
-        ..
-    } = n;
     let not_behind_dead = match dead_holds {
         true => format!(
             " AND NOT {}",
-            blocked::dead_before(t, n, "h.key", &format!("o.{id}"))
+            blocked::dead_before(t, n, "h.key", &format!("o.{}", n.id))
         ),
         false => String::new(),
     };
-    let leased_or_waiting = format!(
+    let leased_or_waiting = n.fill(
         "SELECT h.key AS key, o.{id}::int8 AS head_id, o.{leased_by} AS owner, \
            o.{attempts}::int4 AS attempts, o.{last_error} AS last_error, \
            o.{created_at} AS created_at, o.{available_at} AS until, \
@@ -482,7 +449,12 @@ fn strict_blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) -> Str
              AND r.{id} >= h.head_id ORDER BY r.{id} LIMIT 1) o \
          WHERE h.head_id IS NOT NULL AND h.head_id > $1 \
            AND o.{available_at} > statement_timestamp(){not_behind_dead} \
-         ORDER BY h.head_id LIMIT $2"
+         ORDER BY h.head_id LIMIT $2",
+        &[
+            ("t", &t),
+            ("heads", &heads),
+            ("not_behind_dead", &not_behind_dead),
+        ],
     );
     match dead_holds {
         true => format!(
@@ -497,21 +469,13 @@ fn strict_blocked_keys(t: &str, heads: &str, n: &Names, dead_holds: bool) -> Str
 /// [`crate::storage::blocked::dead_heads`]) in the columns of [`strict_blocked_keys`], `$1` after
 /// this id, `$2` at most; `until` is when it died.
 fn dead_heads(t: &str, n: &Names) -> String {
-    let Names {
-        id,
-        key,
-        attempts,
-        last_error,
-        created_at,
-        processed_at,
-        ..
-    } = n;
     let (from, waiting) = blocked::dead_heads(t, n, "$1", "count(*)");
-    format!(
+    n.fill(
         "SELECT d.{key}::text AS key, d.{id}::int8 AS head_id, NULL::text AS owner, \
            d.{attempts}::int4 AS attempts, d.{last_error} AS last_error, \
            d.{created_at} AS created_at, d.{processed_at} AS until, {waiting} AS waiting, \
-           true AS dead {from} ORDER BY d.{id} LIMIT $2"
+           true AS dead {from} ORDER BY d.{id} LIMIT $2",
+        &[("waiting", &waiting), ("from", &from)],
     )
 }
 

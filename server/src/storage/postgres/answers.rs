@@ -7,6 +7,7 @@
 //! below where claims reached move the claim floor back (`floor.rs`).
 
 use std::collections::HashMap;
+use std::fmt::Display;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,17 +56,6 @@ impl Answers {
     ) -> Self {
         let t = shape.table_sql();
         let n = shape.names();
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &n;
         // The answers find their rows by id, fenced by owner and status. They run unnamed
         // (`persistent(false)`), so PostgreSQL plans each for the table as it is: their
         // `status = 'pending'` lets a scan of a whole partial index serve them too, and a
@@ -74,50 +64,62 @@ impl Answers {
         // per statement (which answers many rows at once): tens of microseconds of planning,
         // and a round trip of its own in which sqlx prepares it (`Parse`, `Describe`,
         // `Sync`), which PostgreSQL counts as a transaction (BENCHMARKS.md, issue 16).
-        let held = format!("WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'");
+        let held = n.fill(
+            "WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'",
+            &[],
+        );
         // Answers that keep a row from being claimed need a lease that has not run out:
         // past it, another claim may be taking the row (docs/guarantees.md).
-        let live = format!("{available_at} > statement_timestamp()");
+        let live = n.fill("{available_at} > statement_timestamp()", &[]);
+        let values: [(&str, &dyn Display); 3] = [("t", &t), ("held", &held), ("live", &live)];
         Self {
-            held_attempts: format!(
-                "SELECT {id}::int8, {attempts}::int4 FROM {t} {held} ORDER BY {id}"
+            held_attempts: n.fill(
+                "SELECT {id}::int8, {attempts}::int4 FROM {t} {held} ORDER BY {id}",
+                &values,
             ),
             ack: match delete_on_ack {
-                true => {
-                    format!("DELETE FROM {t} {held} RETURNING {id}::int8 AS id, {key}::text AS key")
-                }
-                false => format!(
+                true => n.fill(
+                    "DELETE FROM {t} {held} RETURNING {id}::int8 AS id, {key}::text AS key",
+                    &values,
+                ),
+                false => n.fill(
                     "UPDATE {t} SET {status} = 'done', {processed_at} = statement_timestamp(), \
-                     {leased_by} = NULL {held} RETURNING {id}::int8 AS id, {key}::text AS key"
+                     {leased_by} = NULL {held} RETURNING {id}::int8 AS id, {key}::text AS key",
+                    &values,
                 ),
             },
-            nack_held: format!(
+            nack_held: n.fill(
                 "SELECT {id}::int8 AS id, {attempts}::int4 AS attempts, {key}::text AS key \
-                 FROM {t} {held} AND {live}"
+                 FROM {t} {held} AND {live}",
+                &values,
             ),
             nack_apply: nack_apply(&t, &n),
-            release: format!(
+            release: n.fill(
                 "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), \
                  {available_at} = statement_timestamp() + $3::interval, {leased_by} = NULL \
-                 {held} AND ({live} OR $3::interval = interval '0') RETURNING {id}::int8"
+                 {held} AND ({live} OR $3::interval = interval '0') RETURNING {id}::int8",
+                &values,
             ),
-            dead_letter: format!(
+            dead_letter: n.fill(
                 "UPDATE {t} SET {status} = 'dead', {processed_at} = statement_timestamp(), \
                  {last_error} = $3, {leased_by} = NULL \
                  WHERE {id} = $1 AND {leased_by} = $2 AND {status} = 'pending' \
-                 RETURNING {id}::int8 AS id, {key}::text AS key"
+                 RETURNING {id}::int8 AS id, {key}::text AS key",
+                &values,
             ),
             // One row even when nothing was extended, so the deadline is always known.
-            extend_lease: format!(
+            extend_lease: n.fill(
                 "WITH extended AS (\
                    UPDATE {t} SET {available_at} = statement_timestamp() + $3::interval \
                    {held} AND {live} RETURNING {id}::int8 AS id) \
                  SELECT e.id, statement_timestamp() + $3::interval AS lease_expires_at \
-                 FROM (SELECT 1) AS clock LEFT JOIN extended e ON true ORDER BY e.id"
+                 FROM (SELECT 1) AS clock LEFT JOIN extended e ON true ORDER BY e.id",
+                &values,
             ),
-            return_leases: format!(
+            return_leases: n.fill(
                 "UPDATE {t} SET {leased_by} = NULL, {available_at} = statement_timestamp() \
-                 {held}"
+                 {held}",
+                &values,
             ),
             conn,
             strict,

@@ -256,20 +256,12 @@ fn claim(
     let mut params = Placeholders::starting_at('$', 6);
     let topics_param = (topics != TopicClause::Any).then(|| params.take());
     let delay_param = delayed.then(|| params.take());
-    let Names {
-        id,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        created_at,
-        last_error,
-        processed_at,
-        ..
-    } = n;
     let mut filters = String::new();
     if let Some(p) = &delay_param {
-        filters += &format!(" AND o.{created_at} <= statement_timestamp() - {p}::interval");
+        filters += &n.fill(
+            " AND o.{created_at} <= statement_timestamp() - {p}::interval",
+            &[("p", &p)],
+        );
     }
     if let Some(p) = &topics_param {
         filters += &match topics {
@@ -278,8 +270,7 @@ fn claim(
         };
     }
     let exhausted = exhausted_error(n, "u", "$4");
-    format!(
-        "WITH above AS (\
+    n.fill("WITH above AS (\
            SELECT * FROM (\
              SELECT o.{id} AS id, o.{attempts} >= $4 AS spent FROM {t} o \
              WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp() \
@@ -306,11 +297,8 @@ fn claim(
            l.topic, l.key, l.payload, l.headers, l.attempts, l.created_at, l.stored_bytes \
          FROM leased l \
          UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval, {none} FROM spent s \
-         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}",
-        message = message(n, "u", max_row_bytes),
-        none = "NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz, \
-                NULL::int8",
-    )
+         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}", &[("cap", &cap), ("exhausted", &exhausted), ("filters", &filters), ("message", &message(n, "u", max_row_bytes)), ("none", &"NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz, \
+                NULL::int8"), ("t", &t)])
 }
 
 #[cfg(test)]

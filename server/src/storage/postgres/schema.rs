@@ -191,26 +191,22 @@ pub(super) fn schema(
         marker: String::new(),
     };
     let name = |suffix: &str| shape.derived(suffix);
-    let Names {
-        id,
-        key,
-        status,
-        processed_at,
-        ..
-    } = n;
     let mut sql = create_table(t, shape, n);
-    sql += &format!(
+    sql += &n.fill(
         "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
 CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
 CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AND {key} IS NULL;
 ",
-        keyless = name("_keyless_idx"),
-        pending = name("_pending_idx"),
-        key_pending = name("_key_pending_idx"),
-        processed = name("_processed_idx"),
-        dead = name("_dead_idx"),
+        &[
+            ("dead", &name("_dead_idx")),
+            ("key_pending", &name("_key_pending_idx")),
+            ("keyless", &name("_keyless_idx")),
+            ("pending", &name("_pending_idx")),
+            ("processed", &name("_processed_idx")),
+            ("t", &t),
+        ],
     );
     for suffix in [
         "_pending_idx",
@@ -237,8 +233,9 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         // rows before and after its first pending row. Only with the policy: building it
         // scans the table while producers' inserts wait.
         let key_dead = name("_key_dead_idx");
-        sql += &format!(
-            "CREATE INDEX IF NOT EXISTS {key_dead} ON {t} ({key}, {id}) WHERE {status} = 'dead';\n"
+        sql += &n.fill(
+            "CREATE INDEX IF NOT EXISTS {key_dead} ON {t} ({key}, {id}) WHERE {status} = 'dead';\n",
+            &[("key_dead", &key_dead), ("t", &t)],
         );
         check.relations.push(shape.qualified(&key_dead));
     }

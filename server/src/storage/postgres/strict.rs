@@ -217,10 +217,7 @@ pub(super) fn schema(o: &StrictObjects, n: &Names) -> String {
         heads_index,
         ..
     } = o;
-    let Names {
-        id, key, status, ..
-    } = n;
-    format!(
+    n.fill(
         "CREATE TABLE IF NOT EXISTS {heads} (
     key     TEXT   PRIMARY KEY,
     head_id BIGINT
@@ -258,8 +255,15 @@ INSERT INTO {heads} (key, head_id)
     GROUP BY {key}
 ON CONFLICT (key) DO NOTHING;
 ",
-        advance = advance(o, n),
-        claim = claim(o, n),
+        &[
+            ("advance", &advance(o, n)),
+            ("claim", &claim(o, n)),
+            ("heads", &heads),
+            ("heads_index", &heads_index),
+            ("t", &t),
+            ("trigger", &trigger),
+            ("trigger_function", &trigger_function),
+        ],
     )
 }
 
@@ -273,16 +277,13 @@ fn advance(o: &StrictObjects, n: &Names) -> String {
         advance_function,
         ..
     } = o;
-    let Names {
-        id, key, status, ..
-    } = n;
-    format!(
+    n.fill(
         "CREATE OR REPLACE FUNCTION {advance_function}(txo_keys text[]) RETURNS void
 LANGUAGE plpgsql SET plan_cache_mode = force_generic_plan AS $$
 DECLARE
     txo_locked text[];
 BEGIN
-    SELECT coalesce(array_agg(l.key), '{{}}') INTO txo_locked FROM (
+    SELECT coalesce(array_agg(l.key), '{}') INTO txo_locked FROM (
         SELECT h.key FROM {heads} h
         WHERE h.key = ANY(txo_keys) AND h.head_id IS NOT NULL
           -- The head row's status, probed by primary key: as `NOT EXISTS` (a pending row
@@ -297,7 +298,12 @@ BEGIN
     END IF;
 END;
 $$;
-"
+",
+        &[
+            ("advance_function", &advance_function),
+            ("heads", &heads),
+            ("t", &t),
+        ],
     )
 }
 
@@ -435,17 +441,9 @@ fn choose(o: &StrictObjects, n: &Names, cap: &str) -> String {
     let StrictObjects {
         table: t, heads, ..
     } = o;
-    let Names {
-        id,
-        key,
-        status,
-        available_at,
-        leased_by,
-        ..
-    } = n;
     let (head_ok, row_ok, keyless_ok) = (claimable(n, "r"), claimable(n, "s"), claimable(n, "o"));
     let dead_before_first = blocked::dead_before(t, n, "h.key", "f.id");
-    format!(
+    n.fill(
         "        WITH heads AS (
             SELECT * FROM (SELECT h.key, h.head_id, f.id AS first_id,
                    CASE WHEN txo_dead_holds THEN (
@@ -482,12 +480,21 @@ fn choose(o: &StrictObjects, n: &Names, cap: &str) -> String {
         chosen AS (
             (SELECT k.id FROM keyed k WHERE k.ok UNION ALL SELECT l.id FROM keyless l)
             ORDER BY 1 LIMIT txo_batch)
-        SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{{}}') FROM chosen c),
-               (SELECT coalesce(array_agg(h.key), '{{}}') FROM heads h
+        SELECT (SELECT coalesce(array_agg(c.id ORDER BY c.id), '{}') FROM chosen c),
+               (SELECT coalesce(array_agg(h.key), '{}') FROM heads h
                 WHERE h.first_id > h.head_id
                   AND (SELECT true FROM {t} p
                        WHERE p.{id} = h.head_id AND p.{status} = 'pending' LIMIT 1) IS NULL)
-        INTO txo_chosen, txo_behind;\n"
+        INTO txo_chosen, txo_behind;\n",
+        &[
+            ("cap", &cap),
+            ("dead_before_first", &dead_before_first),
+            ("head_ok", &head_ok),
+            ("heads", &heads),
+            ("keyless_ok", &keyless_ok),
+            ("row_ok", &row_ok),
+            ("t", &t),
+        ],
     )
 }
 
@@ -500,19 +507,8 @@ fn lease_chosen(o: &StrictObjects, n: &Names) -> String {
         advance_function,
         ..
     } = o;
-    let Names {
-        id,
-        key,
-        status,
-        attempts,
-        available_at,
-        leased_by,
-        last_error,
-        processed_at,
-        ..
-    } = n;
     let exhausted = exhausted_error(n, "o", "txo_max_attempts");
-    format!(
+    n.fill(
         "        -- Lock what was chosen and look again: an answer may have committed meanwhile.
         -- A key's row is kept only while every chosen row before it is kept or settled
         -- (with `dead_holds`, settled as delivered: a row dead now holds the rest back).
@@ -529,8 +525,8 @@ fn lease_chosen(o: &StrictObjects, n: &Names) -> String {
                        OVER (PARTITION BY l.key ORDER BY l.id
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), true) AS run_ok
             FROM locked l)
-        SELECT coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE NOT j.spent), '{{}}'),
-               coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.spent), '{{}}')
+        SELECT coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE NOT j.spent), '{}'),
+               coalesce(array_agg(j.id ORDER BY j.id) FILTER (WHERE j.spent), '{}')
         INTO txo_take, txo_spend
         FROM judged j WHERE j.ok AND (j.key IS NULL OR j.run_ok);
 
@@ -542,11 +538,16 @@ fn lease_chosen(o: &StrictObjects, n: &Names) -> String {
                 UPDATE {t} o SET {status} = 'dead', {processed_at} = txo_now,
                     {leased_by} = NULL, {last_error} = {exhausted}
                 WHERE o.{id} = ANY(txo_spend) RETURNING o.{key}::text AS key)
-            SELECT coalesce(array_agg(s.key) FILTER (WHERE s.key IS NOT NULL), '{{}}')
+            SELECT coalesce(array_agg(s.key) FILTER (WHERE s.key IS NOT NULL), '{}')
             INTO txo_spent_keys FROM spent s;
             PERFORM {advance_function}(txo_spent_keys);
         END IF;
-"
+",
+        &[
+            ("advance_function", &advance_function),
+            ("exhausted", &exhausted),
+            ("t", &t),
+        ],
     )
 }
 
