@@ -4,7 +4,6 @@
 //! of tests and demos.
 
 use std::fmt::Display;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -12,10 +11,9 @@ use sqlx::types::Json;
 use sqlx::{FromRow, Row};
 use tokio::time::Instant;
 
-use super::convert::{decode_blocked, decode_message, decode_topic_stats, interval, Conn};
-use super::floor::ClaimFloor;
+use super::convert::{decode_blocked, decode_message, decode_topic_stats, interval};
 use super::shape::{insert, message, Shape, StrictObjects};
-use super::strict::Strict;
+use super::Shared;
 use crate::storage::columns::{insert_row, Columns, InsertPayload};
 use crate::storage::dead::{self, DeadCountRow, FilterDialect, FilterValue};
 use crate::storage::names::Names;
@@ -27,7 +25,7 @@ use crate::storage::{
 /// The operator's statements for one table (those whose dead-letter selector varies are
 /// rendered per call).
 pub(super) struct Admin {
-    conn: Conn,
+    shared: Shared,
     /// The table as the statements name it: quoted, with its schema when configured.
     table: String,
     /// The columns as they appear in SQL, for the statements rendered per call.
@@ -50,18 +48,10 @@ pub(super) struct Admin {
     pause: String,
     resume: String,
     insert: String,
-    strict: Option<Arc<Strict>>,
-    floor: Arc<ClaimFloor>,
 }
 
 impl Admin {
-    pub fn new(
-        conn: Conn,
-        shape: &Shape<'_>,
-        delete_on_ack: bool,
-        strict: Option<Arc<Strict>>,
-        floor: Arc<ClaimFloor>,
-    ) -> Self {
+    pub fn new(shared: Shared, shape: &Shape<'_>, delete_on_ack: bool) -> Self {
         let t = shape.table_sql();
         let n = shape.names();
         let pauses = shape.pauses_table();
@@ -123,22 +113,20 @@ impl Admin {
             max_row_bytes: shape.max_row_bytes,
             names: n,
             table: t,
-            conn,
-            strict,
-            floor,
+            shared,
         }
     }
 
     pub async fn stats(&self) -> StorageResult<Stats> {
         let rows = sqlx::query(&self.stats)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
+            .map_err(self.shared.conn.error("stats"))?;
         let topics = rows
             .iter()
             .map(decode_topic_stats)
             .collect::<Result<Vec<_>, _>>()
-            .map_err(self.conn.error("stats"))?;
+            .map_err(self.shared.conn.error("stats"))?;
         Ok(Stats::from_topics(topics))
     }
 
@@ -148,9 +136,9 @@ impl Admin {
         };
         let delivered: i64 = sqlx::query_scalar(statement)
             .bind(interval(window))
-            .fetch_one(&self.conn.pool)
+            .fetch_one(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
+            .map_err(self.shared.conn.error("stats"))?;
         Ok(Some(crate::storage::rows::count(delivered)))
     }
 
@@ -164,14 +152,14 @@ impl Admin {
                 let done = sqlx::query(&self.purge_batch)
                     .bind(interval(older_than))
                     .bind(PURGE_BATCH)
-                    .execute(&self.conn.pool)
+                    .execute(&self.shared.conn.pool)
                     .await
-                    .map_err(self.conn.error("purge"))?;
+                    .map_err(self.shared.conn.error("purge"))?;
                 Ok(done.rows_affected())
             })
             .await?
         };
-        if let Some(strict) = &self.strict {
+        if let Some(strict) = &self.shared.strict {
             strict.purge_drained().await?;
         }
         tracing::debug!(purged, "purged delivered rows");
@@ -186,28 +174,28 @@ impl Admin {
         let rows = sqlx::query(&self.blocked_keys)
             .bind(after_id)
             .bind(i64::from(limit))
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("blocked keys"))?;
+            .map_err(self.shared.conn.error("blocked keys"))?;
         rows.iter()
             .map(decode_blocked)
             .collect::<Result<_, _>>()
-            .map_err(self.conn.error("blocked keys"))
+            .map_err(self.shared.conn.error("blocked keys"))
     }
 
     pub async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
         let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.lease_holders)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("lease holders"))?;
+            .map_err(self.shared.conn.error("lease holders"))?;
         Ok(LeaseHolder::from_rows(rows))
     }
 
     pub async fn pauses(&self) -> StorageResult<Pauses> {
         let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.pauses)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("read the pauses"))?;
+            .map_err(self.shared.conn.error("read the pauses"))?;
         Ok(Pauses::from_rows(rows))
     }
 
@@ -215,9 +203,9 @@ impl Admin {
         let statement = if paused { &self.pause } else { &self.resume };
         sqlx::query(statement)
             .bind(Pauses::targets(topics))
-            .execute(&self.conn.pool)
+            .execute(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("pause"))?;
+            .map_err(self.shared.conn.error("pause"))?;
         self.pauses().await
     }
 
@@ -236,9 +224,9 @@ impl Admin {
             query = query.bind(Json(headers));
         }
         query
-            .fetch_one(&self.conn.pool)
+            .fetch_one(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("insert"))
+            .map_err(self.shared.conn.error("insert"))
     }
 
     pub async fn list_dead(
@@ -247,14 +235,14 @@ impl Admin {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<DeadLetter>> {
-        let err = || self.conn.error("list dead letters");
+        let err = || self.shared.conn.error("list dead letters");
         let (conditions, values) = dead::conditions(filter, &self.names, &FILTER, 3);
         let statement = self.dead_list(&conditions);
         let query = sqlx::query(&statement)
             .bind(after_id)
             .bind(i64::from(limit));
         let rows = bind_filter(query, values)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
             .map_err(err())?;
         rows.iter()
@@ -270,12 +258,12 @@ impl Admin {
     }
 
     pub async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
-        let err = || self.conn.error("count dead letters");
+        let err = || self.shared.conn.error("count dead letters");
         let (conditions, values) = dead::conditions(filter, &self.names, &FILTER, 2);
         let statement = self.dead_count(&conditions);
         let query = sqlx::query(&statement).bind(dead::MAX_COUNT_GROUPS);
         let rows = bind_filter(query, values)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
             .map_err(err())?;
         let rows = rows
@@ -298,12 +286,12 @@ impl Admin {
             .bind(i64::from(limit))
             .bind(interval(delay));
         let ids = bind_filter_scalar(query, values)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("re-drive dead letters"))?;
+            .map_err(self.shared.conn.error("re-drive dead letters"))?;
         if !ids.is_empty() {
             // Pending again, below where claims reached: claimable after the delay.
-            self.floor.rescan_at(Instant::now() + delay);
+            self.shared.floor.rescan_at(Instant::now() + delay);
         }
         Ok(SortedIds::from(ids))
     }
@@ -313,9 +301,9 @@ impl Admin {
         let statement = self.dead_discard(&conditions);
         let query = sqlx::query_scalar(&statement).bind(i64::from(limit));
         let ids = bind_filter_scalar(query, values)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("discard dead letters"))?;
+            .map_err(self.shared.conn.error("discard dead letters"))?;
         Ok(SortedIds::from(ids))
     }
 
@@ -357,7 +345,7 @@ impl Admin {
     /// it died), so a strict claim finds it before the key's later rows. `conditions`
     /// with placeholders from `$3`.
     pub fn dead_redrive(&self, conditions: &str) -> String {
-        let heads = match self.strict.as_ref().map(|strict| &strict.heads) {
+        let heads = match self.shared.strict.as_ref().map(|strict| &strict.heads) {
             Some(heads) => format!(
                 ", heads AS (\
                    INSERT INTO {heads} AS h (key, head_id) \

@@ -8,17 +8,15 @@
 
 use std::collections::HashMap;
 use std::fmt::Display;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use sqlx::postgres::types::PgInterval;
 use tokio::time::Instant;
 
-use super::convert::{interval, Conn};
-use super::floor::ClaimFloor;
+use super::convert::interval;
 use super::shape::Shape;
-use super::strict::Strict;
+use super::Shared;
 use crate::storage::nack::{plan_nacks, HeldRow};
 use crate::storage::names::Names;
 use crate::storage::rows::attempts;
@@ -29,7 +27,7 @@ use crate::storage::{
 
 /// The answers' statements for one table, and what they move besides their rows.
 pub(super) struct Answers {
-    conn: Conn,
+    shared: Shared,
     /// `(id, attempts)` of the rows among `$1` that `$2` holds.
     held_attempts: String,
     /// Returns `(id, key)` of the rows it applied to; a delete with `delete_on_ack`.
@@ -42,18 +40,10 @@ pub(super) struct Answers {
     dead_letter: String,
     extend_lease: String,
     return_leases: String,
-    strict: Option<Arc<Strict>>,
-    floor: Arc<ClaimFloor>,
 }
 
 impl Answers {
-    pub fn new(
-        conn: Conn,
-        shape: &Shape<'_>,
-        delete_on_ack: bool,
-        strict: Option<Arc<Strict>>,
-        floor: Arc<ClaimFloor>,
-    ) -> Self {
+    pub fn new(shared: Shared, shape: &Shape<'_>, delete_on_ack: bool) -> Self {
         let t = shape.table_sql();
         let n = shape.names();
         // The answers find their rows by id, fenced by owner and status. They run unnamed
@@ -121,16 +111,14 @@ impl Answers {
                  {held}",
                 &values,
             ),
-            conn,
-            strict,
-            floor,
+            shared,
         }
     }
 
     /// With strict ordering, after rows of these keys stopped being pending: moves the
     /// keys' heads on (see [`Strict::advance`]).
     async fn advance_heads(&self, keys: impl IntoIterator<Item = String>) {
-        if let Some(strict) = &self.strict {
+        if let Some(strict) = &self.shared.strict {
             strict.advance(keys).await;
         }
     }
@@ -148,9 +136,9 @@ impl Answers {
             .persistent(false)
             .bind(ids.as_slice())
             .bind(owner)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("held_attempts"))?;
+            .map_err(self.shared.conn.error("held_attempts"))?;
         Ok(rows
             .into_iter()
             .map(|(id, stored)| (id, attempts(stored)))
@@ -165,9 +153,9 @@ impl Answers {
             .persistent(false)
             .bind(ids.as_slice())
             .bind(owner)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("ack"))?;
+            .map_err(self.shared.conn.error("ack"))?;
         self.advance_heads(applied.iter().filter_map(|(_, key)| key.clone()))
             .await;
         Ok(ids.only(applied.into_iter().map(|(id, _)| id)))
@@ -187,11 +175,11 @@ impl Answers {
             .bind(ids.as_slice())
             .bind(owner)
             .bind(interval(delay))
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("release"))?;
+            .map_err(self.shared.conn.error("release"))?;
         if !applied.is_empty() {
-            self.floor.rescan_at(Instant::now() + delay);
+            self.shared.floor.rescan_at(Instant::now() + delay);
         }
         Ok(ids.only(applied))
     }
@@ -207,9 +195,9 @@ impl Answers {
             .bind(id)
             .bind(owner)
             .bind(error)
-            .fetch_optional(&self.conn.pool)
+            .fetch_optional(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("dead-letter"))?;
+            .map_err(self.shared.conn.error("dead-letter"))?;
         let Some((_, key)) = applied else {
             return Ok(false);
         };
@@ -228,13 +216,13 @@ impl Answers {
             .bind(ids.as_slice())
             .bind(owner)
             .bind(interval(lease))
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("extend lease"))?;
+            .map_err(self.shared.conn.error("extend lease"))?;
         let lease_expires_at = rows
             .first()
             .map(|(_, at)| *at)
-            .ok_or_else(|| (self.conn.error("extend lease"))(sqlx::Error::RowNotFound))?;
+            .ok_or_else(|| (self.shared.conn.error("extend lease"))(sqlx::Error::RowNotFound))?;
         let ids = ids.only(rows.into_iter().filter_map(|(id, _)| id));
         Ok(Extended {
             ids,
@@ -250,11 +238,11 @@ impl Answers {
             .persistent(false)
             .bind(ids.as_slice())
             .bind(owner)
-            .execute(&self.conn.pool)
+            .execute(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("return leases"))?;
+            .map_err(self.shared.conn.error("return leases"))?;
         if done.rows_affected() > 0 {
-            self.floor.rescan_at(Instant::now());
+            self.shared.floor.rescan_at(Instant::now());
         }
         Ok(done.rows_affected())
     }
@@ -292,7 +280,7 @@ impl Answers {
             .min();
         if let Some(at) = due_again {
             let wait = (at - Utc::now()).to_std().unwrap_or_default();
-            self.floor.rescan_at(Instant::now() + wait);
+            self.shared.floor.rescan_at(Instant::now() + wait);
         }
         self.advance_heads(
             rows.iter()
@@ -314,9 +302,9 @@ impl Answers {
             .persistent(false)
             .bind(&ids)
             .bind(owner)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("nack"))?;
+            .map_err(self.shared.conn.error("nack"))?;
         Ok(held
             .into_iter()
             .map(|(id, stored, key)| {
@@ -344,9 +332,9 @@ impl Answers {
             .bind(&apply.delays)
             .bind(&apply.errors)
             .bind(owner)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.conn.error("nack"))
+            .map_err(self.shared.conn.error("nack"))
     }
 }
 

@@ -2,16 +2,16 @@
 //! statement, or with strict ordering in one call of the claim function (`strict.rs`)
 //! and a read of its messages once it committed.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use tokio::time::Instant;
 
-use super::convert::{decode_claim, decode_message, interval, ClaimOutcome, Conn};
-use super::floor::{ClaimFloor, Start};
+use super::convert::{decode_claim, decode_message, interval, ClaimOutcome};
+use super::floor::Start;
 use super::shape::{exhausted_error, message, Shape};
-use super::strict::Strict;
+use super::Shared;
 use crate::storage::names::{Names, Placeholders};
 use crate::storage::{
     ClaimRequest, Claimed, HeldKeys, OutboxMessage, StorageResult, TopicClause, TopicFilter,
@@ -20,26 +20,19 @@ use crate::storage::{
 /// The claims of one table, and what they need: the pool, the floor of non-strict
 /// claims (see `floor.rs`), with strict ordering the claim function.
 pub(super) struct Claims {
-    conn: Conn,
+    shared: Shared,
     statements: ClaimStatements,
     /// The messages of the ids `$1`, in id order, read once a strict claim committed.
     fetch: String,
     visibility_delay: std::time::Duration,
     dead_holds_key: bool,
-    strict: Option<Arc<Strict>>,
-    floor: Arc<ClaimFloor>,
 }
 
 impl Claims {
-    pub fn new(
-        conn: Conn,
-        shape: &Shape<'_>,
-        strict: Option<Arc<Strict>>,
-        floor: Arc<ClaimFloor>,
-    ) -> Self {
+    pub fn new(shared: Shared, shape: &Shape<'_>) -> Self {
         let n = shape.names();
         Self {
-            conn,
+            shared,
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
                 message = message(&n, "o", shape.max_row_bytes),
@@ -49,8 +42,6 @@ impl Claims {
             statements: ClaimStatements::new(shape),
             visibility_delay: shape.visibility_delay,
             dead_holds_key: shape.dead_holds_key,
-            strict,
-            floor,
         }
     }
 
@@ -65,7 +56,7 @@ impl Claims {
     ) -> StorageResult<Claimed> {
         let ahead = ahead.filter(|_| !self.dead_holds_key);
         let topics = TopicFilter::requested(&request);
-        let (outcome, messages) = match &self.strict {
+        let (outcome, messages) = match &self.shared.strict {
             Some(strict) => {
                 let rows = strict
                     .claim(
@@ -76,7 +67,7 @@ impl Claims {
                         ahead,
                     )
                     .await?;
-                let outcome = decode_claim(&rows).map_err(self.conn.error("claim"))?;
+                let outcome = decode_claim(&rows).map_err(self.shared.conn.error("claim"))?;
                 let messages = self.fetch(&outcome).await?;
                 (outcome, messages)
             }
@@ -104,10 +95,10 @@ impl Claims {
         request: &ClaimRequest<'_>,
         topics: &TopicFilter<'_>,
     ) -> StorageResult<(ClaimOutcome, Vec<OutboxMessage>)> {
-        let err = || self.conn.error("claim");
+        let err = || self.shared.conn.error("claim");
         let floored = *topics == TopicFilter::Any;
         let start = match floored {
-            true => self.floor.start(Instant::now()),
+            true => self.shared.floor.start(Instant::now()),
             false => Start::Bottom,
         };
         let statement = self.statements.claim(topics.clause(), request.batch_size);
@@ -123,7 +114,10 @@ impl Claims {
         if !self.visibility_delay.is_zero() {
             query = query.bind(interval(self.visibility_delay));
         }
-        let rows = query.fetch_all(&self.conn.pool).await.map_err(err())?;
+        let rows = query
+            .fetch_all(&self.shared.conn.pool)
+            .await
+            .map_err(err())?;
         let outcome = decode_claim(&rows).map_err(err())?;
         let mut messages = rows
             .iter()
@@ -134,7 +128,8 @@ impl Claims {
         messages.sort_unstable_by_key(|message| message.id);
         if floored {
             let highest = messages.last().map(|message| message.id);
-            self.floor
+            self.shared
+                .floor
                 .claimed(start, highest.max(outcome.exhausted.iter().copied().max()));
         }
         Ok((outcome, messages))
@@ -146,10 +141,10 @@ impl Claims {
         if outcome.leased.is_empty() {
             return Ok(Vec::new());
         }
-        let err = || self.conn.error("claim");
+        let err = || self.shared.conn.error("claim");
         let rows = sqlx::query(&self.fetch)
             .bind(&outcome.leased)
-            .fetch_all(&self.conn.pool)
+            .fetch_all(&self.shared.conn.pool)
             .await
             .map_err(err())?;
         rows.iter()

@@ -117,6 +117,16 @@ pub struct PostgresExtras {
     pub notify_channel: Option<String>,
 }
 
+/// What the claims, answers and admin statements of one table share: the pool, with
+/// strict ordering the key heads (see `strict.rs`), and the floor of non-strict claims
+/// (see `floor.rs`), which an answer making a row claimable again moves back.
+#[derive(Clone)]
+struct Shared {
+    conn: Conn,
+    strict: Option<Arc<Strict>>,
+    floor: Arc<ClaimFloor>,
+}
+
 /// An outbox table in PostgreSQL. Dropping it stops its insert listener.
 pub struct PostgresStorage {
     /// `schema.table` unquoted, for messages.
@@ -218,17 +228,16 @@ impl PostgresStorage {
         // Where this server's non-strict claims start (see `floor.rs`).
         let floor = Arc::new(ClaimFloor::new(Instant::now()));
         let delete_on_ack = options.delete_on_ack;
+        let shared = Shared {
+            conn: conn.clone(),
+            strict,
+            floor,
+        };
         let storage = Self {
             table: conn.table.clone(),
-            claims: Claims::new(conn.clone(), &shape, strict.clone(), floor.clone()),
-            answers: Answers::new(
-                conn.clone(),
-                &shape,
-                delete_on_ack,
-                strict.clone(),
-                floor.clone(),
-            ),
-            admin: Admin::new(conn.clone(), &shape, delete_on_ack, strict, floor),
+            claims: Claims::new(shared.clone(), &shape),
+            answers: Answers::new(shared.clone(), &shape, delete_on_ack),
+            admin: Admin::new(shared, &shape, delete_on_ack),
             schema: Schema::new(conn, &shape, &objects),
             signal: channel
                 .map(|channel| {
