@@ -193,23 +193,6 @@ impl Storage for Timed {
             .await
     }
 
-    #[tracing::instrument(
-        name = "storage.nack",
-        skip_all,
-        fields(table = self.inner.table_name(), owner, nacks = 1),
-    )]
-    async fn nack(
-        &self,
-        id: MessageId,
-        owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
-        policy: &dyn RetryPolicy,
-    ) -> StorageResult<NackResult> {
-        let call = self.inner.nack(id, owner, error, requested_delay, policy);
-        self.within("nack", call).await
-    }
-
     async fn release(
         &self,
         ids: &SortedIds,
