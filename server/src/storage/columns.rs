@@ -150,37 +150,38 @@ impl Columns {
     /// Every problem of `mapping` at once, each naming its key under `columns.`.
     pub fn from_mapping(mapping: &ColumnMapping) -> Result<Self, Vec<String>> {
         let mut problems = Vec::new();
-        let mut name = |key: &str, value: &str| match Ident::new(value) {
-            Ok(ident) => Some(ident),
-            Err(why) => {
+        let mut name = |key: &str, value: &str| {
+            Ident::new(value).unwrap_or_else(|why| {
                 problems.push(format!("columns.{key} = {value:?}: {why}"));
-                None
-            }
+                // Stands in for the bad name so that every other name is checked too; the
+                // problems are returned, never these columns.
+                Ident::new(key).expect("a role's own name is an identifier")
+            })
         };
-        let id = name("id", &mapping.id);
-        let topic = match (&mapping.topic, &mapping.fixed_topic) {
-            (Some(_), Some(_)) => None,
-            (_, Some(fixed)) => Some(TopicSource::Fixed(fixed.clone())),
-            (column, None) => {
-                name("topic", column.as_deref().unwrap_or("topic")).map(TopicSource::Column)
-            }
+        let columns = Self {
+            id: name("id", &mapping.id),
+            topic: match (&mapping.topic, &mapping.fixed_topic) {
+                (_, Some(fixed)) => TopicSource::Fixed(fixed.clone()),
+                (column, None) => {
+                    TopicSource::Column(name("topic", column.as_deref().unwrap_or("topic")))
+                }
+            },
+            key: name("key", &mapping.key),
+            payload: name("payload", &mapping.payload),
+            payload_format: mapping.payload_format,
+            headers: (!mapping.headers.is_empty()).then(|| name("headers", &mapping.headers)),
+            created_at: name("created_at", &mapping.created_at),
+            status: name("status", &mapping.status),
+            attempts: name("attempts", &mapping.attempts),
+            available_at: name("available_at", &mapping.available_at),
+            leased_by: name("leased_by", &mapping.leased_by),
+            last_error: name("last_error", &mapping.last_error),
+            processed_at: name("processed_at", &mapping.processed_at),
         };
-        let key = name("key", &mapping.key);
-        let payload = name("payload", &mapping.payload);
-        let headers = if mapping.headers.is_empty() {
-            Some(None)
-        } else {
-            name("headers", &mapping.headers).map(Some)
-        };
-        let created_at = name("created_at", &mapping.created_at);
-        let status = name("status", &mapping.status);
-        let attempts = name("attempts", &mapping.attempts);
-        let available_at = name("available_at", &mapping.available_at);
-        let leased_by = name("leased_by", &mapping.leased_by);
-        let last_error = name("last_error", &mapping.last_error);
-        let processed_at = name("processed_at", &mapping.processed_at);
-
-        if mapping.topic.is_some() && mapping.fixed_topic.is_some() {
+        // Names that are shared mean something only once each is a name of its own.
+        let names_valid = problems.is_empty();
+        let both_topics = mapping.topic.is_some() && mapping.fixed_topic.is_some();
+        if both_topics {
             problems.push(
                 "columns.topic and columns.fixed_topic: set one (a topic column, or one \
                  topic for every row)"
@@ -195,52 +196,9 @@ impl Columns {
                 ));
             }
         }
-        let (
-            Some(id),
-            Some(topic),
-            Some(key),
-            Some(payload),
-            Some(headers),
-            Some(created_at),
-            Some(status),
-            Some(attempts),
-            Some(available_at),
-            Some(leased_by),
-            Some(last_error),
-            Some(processed_at),
-        ) = (
-            id,
-            topic,
-            key,
-            payload,
-            headers,
-            created_at,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            processed_at,
-        )
-        else {
-            return Err(problems);
-        };
-        let columns = Self {
-            id,
-            topic,
-            key,
-            payload,
-            payload_format: mapping.payload_format,
-            headers,
-            created_at,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            processed_at,
-        };
-        problems.extend(columns.duplicates());
+        if names_valid && !both_topics {
+            problems.extend(columns.duplicates());
+        }
         if problems.is_empty() {
             Ok(columns)
         } else {
