@@ -265,7 +265,10 @@ fn claim(
         };
     }
     let exhausted = exhausted_error(n, "u", "$4");
-    n.fill("WITH above AS (\
+    let none = "NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz, \
+                NULL::int8";
+    n.fill(
+        "WITH above AS (\
            SELECT * FROM (\
              SELECT o.{id} AS id, o.{attempts} >= $4 AS spent FROM {t} o \
              WHERE o.{status} = 'pending' AND o.{available_at} <= statement_timestamp() \
@@ -292,8 +295,16 @@ fn claim(
            l.topic, l.key, l.payload, l.headers, l.attempts, l.created_at, l.stored_bytes \
          FROM leased l \
          UNION ALL SELECT s.id, true, statement_timestamp() + $2::interval, {none} FROM spent s \
-         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}", &[("cap", &cap), ("exhausted", &exhausted), ("filters", &filters), ("message", &message(n, "u", max_row_bytes)), ("none", &"NULL::text, NULL::text, NULL::bytea, NULL::jsonb, NULL::int4, NULL::timestamptz, \
-                NULL::int8"), ("t", &t)])
+         UNION ALL SELECT NULL::int8, NULL::bool, statement_timestamp() + $2::interval, {none}",
+        &[
+            ("t", &t),
+            ("cap", &cap),
+            ("filters", &filters),
+            ("exhausted", &exhausted),
+            ("message", &message(n, "u", max_row_bytes)),
+            ("none", &none),
+        ],
+    )
 }
 
 #[cfg(test)]

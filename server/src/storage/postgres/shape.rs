@@ -201,8 +201,12 @@ pub(super) fn literal(text: &str) -> String {
 /// The `last_error` of a row (alias `alias`) dead-lettered by a claim because it was
 /// claimed `max_attempts` (the SQL expression `max_attempts`) times without an answer.
 pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> String {
-    n.fill("format('claimed %s times without an answer (max_attempts = %s)', \
-         {alias}.{attempts}, {max_attempts}) || coalesce('; last error: ' || {alias}.{last_error}, '')", &[("alias", &alias), ("max_attempts", &max_attempts)])
+    n.fill(
+        "format('claimed %s times without an answer (max_attempts = %s)', \
+         {alias}.{attempts}, {max_attempts}) \
+         || coalesce('; last error: ' || {alias}.{last_error}, '')",
+        &[("alias", &alias), ("max_attempts", &max_attempts)],
+    )
 }
 
 /// A strict table's shape with the default columns, for the backend's tests.
