@@ -366,7 +366,7 @@ fn unary_holder(caller: &Caller, worker_id: &str) -> RelayResult<String> {
     Ok(holder)
 }
 
-/// The ids an unary answer (its `ids` and `lease_tokens`) applies to, and those fenced
+/// The ids a unary answer (its `ids` and `lease_tokens`) applies to, and those fenced
 /// already because their token names a delivery the holder no longer has. Refused without
 /// tokens where the outbox requires them.
 async fn current(
