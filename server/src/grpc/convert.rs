@@ -146,18 +146,19 @@ pub fn outbox_info(outbox: &Outbox, pauses: Pauses) -> v1::OutboxInfo {
 }
 
 pub fn connected_subscriber(stream: StreamView) -> v1::ConnectedSubscriber {
+    let connection = stream.connection;
     v1::ConnectedSubscriber {
-        name: stream.name,
-        owner: stream.owner,
-        peer: stream.peer.unwrap_or_default(),
-        identity: stream.identity,
-        topics: stream.topics,
+        name: connection.name,
+        owner: connection.owner,
+        peer: connection.peer.unwrap_or_default(),
+        identity: connection.identity,
+        topics: connection.topics,
         window: stream.window,
         in_flight: u32::try_from(stream.in_flight).unwrap_or(u32::MAX),
         acked: stream.acked,
         nacked: stream.nacked,
         fenced: stream.fenced,
-        connected_since: Some(timestamp(stream.connected_since)),
+        connected_since: Some(timestamp(connection.connected_since)),
         last_answer: stream.last_answer.map(timestamp),
     }
 }

@@ -98,17 +98,7 @@ pub async fn list(
             .list_dead(&filter, request.after_id, request.limit)
             .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
-        let full = rows.len() == page as usize;
-        let (dead_letters, truncated) = within(rows, outbox.claims.response_budget());
-        let next_after_id = match dead_letters.last() {
-            Some(last) if full || truncated => last.id,
-            _ => 0,
-        };
-        Ok(v1::ListDeadLettersResponse {
-            dead_letters,
-            next_after_id,
-            truncated,
-        })
+        Ok(page_of(rows, page, outbox.claims.response_budget()))
     }
     .await;
     if let Ok(response) = &outcome {
@@ -128,10 +118,30 @@ pub async fn list(
     outcome
 }
 
+/// A page of a read of at most `page` rows: as many of `rows` as fit in `budget` bytes,
+/// and where the next page starts when more may follow (this one was full, or cut).
+pub(super) fn page_of(
+    rows: Vec<DeadLetter>,
+    page: u32,
+    budget: usize,
+) -> v1::ListDeadLettersResponse {
+    let full = rows.len() == page as usize;
+    let (dead_letters, truncated) = within(rows, budget);
+    let next_after_id = match dead_letters.last() {
+        Some(last) if full || truncated => last.id,
+        _ => 0,
+    };
+    v1::ListDeadLettersResponse {
+        dead_letters,
+        next_after_id,
+        truncated,
+    }
+}
+
 /// The id-ordered prefix of `rows` that fits in `budget` bytes on the wire, and whether
 /// rows were left out for it. A row too large on its own goes without its payload and
 /// headers (the database may already have left them out), so a page always moves on.
-pub(super) fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
+fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
     use prost::Message as _;
     // The element's tag and length prefix in the repeated field.
     const FRAMING: usize = 6;

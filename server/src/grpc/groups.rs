@@ -138,7 +138,6 @@ pub async fn list_dead(
             .list_dead(&request.group, request.after_id, page)
             .await
             .map_err(crate::relay::RelayError::from)?;
-        let full = rows.len() == page as usize;
         let rows: Vec<DeadLetter> = rows
             .into_iter()
             .map(|row| DeadLetter {
@@ -147,17 +146,11 @@ pub async fn list_dead(
                 died_at: Some(row.dead_at),
             })
             .collect();
-        let (dead_letters, truncated) =
-            super::dead_letters::within(rows, outbox.claims.response_budget());
-        let next_after_id = match dead_letters.last() {
-            Some(last) if full || truncated => last.id,
-            _ => 0,
-        };
-        Ok(v1::ListDeadLettersResponse {
-            dead_letters,
-            next_after_id,
-            truncated,
-        })
+        Ok(super::dead_letters::page_of(
+            rows,
+            page,
+            outbox.claims.response_budget(),
+        ))
     }
     .await;
     audit::record(

@@ -17,7 +17,7 @@ use crate::config::Scope;
 use crate::config::MAX_WINDOW;
 use crate::relay::drain::Drain;
 use crate::relay::groups;
-use crate::relay::lease_token::{self, LeaseToken};
+use crate::relay::lease_token;
 use crate::relay::pause::ClaimScope;
 use crate::relay::subscription::queue::SendError;
 use crate::relay::subscription::{self, answer_queue, Answer, AnswerSender, SubscriptionSpec};
@@ -164,11 +164,7 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::ClaimResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
-        let lease = outbox
-            .claims
-            .lease(Duration::from_millis(request.lease_ms))?;
+        let (outbox, lease) = self.leasing(&caller, &request.outbox, request.lease_ms)?;
         // An identity's max_bytes_in_flight: the claim gets what its streams leave (see
         // `IdentityLimits::max_bytes_in_flight`), and is not counted once it returns.
         let bytes = caller
@@ -219,8 +215,8 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
-        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
-        let (ids, stale) = current(outbox, AnswerKind::Ack, &holder, tokened).await?;
+        let named = (&request.ids[..], &request.lease_tokens[..]);
+        let (ids, stale) = current(outbox, AnswerKind::Ack, &holder, named).await?;
         let (acked, fenced) = outbox.answers.ack(&holder, &ids).await?;
         Ok(Response::new(v1::AckResponse {
             acked,
@@ -236,8 +232,8 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let delay = request.retry_delay_ms.map(Duration::from_millis);
-        let tokened = one_answer(outbox, request.id, &request.lease_token)?;
-        let (ids, _) = current(outbox, AnswerKind::Nack, &holder, tokened).await?;
+        let (ids, tokens) = lease_token::one(request.id, &request.lease_token);
+        let (ids, _) = current(outbox, AnswerKind::Nack, &holder, (&ids, &tokens)).await?;
         let result = match ids[..] {
             [id] => {
                 outbox
@@ -275,8 +271,8 @@ impl v1::relay_server::Relay for RelayService {
         let request = request.into_inner();
         let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
         let delay = Duration::from_millis(request.retry_delay_ms.unwrap_or(0));
-        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
-        let (ids, stale) = current(outbox, AnswerKind::Release, &holder, tokened).await?;
+        let named = (&request.ids[..], &request.lease_tokens[..]);
+        let (ids, stale) = current(outbox, AnswerKind::Release, &holder, named).await?;
         let (released, fenced) = outbox.answers.release(&holder, &ids, delay).await?;
         Ok(Response::new(v1::ReleaseResponse {
             released,
@@ -291,8 +287,8 @@ impl v1::relay_server::Relay for RelayService {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
         let (outbox, holder) = self.answering(&caller, &request.outbox, &request.worker_id)?;
-        let tokened = one_answer(outbox, request.id, &request.lease_token)?;
-        let (ids, _) = current(outbox, AnswerKind::DeadLetter, &holder, tokened).await?;
+        let (ids, tokens) = lease_token::one(request.id, &request.lease_token);
+        let (ids, _) = current(outbox, AnswerKind::DeadLetter, &holder, (&ids, &tokens)).await?;
         let dead_lettered = match ids[..] {
             [id] => {
                 outbox
@@ -311,14 +307,10 @@ impl v1::relay_server::Relay for RelayService {
     ) -> Result<Response<v1::ExtendLeaseResponse>, Status> {
         let caller = Caller::of(&request)?;
         let request = request.into_inner();
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, &request.outbox)?;
-        outbox.per_row()?;
-        let lease = outbox
-            .claims
-            .lease(Duration::from_millis(request.lease_ms))?;
+        let (outbox, lease) = self.leasing(&caller, &request.outbox, request.lease_ms)?;
         let holder = unary_holder(&caller, &request.worker_id)?;
-        let tokened = answer_ids(outbox, &request.ids, &request.lease_tokens)?;
-        let (ids, stale) = current(outbox, AnswerKind::ExtendLease, &holder, tokened).await?;
+        let named = (&request.ids[..], &request.lease_tokens[..]);
+        let (ids, stale) = current(outbox, AnswerKind::ExtendLease, &holder, named).await?;
         let (extended, fenced) = outbox.answers.extend_lease(&holder, &ids, lease).await?;
         Ok(Response::new(v1::ExtendLeaseResponse {
             extended: extended.ids.into_vec(),
@@ -329,17 +321,37 @@ impl v1::relay_server::Relay for RelayService {
 }
 
 impl RelayService {
-    /// The outbox of a unary answer, refused on an outbox delivered by groups, and the
-    /// lease holder answering.
+    /// The outbox of a unary call, refused on an outbox delivered by groups.
+    fn per_row(&self, caller: &Caller, outbox: &str) -> Result<&Arc<Outbox>, Status> {
+        let outbox = caller.outbox(&self.relay, Scope::Subscribe, outbox)?;
+        outbox.per_row()?;
+        Ok(outbox)
+    }
+
+    /// The outbox of a unary answer ([`Self::per_row`]) and the lease holder answering.
     fn answering(
         &self,
         caller: &Caller,
         outbox: &str,
         worker_id: &str,
     ) -> Result<(&Arc<Outbox>, String), Status> {
-        let outbox = caller.outbox(&self.relay, Scope::Subscribe, outbox)?;
-        outbox.per_row()?;
+        let outbox = self.per_row(caller, outbox)?;
         Ok((outbox, unary_holder(caller, worker_id)?))
+    }
+
+    /// The outbox of a claim or a lease extension ([`Self::per_row`]) and the lease
+    /// `lease_ms` asks for (0: the outbox's), within the outbox's bounds.
+    fn leasing(
+        &self,
+        caller: &Caller,
+        outbox: &str,
+        lease_ms: u64,
+    ) -> Result<(&Arc<Outbox>, Duration), Status> {
+        let outbox = self.per_row(caller, outbox)?;
+        Ok((
+            outbox,
+            outbox.claims.lease(Duration::from_millis(lease_ms))?,
+        ))
     }
 }
 
@@ -354,58 +366,25 @@ fn unary_holder(caller: &Caller, worker_id: &str) -> RelayResult<String> {
     Ok(holder)
 }
 
-/// The ids of an unary answer and the deliveries its tokens name, if it sent tokens;
-/// refused without tokens where the outbox requires them.
-fn answer_ids(
-    outbox: &Outbox,
-    ids: &[i64],
-    tokens: &[String],
-) -> Result<(Vec<i64>, Option<Vec<LeaseToken>>), Status> {
-    let (ids, tokens) = lease_token::answer_ids(ids, tokens).map_err(Status::invalid_argument)?;
-    if tokens.is_none() && !ids.is_empty() && outbox.config.require_lease_tokens {
-        return Err(Status::invalid_argument(format!(
-            "outbox `{name}` requires lease tokens (outboxes.{name}.require_lease_tokens): \
-             send each message's lease_token back with its answer",
-            name = outbox.name
-        )));
-    }
-    Ok((ids, tokens))
-}
-
-/// [`answer_ids`] of a one-message answer (nack, dead-letter): `id`, its token, or both.
-fn one_answer(
-    outbox: &Outbox,
-    id: i64,
-    token: &str,
-) -> Result<(Vec<i64>, Option<Vec<LeaseToken>>), Status> {
-    let ids: &[i64] = if id == 0 && !token.is_empty() {
-        &[]
-    } else {
-        &[id]
-    };
-    let tokens: Vec<String> = match token {
-        "" => Vec::new(),
-        token => vec![token.to_owned()],
-    };
-    answer_ids(outbox, ids, &tokens)
-}
-
-/// The ids to apply an answer to, and those fenced already because their token names a
-/// delivery the holder no longer has.
+/// The ids a unary answer (its `ids` and `lease_tokens`) applies to, and those fenced
+/// already because their token names a delivery the holder no longer has. Refused without
+/// tokens where the outbox requires them.
 async fn current(
     outbox: &Outbox,
     kind: AnswerKind,
     holder: &str,
-    (ids, tokens): (Vec<i64>, Option<Vec<LeaseToken>>),
-) -> RelayResult<(Vec<i64>, Vec<i64>)> {
-    match tokens {
-        None => Ok((ids, Vec::new())),
-        Some(tokens) => {
-            outbox
-                .answers
-                .current_deliveries(kind, holder, &tokens)
-                .await
-        }
+    (ids, tokens): (&[i64], &[String]),
+) -> Result<(Vec<i64>, Vec<i64>), Status> {
+    let required = outbox
+        .config
+        .require_lease_tokens
+        .then_some(outbox.name.as_str());
+    match lease_token::checked_answer_ids(ids, tokens, required)? {
+        (ids, None) => Ok((ids, Vec::new())),
+        (_, Some(tokens)) => Ok(outbox
+            .answers
+            .current_deliveries(kind, holder, &tokens)
+            .await?),
     }
 }
 
@@ -490,16 +469,6 @@ fn answer(request: v1::SubscribeRequest, require_tokens: Option<&str>) -> RelayR
     })
 }
 
-/// The ids and tokens of a one-message answer (nack, dead-letter): its id, its token, or
-/// both.
-fn one(id: i64, token: String) -> (Vec<i64>, Vec<String>) {
-    match token.is_empty() {
-        true => (vec![id], Vec::new()),
-        false if id == 0 => (Vec::new(), vec![token]),
-        false => (vec![id], vec![token]),
-    }
-}
-
 /// [`answer`] without its tokens, which go to `attempts` as `(id, attempt)`.
 fn plain_answer(
     request: v1::SubscribeRequest,
@@ -509,23 +478,14 @@ fn plain_answer(
     use subscribe_request::Request as R;
     let invalid = |text: &str| Err(RelayError::InvalidArgument(text.to_owned()));
     let mut ids = |(ids, tokens): (Vec<i64>, Vec<String>)| -> RelayResult<Vec<i64>> {
-        let (ids, tokens) =
-            lease_token::answer_ids(&ids, &tokens).map_err(RelayError::InvalidArgument)?;
-        match (tokens, require_tokens) {
-            (None, Some(outbox)) if !ids.is_empty() => Err(RelayError::InvalidArgument(format!(
-                "outbox `{outbox}` requires lease tokens (outboxes.{outbox}.require_lease_tokens): \
-                 send each message's lease_token back with its answer"
-            ))),
-            (tokens, _) => {
-                *attempts = tokens.map(|tokens| tokens.iter().map(|t| (t.id, t.attempt)).collect());
-                Ok(ids)
-            }
-        }
+        let (ids, tokens) = lease_token::checked_answer_ids(&ids, &tokens, require_tokens)?;
+        *attempts = tokens.map(|tokens| tokens.iter().map(|t| (t.id, t.attempt)).collect());
+        Ok(ids)
     };
     match request.request {
         Some(R::Ack(ack)) => Ok(Answer::Ack(ids((ack.ids, ack.lease_tokens))?)),
         Some(R::Nack(nack)) => Ok(Answer::Nack {
-            id: ids(one(nack.id, nack.lease_token))?[0],
+            id: ids(lease_token::one(nack.id, &nack.lease_token))?[0],
             error: nack.error,
             delay: nack.retry_delay_ms.map(Duration::from_millis),
         }),
@@ -534,7 +494,7 @@ fn plain_answer(
             delay: Duration::from_millis(release.retry_delay_ms.unwrap_or(0)),
         }),
         Some(R::DeadLetter(dead)) => Ok(Answer::DeadLetter {
-            id: ids(one(dead.id, dead.lease_token))?[0],
+            id: ids(lease_token::one(dead.id, &dead.lease_token))?[0],
             error: dead.error,
         }),
         Some(R::ExtendLease(extend)) => Ok(Answer::ExtendLease {

@@ -4,6 +4,7 @@
 //! never takes an identity from a token, it compares the token's holder with the one it
 //! builds from the answering caller.
 
+use super::{RelayError, RelayResult};
 use crate::storage::MessageId;
 
 const VERSION: &str = "v1";
@@ -88,6 +89,33 @@ pub fn answer_ids(
         }
     }
     Ok((decoded.iter().map(|t| t.id).collect(), Some(decoded)))
+}
+
+/// [`answer_ids`] on an outbox that requires tokens when `required` names it (its
+/// `require_lease_tokens`): ids sent without their tokens are refused.
+pub fn checked_answer_ids(
+    ids: &[MessageId],
+    tokens: &[String],
+    required: Option<&str>,
+) -> RelayResult<(Vec<MessageId>, Option<Vec<LeaseToken>>)> {
+    let (ids, tokens) = answer_ids(ids, tokens).map_err(RelayError::InvalidArgument)?;
+    match (&tokens, required) {
+        (None, Some(outbox)) if !ids.is_empty() => Err(RelayError::InvalidArgument(format!(
+            "outbox `{outbox}` requires lease tokens (outboxes.{outbox}.require_lease_tokens): \
+             send each message's lease_token back with its answer"
+        ))),
+        _ => Ok((ids, tokens)),
+    }
+}
+
+/// The `ids` and `lease_tokens` of a one-message answer (nack, dead-letter), which sends
+/// its id, its token, or both.
+pub fn one(id: MessageId, token: &str) -> (Vec<MessageId>, Vec<String>) {
+    match token.is_empty() {
+        true => (vec![id], Vec::new()),
+        false if id == 0 => (Vec::new(), vec![token.to_owned()]),
+        false => (vec![id], vec![token.to_owned()]),
+    }
 }
 
 #[cfg(test)]

@@ -25,9 +25,9 @@ pub struct Subscribers {
     streams: Mutex<BTreeMap<u64, Arc<StreamInfo>>>,
 }
 
-/// One connected stream, as its loop keeps it.
-#[derive(Debug)]
-pub struct StreamInfo {
+/// What a stream connected as: fixed for its life.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Connection {
     pub name: String,
     /// The lease owner of its rows (`name:uuid`).
     pub owner: String,
@@ -37,6 +37,12 @@ pub struct StreamInfo {
     pub identity: Option<String>,
     pub topics: Vec<String>,
     pub connected_since: DateTime<Utc>,
+}
+
+/// One connected stream, as its loop keeps it.
+#[derive(Debug)]
+pub struct StreamInfo {
+    connection: Connection,
     window: AtomicU32,
     in_flight: AtomicUsize,
     acked: AtomicU64,
@@ -48,12 +54,7 @@ pub struct StreamInfo {
 /// A stream's state at one moment.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamView {
-    pub name: String,
-    pub owner: String,
-    pub peer: Option<String>,
-    pub identity: Option<String>,
-    pub topics: Vec<String>,
-    pub connected_since: DateTime<Utc>,
+    pub connection: Connection,
     pub window: u32,
     /// Rows it holds now: handed out, not settled.
     pub in_flight: usize,
@@ -83,12 +84,14 @@ impl Subscribers {
     /// is dropped.
     pub fn register(self: &Arc<Self>, spec: &SubscriptionSpec, owner: &str) -> Registration {
         let info = Arc::new(StreamInfo {
-            name: spec.subscriber.clone(),
-            owner: owner.to_owned(),
-            peer: spec.peer.clone(),
-            identity: spec.identity.clone(),
-            topics: spec.topics.clone(),
-            connected_since: Utc::now(),
+            connection: Connection {
+                name: spec.subscriber.clone(),
+                owner: owner.to_owned(),
+                peer: spec.peer.clone(),
+                identity: spec.identity.clone(),
+                topics: spec.topics.clone(),
+                connected_since: Utc::now(),
+            },
             window: AtomicU32::new(spec.max_in_flight),
             in_flight: AtomicUsize::new(0),
             acked: AtomicU64::new(0),
@@ -115,12 +118,7 @@ impl Subscribers {
 impl StreamInfo {
     fn view(&self) -> StreamView {
         StreamView {
-            name: self.name.clone(),
-            owner: self.owner.clone(),
-            peer: self.peer.clone(),
-            identity: self.identity.clone(),
-            topics: self.topics.clone(),
-            connected_since: self.connected_since,
+            connection: self.connection.clone(),
             window: self.window.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             acked: self.acked.load(Ordering::Relaxed),
@@ -210,14 +208,18 @@ mod tests {
         let listed = subscribers.list();
         assert_eq!(listed.len(), 2);
         let a = &listed[0];
-        assert_eq!((a.name.as_str(), a.owner.as_str()), ("a", "a:1"));
+        let connection = &a.connection;
+        assert_eq!(
+            (connection.name.as_str(), connection.owner.as_str()),
+            ("a", "a:1")
+        );
         assert_eq!((a.window, a.in_flight), (4, 3));
         assert_eq!((a.acked, a.nacked, a.fenced), (2, 2, 1));
         assert!(a.last_answer.is_some() && listed[1].last_answer.is_none());
         drop(first);
         let listed = subscribers.list();
         assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].name, "b");
+        assert_eq!(listed[0].connection.name, "b");
         drop(second);
         assert!(subscribers.list().is_empty());
     }

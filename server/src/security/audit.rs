@@ -20,30 +20,14 @@ pub fn record<T>(
     arguments: &str,
     outcome: &Result<T, Status>,
 ) {
-    match outcome {
-        Ok(_) => tracing::info!(
-            target: TARGET,
-            identity = caller.name(),
-            peer = refusals::current_peer(),
-            action,
-            outbox = crate::relay::limits::echo(outbox),
-            arguments,
-            outcome = "ok",
-            "admin action"
-        ),
-        Err(status) => tracing::warn!(
-            target: TARGET,
-            identity = caller.name(),
-            peer = refusals::current_peer(),
-            action,
-            outbox = crate::relay::limits::echo(outbox),
-            arguments,
-            outcome = "refused",
-            code = ?status.code(),
-            message = status.message(),
-            "admin action"
-        ),
-    }
+    emit(Event {
+        identity: caller.name(),
+        peer: refusals::current_peer(),
+        action,
+        outbox: crate::relay::limits::echo(outbox),
+        arguments,
+        refused: outcome.as_ref().err(),
+    });
 }
 
 /// Records an admin action the layer refused before any handler ran: by `identity` when
@@ -59,18 +43,50 @@ pub fn record_refused_call(
     let Some(action) = admin_action(path) else {
         return;
     };
-    tracing::warn!(
-        target: TARGET,
-        identity = identity.unwrap_or("?"),
-        peer = refusals::shown(peer),
+    emit(Event {
+        identity: identity.unwrap_or("?"),
+        peer: refusals::shown(peer),
         action,
-        outbox = "?",
-        arguments = "",
-        outcome = "refused",
-        code = ?status.code(),
-        message = status.message(),
-        "admin action"
-    );
+        outbox: "?".to_owned(),
+        arguments: "",
+        refused: Some(status),
+    });
+}
+
+/// One audit event: who, from where, what, on which outbox, and how it ended.
+struct Event<'a> {
+    identity: &'a str,
+    peer: String,
+    action: &'a str,
+    outbox: String,
+    arguments: &'a str,
+    refused: Option<&'a Status>,
+}
+
+/// Emits `event` at `info`, or at `warn` when it was refused; both carry the same fields,
+/// and a refusal adds its `code` and `message`.
+fn emit(event: Event<'_>) {
+    // A tracing event's level is fixed where it is written: one call site per level.
+    macro_rules! at {
+        ($level:ident, $outcome:literal) => {
+            tracing::$level!(
+                target: TARGET,
+                identity = event.identity,
+                peer = event.peer.as_str(),
+                action = event.action,
+                outbox = event.outbox.as_str(),
+                arguments = event.arguments,
+                outcome = $outcome,
+                code = event.refused.map(|status| tracing::field::debug(status.code())),
+                message = event.refused.map(Status::message),
+                "admin action"
+            )
+        };
+    }
+    match event.refused {
+        None => at!(info, "ok"),
+        Some(_) => at!(warn, "refused"),
+    }
 }
 
 /// The audited action a method path names, if any.

@@ -23,6 +23,7 @@ pub mod quotas;
 pub mod refusals;
 pub mod reload;
 pub mod tls;
+mod watch;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -11,10 +11,11 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::watch::{self, Reload};
 use super::Access;
 use crate::config::{AuthConfig, Config, Overrides};
 
@@ -27,9 +28,6 @@ pub struct ReloadingAccess {
     file: Option<(PathBuf, Overrides)>,
     interval: Duration,
 }
-
-/// What identifies a version of the files: a change moves one of these.
-type Stamp = Vec<Option<(SystemTime, u64)>>;
 
 impl ReloadingAccess {
     pub fn load(config: &Config) -> anyhow::Result<Arc<Self>> {
@@ -50,6 +48,28 @@ impl ReloadingAccess {
         Arc::clone(&self.current.read().expect("access lock"))
     }
 
+    /// `[server.auth]` as the files say now: the configuration file read again (and
+    /// validated whole, as at start), or the one in use when there is no file.
+    fn read_auth(&self) -> anyhow::Result<AuthConfig> {
+        match &self.file {
+            Some((path, overrides)) => Ok(Config::load(Some(path), overrides)
+                .map_err(|error| anyhow::anyhow!("{error}"))?
+                .server
+                .auth),
+            None => Ok(self.auth.lock().expect("auth lock").clone()),
+        }
+    }
+
+    /// Reloads when the files change or on SIGHUP, until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let interval = self.interval;
+        watch::watch(self, interval, stop).await;
+    }
+}
+
+impl Reload for ReloadingAccess {
+    const NO_SIGHUP: &'static str = "no SIGHUP handler; identities reload on file changes only";
+
     fn files(&self) -> Vec<PathBuf> {
         let auth = self.auth.lock().expect("auth lock");
         self.file
@@ -61,28 +81,6 @@ impl ReloadingAccess {
                     .filter_map(|identity| identity.token_file.clone()),
             )
             .collect()
-    }
-
-    fn stamp(&self) -> Stamp {
-        self.files()
-            .iter()
-            .map(|path| {
-                let meta = std::fs::metadata(path).ok()?;
-                Some((meta.modified().ok()?, meta.len()))
-            })
-            .collect()
-    }
-
-    /// `[server.auth]` as the files say now: the configuration file read again (and
-    /// validated whole, as at start), or the one in use when there is no file.
-    fn read_auth(&self) -> anyhow::Result<AuthConfig> {
-        match &self.file {
-            Some((path, overrides)) => Ok(Config::load(Some(path), overrides)
-                .map_err(|error| anyhow::anyhow!("{error}"))?
-                .server
-                .auth),
-            None => Ok(self.auth.lock().expect("auth lock").clone()),
-        }
     }
 
     fn reload(&self, why: &str) {
@@ -102,30 +100,6 @@ impl ReloadingAccess {
                 error = format!("{error:#}"),
                 "identities not reloaded; the previous ones stay in use"
             ),
-        }
-    }
-
-    /// Reloads when the files change or on SIGHUP, until `stop`.
-    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(|error| {
-                tracing::warn!(%error, "no SIGHUP handler; identities reload on file changes only")
-            })
-            .ok();
-        let mut stamp = self.stamp();
-        let mut tick = tokio::time::interval(self.interval);
-        loop {
-            let why = tokio::select! {
-                () = stop.cancelled() => return,
-                _ = tick.tick() => "files changed",
-                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => "SIGHUP",
-            };
-            let now = self.stamp();
-            if why == "SIGHUP" || now != stamp {
-                self.reload(why);
-                // The new set may name other token files: compare with those next time.
-                stamp = self.stamp();
-            }
         }
     }
 }

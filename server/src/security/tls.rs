@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use futures::Stream;
@@ -24,6 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::caps::{Caps, Counted};
+use super::watch::{self, Reload};
 use crate::config::TlsConfig;
 
 /// Longest a client may take to finish its handshake.
@@ -34,9 +35,6 @@ pub struct ReloadingTls {
     config: TlsConfig,
     current: RwLock<Arc<ServerConfig>>,
 }
-
-/// What identifies a version of the files: a rotation changes one of these.
-type Stamp = Vec<Option<(SystemTime, u64)>>;
 
 impl ReloadingTls {
     pub fn load(config: &TlsConfig) -> anyhow::Result<Arc<Self>> {
@@ -50,21 +48,21 @@ impl ReloadingTls {
         TlsAcceptor::from(Arc::clone(&self.current.read().expect("tls config lock")))
     }
 
-    fn files(&self) -> Vec<&PathBuf> {
-        let mut files = vec![&self.config.cert, &self.config.key];
-        files.extend(self.config.client_ca.as_ref());
-        files.extend(&self.config.client_crls);
-        files
+    /// Reloads when the files change or on SIGHUP, until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        let interval = self.config.reload_interval;
+        watch::watch(self, interval, stop).await;
     }
+}
 
-    fn stamp(&self) -> Stamp {
-        self.files()
-            .into_iter()
-            .map(|path| {
-                let meta = std::fs::metadata(path).ok()?;
-                Some((meta.modified().ok()?, meta.len()))
-            })
-            .collect()
+impl Reload for ReloadingTls {
+    const NO_SIGHUP: &'static str = "no SIGHUP handler; TLS reloads on file changes only";
+
+    fn files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.config.cert.clone(), self.config.key.clone()];
+        files.extend(self.config.client_ca.clone());
+        files.extend(self.config.client_crls.iter().cloned());
+        files
     }
 
     fn reload(&self, why: &str) {
@@ -78,27 +76,6 @@ impl ReloadingTls {
                 error = format!("{error:#}"),
                 "TLS certificates not reloaded; the previous ones stay in use"
             ),
-        }
-    }
-
-    /// Reloads when the files change or on SIGHUP, until `stop`.
-    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
-        let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            .map_err(|error| tracing::warn!(%error, "no SIGHUP handler; TLS reloads on file changes only"))
-            .ok();
-        let mut stamp = self.stamp();
-        let mut tick = tokio::time::interval(self.config.reload_interval);
-        loop {
-            let why = tokio::select! {
-                () = stop.cancelled() => return,
-                _ = tick.tick() => "files changed",
-                Some(()) = async { match hangup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => "SIGHUP",
-            };
-            let now = self.stamp();
-            if why == "SIGHUP" || now != stamp {
-                stamp = now;
-                self.reload(why);
-            }
         }
     }
 }

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 
 use crate::config::GroupSettings;
 use crate::relay::backoff::Backoff;
+use crate::relay::subscription::Settlement;
 use crate::storage::groups::{GroupRow, PartitionLease, Position, Read, StateKind, StateRow};
 use crate::storage::{FailureDecision, MessageId, RetryPolicy};
 
@@ -212,13 +213,8 @@ pub enum Failure {
 /// What an answer did, before the flush that makes it durable.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Outcome {
-    pub acked: Vec<MessageId>,
-    pub retried: Vec<MessageId>,
-    pub dead_lettered: Vec<MessageId>,
-    pub released: Vec<MessageId>,
-    pub extended: Vec<MessageId>,
-    pub fenced: Vec<MessageId>,
-    pub retry_at: Option<DateTime<Utc>>,
+    /// What the subscriber is told once the flush is done.
+    pub settled: Settlement,
     /// The partition of every id settled, for fencing after the flush.
     pub partitions: HashMap<MessageId, u32>,
 }
@@ -347,13 +343,13 @@ impl Member {
     pub fn ack(&mut self, ids: &[MessageId], outcome: &mut Outcome) {
         for id in ids {
             let Some(flight) = self.remove_flight(*id) else {
-                outcome.fenced.push(*id);
+                outcome.settled.fenced.push(*id);
                 continue;
             };
             self.touched.insert(flight.partition);
             outcome.partitions.insert(*id, flight.partition);
             let Some(part) = self.parts.get_mut(&flight.partition) else {
-                outcome.fenced.push(*id);
+                outcome.settled.fenced.push(*id);
                 continue;
             };
             if flight.from_state {
@@ -361,7 +357,7 @@ impl Member {
             } else {
                 part.open.insert(flight.position, true);
             }
-            outcome.acked.push(*id);
+            outcome.settled.acked.push(*id);
         }
     }
 
@@ -380,11 +376,11 @@ impl Member {
             Failure::Dead { error } => (Some(error), None, false, true),
         };
         let Some(flight) = self.remove_flight(id) else {
-            outcome.fenced.push(id);
+            outcome.settled.fenced.push(id);
             return;
         };
         if !self.parts.contains_key(&flight.partition) {
-            outcome.fenced.push(id);
+            outcome.settled.fenced.push(id);
             return;
         }
         self.touched.insert(flight.partition);
@@ -407,11 +403,11 @@ impl Member {
             }
         };
         match (release, kind) {
-            (true, _) => outcome.released.push(id),
-            (false, StateKind::Dead) => outcome.dead_lettered.push(id),
+            (true, _) => outcome.settled.released.push(id),
+            (false, StateKind::Dead) => outcome.settled.dead_lettered.push(id),
             (false, _) => {
-                outcome.retried.push(id);
-                outcome.retry_at = Some(due);
+                outcome.settled.retried.push(id);
+                outcome.settled.retry_at = Some(due);
             }
         }
         self.settle_as_state(&flight, id, kind, attempts, due, error);
@@ -438,7 +434,7 @@ impl Member {
                         now,
                         None,
                     );
-                    outcome.released.push(later_id);
+                    outcome.settled.released.push(later_id);
                 }
             }
         }
@@ -483,9 +479,9 @@ impl Member {
                     flight.deadline = deadline;
                     self.touched.insert(flight.partition);
                     outcome.partitions.insert(*id, flight.partition);
-                    outcome.extended.push(*id);
+                    outcome.settled.extended.push(*id);
                 }
-                None => outcome.fenced.push(*id),
+                None => outcome.settled.fenced.push(*id),
             }
         }
     }

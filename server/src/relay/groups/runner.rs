@@ -21,7 +21,7 @@ use super::Groups;
 use crate::relay::drain::Drain;
 use crate::relay::response_size::message_bytes;
 use crate::relay::subscription::{
-    Answer, AnswerReceiver, Batch, Event, Rejection, Settlement, SubscriptionSpec,
+    Answer, AnswerReceiver, Batch, Event, Rejection, SubscriptionSpec,
 };
 use crate::relay::{Outbox, RelayResult};
 use crate::storage::groups::{GroupRow, Position};
@@ -114,7 +114,7 @@ struct Runner {
     events: mpsc::Sender<RelayResult<Event>>,
     window: u32,
     /// Answers applied in memory, waiting for the flush that makes them durable.
-    pending: Vec<(Settlement, std::collections::HashMap<MessageId, u32>)>,
+    pending: Vec<Outcome>,
     insert_signal: Option<tokio::sync::watch::Receiver<crate::storage::Inserts>>,
     /// Joins and leaves of the other streams of this replica (see `Groups::membership`).
     membership: tokio::sync::watch::Receiver<u64>,
@@ -261,11 +261,8 @@ impl Runner {
         // A token of an earlier delivery of a row this stream holds again is fenced.
         let (answer, stale) = answer?.split_stale(|id| self.member.attempts_held(id));
         let now = Utc::now();
-        let mut outcome = Outcome {
-            fenced: stale,
-            ..Outcome::default()
-        };
-        let mut settlement = Settlement::default();
+        let mut outcome = Outcome::default();
+        outcome.settled.fenced = stale;
         match answer {
             None => {}
             // `split_stale` unwraps tokened answers.
@@ -292,7 +289,7 @@ impl Runner {
                     lease
                 };
                 if lease > self.member.settings.max_lease {
-                    settlement.rejected = Some(Rejection {
+                    outcome.settled.rejected = Some(Rejection {
                         ids,
                         reason: format!(
                             "lease of {} exceeds the outbox's max_lease of {}",
@@ -303,7 +300,7 @@ impl Runner {
                 } else {
                     self.member
                         .extend(&ids, Instant::now() + lease, &mut outcome);
-                    settlement.lease_expires_at = Some(now + super::member::chrono_of(lease));
+                    outcome.settled.lease_expires_at = Some(now + super::member::chrono_of(lease));
                 }
             }
             Some(Answer::SetWindow(window)) => {
@@ -311,16 +308,9 @@ impl Runner {
                 self.info.set_window(window);
             }
         }
-        let counted = outcome.acked.len() as u64;
+        let counted = outcome.settled.acked.len() as u64;
         self.outbox.metrics().acked.inc_by(counted);
-        settlement.acked = outcome.acked;
-        settlement.retried = outcome.retried;
-        settlement.dead_lettered = outcome.dead_lettered;
-        settlement.released = outcome.released;
-        settlement.extended = outcome.extended;
-        settlement.fenced = outcome.fenced;
-        settlement.retry_at = outcome.retry_at;
-        self.pending.push((settlement, outcome.partitions));
+        self.pending.push(outcome);
         Ok(())
     }
 
@@ -504,7 +494,11 @@ impl Runner {
             }
         }
         let fenced_partitions: std::collections::HashSet<u32> = lost.into_iter().collect();
-        for (mut settlement, partitions) in std::mem::take(&mut self.pending) {
+        for Outcome {
+            settled: mut settlement,
+            partitions,
+        } in std::mem::take(&mut self.pending)
+        {
             if !fenced_partitions.is_empty() {
                 // The partition moved before the write: nothing of it was applied.
                 let moved = |id: &MessageId| {

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::super::{RelayResult, MAX_IDS};
 use super::answers::{
-    apply, apply_acks, apply_nacks, check_window, Answer, Applied, Nack, Settlement, Single,
+    apply, apply_acks, apply_nacks, check_window, Answer, Applied, Nack, Settlement,
 };
 use super::claiming::{Claiming, NextClaim};
 use super::queue::AnswerReceiver;
@@ -199,15 +199,14 @@ impl Subscription {
                 let task = tokio::spawn(apply_nacks(outbox, owner, nacks).in_current_span());
                 (task, next)
             }
-            Answer::Release { ids, delay } => (self.apply(Single::Release { ids, delay }), None),
-            Answer::DeadLetter { id, error } => {
-                (self.apply(Single::DeadLetter { id, error }), None)
+            answer @ (Answer::Release { .. } | Answer::DeadLetter { .. }) => {
+                (self.apply(answer), None)
             }
             Answer::ExtendLease { mut ids, lease } => {
                 // The rows parked behind them keep the lease of their key.
                 let behind = self.parked.behind(&ids);
                 ids.extend(behind);
-                (self.apply(Single::ExtendLease { ids, lease }), None)
+                (self.apply(Answer::ExtendLease { ids, lease }), None)
             }
             Answer::Tokened { .. } => unreachable!("split_stale unwraps tokened answers"),
         };
@@ -238,7 +237,7 @@ impl Subscription {
         let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
         let lease = self.spec.lease;
         let give_back = async move {
-            let release = Single::Release {
+            let release = Answer::Release {
                 ids,
                 delay: Duration::ZERO,
             };
@@ -256,8 +255,8 @@ impl Subscription {
         };
     }
 
-    /// Applies a [`Single`] answer on a task of its own.
-    pub(super) fn apply(&self, answer: Single) -> JoinHandle<RelayResult<Applied>> {
+    /// Applies a release, a dead-letter or a lease extension on a task of its own.
+    pub(super) fn apply(&self, answer: Answer) -> JoinHandle<RelayResult<Applied>> {
         let (outbox, owner) = (Arc::clone(&self.outbox), Arc::clone(&self.owner));
         tokio::spawn(apply(outbox, owner, self.spec.lease, answer).in_current_span())
     }

@@ -338,41 +338,16 @@ fn nack_settlement(id: MessageId, result: NackResult) -> (Settlement, Vec<Messag
     (settlement, finished)
 }
 
-/// An answer applied on its own, one storage call and one settlement: what is left once
-/// the loop has taken acks and nacks (coalesced) and new windows (its own state).
-#[derive(Debug)]
-pub(super) enum Single {
-    Release {
-        ids: Vec<MessageId>,
-        delay: Duration,
-    },
-    DeadLetter {
-        id: MessageId,
-        error: String,
-    },
-    ExtendLease {
-        ids: Vec<MessageId>,
-        lease: Duration,
-    },
-}
-
-impl Single {
-    fn ids(&self) -> Vec<MessageId> {
-        match self {
-            Self::Release { ids, .. } | Self::ExtendLease { ids, .. } => ids.clone(),
-            Self::DeadLetter { id, .. } => vec![*id],
-        }
-    }
-}
-
-/// Applies one [`Single`] answer. An answer refused as sent (the caller's fault: a delay
-/// or lease out of bounds) is rejected alone; other errors end the stream.
+/// Applies an answer on its own, one storage call and one settlement: a release, a
+/// dead-letter or a lease extension, what is left once the loop has taken acks and nacks
+/// (coalesced) and new windows (its own state). An answer refused as sent (the caller's
+/// fault: a delay or lease out of bounds) is rejected alone; other errors end the stream.
 /// `default_lease` is the stream's lease, for extensions that ask for none.
 pub(super) async fn apply(
     outbox: Arc<Outbox>,
     owner: Arc<str>,
     default_lease: Duration,
-    answer: Single,
+    answer: Answer,
 ) -> RelayResult<Applied> {
     let ids = answer.ids();
     match apply_one(outbox, owner, default_lease, answer).await {
@@ -388,20 +363,20 @@ async fn apply_one(
     outbox: Arc<Outbox>,
     owner: Arc<str>,
     default_lease: Duration,
-    answer: Single,
+    answer: Answer,
 ) -> RelayResult<Applied> {
     let owner = &*owner;
     let mut settlement = Settlement::default();
     let mut finished = Vec::new();
     let mut extended = None;
     match answer {
-        Single::Release { ids, delay } => {
+        Answer::Release { ids, delay } => {
             let (released, fenced) = outbox.answers.release(owner, &ids, delay).await?;
             finished = ids;
             settlement.released = released;
             settlement.fenced = fenced;
         }
-        Single::DeadLetter { id, error } => {
+        Answer::DeadLetter { id, error } => {
             let applied = outbox.answers.dead_letter(owner, id, &error).await?;
             finished.push(id);
             if applied {
@@ -410,7 +385,7 @@ async fn apply_one(
                 settlement.fenced = vec![id];
             }
         }
-        Single::ExtendLease { ids, lease } => {
+        Answer::ExtendLease { ids, lease } => {
             let lease = if lease.is_zero() {
                 default_lease
             } else {
@@ -423,6 +398,7 @@ async fn apply_one(
             settlement.lease_expires_at = Some(done.lease_expires_at);
             settlement.fenced = fenced;
         }
+        other => unreachable!("the loop applies {other:?} itself"),
     }
     Ok(Applied {
         settlements: vec![settlement],

@@ -55,6 +55,27 @@ impl Harness {
         self.open_within(window, None).await
     }
 
+    /// Opens a stream and waits until its first claim (of nothing yet) is done.
+    async fn open_claimed(&self, window: u32) -> Stream {
+        let stream = self.open(window).await;
+        self.storage
+            .until("the first claim", |s| s.finished(Op::Claim) == 1)
+            .await;
+        stream
+    }
+
+    /// Adds a row (of `key`) and holds the claim its insert starts, the stream's second:
+    /// a claim in flight until `let_through(Op::Claim)`.
+    async fn claim_held(&self, key: Option<&str>) -> MessageId {
+        self.storage.hold(Op::Claim);
+        let row = self.storage.add(key);
+        self.storage.wake();
+        self.storage
+            .until("the second claim to start", |s| s.started(Op::Claim) == 2)
+            .await;
+        row
+    }
+
     /// Opens a stream of an identity with this `max_bytes_in_flight`.
     async fn open_within(&self, window: u32, bytes: Option<Arc<BytesInFlight>>) -> Stream {
         let (answers, answers_rx) = answer_queue();
@@ -161,12 +182,7 @@ async fn acks_are_applied_while_a_claim_runs() {
     let mut stream = h.open(10).await;
     assert_eq!(stream.batch().await, [a, c]);
 
-    h.storage.hold(Op::Claim);
-    let b = h.storage.add(None);
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let b = h.claim_held(None).await;
     // Two answers back to back: applied in one call, still confirmed one by one.
     stream.answer(Answer::Ack(vec![a])).await;
     stream.answer(Answer::Ack(vec![c])).await;
@@ -190,12 +206,7 @@ async fn a_nack_waits_for_the_claim_in_flight_and_the_key_comes_back_after_its_s
     let mut stream = h.open(10).await;
     assert_eq!(stream.batch().await, [first, second]);
 
-    h.storage.hold(Op::Claim);
-    let other = h.storage.add(Some("other"));
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let other = h.claim_held(Some("other")).await;
     stream
         .answer(Answer::Nack {
             id: first,
@@ -260,17 +271,9 @@ async fn no_claim_starts_while_a_release_is_applied() {
 #[tokio::test(start_paused = true)]
 async fn set_window_zero_is_confirmed_after_the_batch_in_flight_and_stops_claims() {
     let h = Harness::new(true, NO_POLLING);
-    let mut stream = h.open(10).await;
-    h.storage
-        .until("the first claim", |s| s.finished(Op::Claim) == 1)
-        .await;
+    let mut stream = h.open_claimed(10).await;
 
-    h.storage.hold(Op::Claim);
-    let a = h.storage.add(None);
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let a = h.claim_held(None).await;
     stream.answer(Answer::SetWindow(0)).await;
     sleep(Duration::from_secs(5)).await;
     assert!(stream.quiet(), "confirmed while a claim was running");
@@ -288,17 +291,9 @@ async fn set_window_zero_is_confirmed_after_the_batch_in_flight_and_stops_claims
 #[tokio::test(start_paused = true)]
 async fn a_stream_that_ends_during_a_claim_gives_back_what_the_claim_leased() {
     let h = Harness::new(true, NO_POLLING);
-    let stream = h.open(10).await;
-    h.storage
-        .until("the first claim", |s| s.finished(Op::Claim) == 1)
-        .await;
+    let stream = h.open_claimed(10).await;
 
-    h.storage.hold(Op::Claim);
-    let a = h.storage.add(None);
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let a = h.claim_held(None).await;
     drop(stream);
     h.storage.let_through(Op::Claim);
     h.storage
@@ -309,17 +304,9 @@ async fn a_stream_that_ends_during_a_claim_gives_back_what_the_claim_leased() {
 #[tokio::test(start_paused = true)]
 async fn a_drain_lets_the_claim_in_flight_finish_before_draining() {
     let h = Harness::new(true, NO_POLLING);
-    let mut stream = h.open(10).await;
-    h.storage
-        .until("the first claim", |s| s.finished(Op::Claim) == 1)
-        .await;
+    let mut stream = h.open_claimed(10).await;
 
-    h.storage.hold(Op::Claim);
-    let a = h.storage.add(None);
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let a = h.claim_held(None).await;
     h.drain.start();
     sleep(Duration::from_secs(1)).await;
     assert!(
@@ -344,12 +331,7 @@ async fn back_to_back_nacks_go_in_one_storage_call_and_are_settled_one_by_one() 
     let mut stream = h.open(10).await;
     assert_eq!(stream.batch().await, ids);
     // A claim in flight holds the nacks back, so they queue up behind it.
-    h.storage.hold(Op::Claim);
-    let b = h.storage.add(None);
-    h.storage.wake();
-    h.storage
-        .until("the second claim to start", |s| s.started(Op::Claim) == 2)
-        .await;
+    let b = h.claim_held(None).await;
     for id in &ids {
         stream
             .answer(Answer::Nack {

@@ -111,7 +111,7 @@ fn the_position_passes_only_settled_rows() {
     m.ack(&[1], &mut outcome);
     let flushes = m.take_flushes();
     assert_eq!(flushes[0].position, Some(Position { txid: 0, id: 2 }));
-    assert_eq!(outcome.acked, vec![2, 1]);
+    assert_eq!(outcome.settled.acked, vec![2, 1]);
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn a_failed_key_holds_only_itself() {
     m.dispatch(10, Utc::now(), later());
     let mut outcome = Outcome::default();
     m.fail(1, nack("down", None), Utc::now(), &mut outcome);
-    assert_eq!(outcome.retried, vec![1]);
+    assert_eq!(outcome.settled.retried, vec![1]);
     read_after(&mut m, 2, &[(3, Some("a")), (4, Some("b"))]);
     m.ack(&[2], &mut outcome);
     // b goes on; a's next row becomes a held state row instead of being sent.
@@ -267,7 +267,7 @@ fn a_due_retry_goes_first_then_its_held_rows_in_order() {
         &mut outcome,
     );
     // The later row of the key this stream held went back behind it.
-    assert_eq!(outcome.released, vec![2]);
+    assert_eq!(outcome.settled.released, vec![2]);
     let d = m.dispatch(10, Utc::now() + chrono::Duration::seconds(1), later());
     assert_eq!(sent(&d), vec![1], "only the key's first row");
     assert_eq!(m.attempts_of(1), 2);
@@ -300,7 +300,7 @@ fn without_ordering_nothing_is_held() {
     m.dispatch(1, Utc::now(), later());
     let mut outcome = Outcome::default();
     m.fail(1, nack("x", None), Utc::now(), &mut outcome);
-    assert!(outcome.released.is_empty());
+    assert!(outcome.settled.released.is_empty());
     assert_eq!(sent(&m.dispatch(10, Utc::now(), later())), vec![2]);
 }
 
@@ -314,14 +314,14 @@ fn the_last_attempt_dead_letters_and_answers_after_a_loss_are_fenced() {
         m.fail(1, nack("down", Some(Duration::ZERO)), now, &mut outcome);
         now += chrono::Duration::seconds(1);
     }
-    assert_eq!(outcome.dead_lettered, vec![1]);
+    assert_eq!(outcome.settled.dead_lettered, vec![1]);
     assert!(m.dispatch(10, now, later()).is_empty());
     let mut m = member(GroupOrdering::Key, &[(5, None)]);
     m.dispatch(10, Utc::now(), later());
     assert_eq!(m.lose(0), vec![5]);
     let mut outcome = Outcome::default();
     m.ack(&[5], &mut outcome);
-    assert_eq!(outcome.fenced, vec![5]);
+    assert_eq!(outcome.settled.fenced, vec![5]);
 }
 
 #[test]
