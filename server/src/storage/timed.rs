@@ -132,188 +132,96 @@ impl<S: ?Sized> Timed<S> {
     }
 }
 
-#[async_trait]
-impl Storage for Timed {
-    fn backend(&self) -> &'static str {
-        self.inner.backend()
-    }
+/// The [`Storage`] impl of [`Timed`], written as a table, since every call is bounded the
+/// same way: each `name(arguments) -> T, "action";` runs the inner storage's call of that
+/// name within the deadline, a timeout naming `action`. `[span "storage.x", fields]` above
+/// a call opens a span of that name around it, with the table's name and those fields.
+/// The calls bounded otherwise, or not at all, come first, in braces, as written.
+macro_rules! timed_storage {
+    (
+        { $($other:item)* }
+        $(
+            $([span $span:literal $($field:tt)*])?
+            $name:ident($($arg:ident: $ty:ty),*) -> $out:ty, $action:literal;
+        )*
+    ) => {
+        #[async_trait]
+        impl Storage for Timed {
+            $($other)*
+            $(
+                $(#[tracing::instrument(
+                    name = $span,
+                    skip_all,
+                    fields(table = self.inner.table_name() $($field)*),
+                )])?
+                async fn $name(&self, $($arg: $ty),*) -> StorageResult<$out> {
+                    self.within($action, self.inner.$name($($arg),*)).await
+                }
+            )*
+        }
+    };
+}
 
-    fn table_name(&self) -> &str {
-        self.inner.table_name()
-    }
+timed_storage! {
+    {
+        fn backend(&self) -> &'static str {
+            self.inner.backend()
+        }
 
-    #[tracing::instrument(
-        name = "storage.claim",
-        skip_all,
-        fields(table = self.inner.table_name(), owner = request.owner, batch_size = request.batch_size),
-    )]
-    async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
-        self.within("claim", self.inner.claim(request)).await
-    }
+        fn table_name(&self) -> &str {
+            self.inner.table_name()
+        }
 
-    #[tracing::instrument(
-        name = "storage.claim_ahead",
-        skip_all,
-        fields(table = self.inner.table_name(), owner = request.owner, batch_size = request.batch_size),
-    )]
-    async fn claim_ahead(
-        &self,
-        request: ClaimRequest<'_>,
-        held: &HeldKeys,
-    ) -> StorageResult<Claimed> {
-        self.within("claim", self.inner.claim_ahead(request, held))
-            .await
-    }
+        fn schema_sql(&self) -> String {
+            self.inner.schema_sql()
+        }
 
-    async fn held_attempts(
-        &self,
-        ids: &SortedIds,
-        owner: &str,
-    ) -> StorageResult<Vec<(MessageId, u32)>> {
-        self.within("held_attempts", self.inner.held_attempts(ids, owner))
-            .await
-    }
+        #[tracing::instrument(
+            name = "storage.ensure_table",
+            skip_all,
+            fields(table = self.inner.table_name()),
+        )]
+        async fn ensure_table(&self) -> StorageResult<()> {
+            self.within_ddl(self.inner.ensure_table()).await
+        }
 
-    async fn ack(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
-        self.within("ack", self.inner.ack(ids, owner)).await
+        fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
+            self.inner.insert_signal()
+        }
     }
-
-    #[tracing::instrument(
-        name = "storage.nack",
-        skip_all,
-        fields(table = self.inner.table_name(), owner, nacks = nacks.len()),
-    )]
-    async fn nack_many(
-        &self,
-        nacks: &[NackRequest<'_>],
-        owner: &str,
-        policy: &dyn RetryPolicy,
-    ) -> StorageResult<Vec<NackResult>> {
-        self.within("nack", self.inner.nack_many(nacks, owner, policy))
-            .await
-    }
-
-    async fn release(
-        &self,
-        ids: &SortedIds,
-        owner: &str,
-        delay: Duration,
-    ) -> StorageResult<SortedIds> {
-        self.within("release", self.inner.release(ids, owner, delay))
-            .await
-    }
-
-    async fn dead_letter(&self, id: MessageId, owner: &str, error: &str) -> StorageResult<bool> {
-        self.within("dead-letter", self.inner.dead_letter(id, owner, error))
-            .await
-    }
-
-    async fn extend_lease(
-        &self,
-        ids: &SortedIds,
-        owner: &str,
-        lease: Duration,
-    ) -> StorageResult<Extended> {
-        self.within("extend lease", self.inner.extend_lease(ids, owner, lease))
-            .await
-    }
-
-    async fn return_leases(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
-        self.within("return leases", self.inner.return_leases(ids, owner))
-            .await
-    }
-
-    async fn stats(&self) -> StorageResult<Stats> {
-        self.within("stats", self.inner.stats()).await
-    }
-
-    async fn delivered_within(&self, window: Duration) -> StorageResult<Option<u64>> {
-        self.within("delivered rows", self.inner.delivered_within(window))
-            .await
-    }
-
-    /// Bounded like every call: a purge of a long history that reaches the deadline has
-    /// deleted its first batches, and the next purge goes on from there.
-    #[tracing::instrument(name = "storage.purge", skip_all, fields(table = self.inner.table_name()))]
-    async fn purge(&self, older_than: Duration) -> StorageResult<u64> {
-        self.within("purge", self.inner.purge(older_than)).await
-    }
-
-    fn schema_sql(&self) -> String {
-        self.inner.schema_sql()
-    }
-
-    #[tracing::instrument(name = "storage.ensure_table", skip_all, fields(table = self.inner.table_name()))]
-    async fn ensure_table(&self) -> StorageResult<()> {
-        self.within_ddl(self.inner.ensure_table()).await
-    }
-
-    async fn verify_table(&self) -> StorageResult<()> {
-        self.within("check table", self.inner.verify_table()).await
-    }
-
-    async fn list_dead(
-        &self,
-        filter: &DeadFilter,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<DeadLetter>> {
-        let call = self.inner.list_dead(filter, after_id, limit);
-        self.within("list dead letters", call).await
-    }
-
-    async fn count_dead(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
-        self.within("count dead letters", self.inner.count_dead(filter))
-            .await
-    }
-
-    #[tracing::instrument(name = "storage.redrive", skip_all, fields(table = self.inner.table_name(), limit))]
-    async fn redrive_dead(
-        &self,
-        filter: &DeadFilter,
-        limit: u32,
-        delay: Duration,
-    ) -> StorageResult<SortedIds> {
-        let call = self.inner.redrive_dead(filter, limit, delay);
-        self.within("re-drive dead letters", call).await
-    }
-
-    #[tracing::instrument(name = "storage.discard", skip_all, fields(table = self.inner.table_name(), limit))]
-    async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
-        let call = self.inner.discard_dead(filter, limit);
-        self.within("discard dead letters", call).await
-    }
-
-    async fn blocked_keys(
-        &self,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<BlockedKey>> {
-        self.within("blocked keys", self.inner.blocked_keys(after_id, limit))
-            .await
-    }
-
-    async fn lease_holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        self.within("lease holders", self.inner.lease_holders())
-            .await
-    }
-
-    async fn pauses(&self) -> StorageResult<Pauses> {
-        self.within("pauses", self.inner.pauses()).await
-    }
-
-    async fn set_paused(&self, topics: &[String], paused: bool) -> StorageResult<Pauses> {
-        self.within("pause", self.inner.set_paused(topics, paused))
-            .await
-    }
-
-    async fn insert(&self, message: NewMessage) -> StorageResult<MessageId> {
-        self.within("insert", self.inner.insert(message)).await
-    }
-
-    fn insert_signal(&self) -> Option<watch::Receiver<Inserts>> {
-        self.inner.insert_signal()
-    }
+    [span "storage.claim", owner = request.owner, batch_size = request.batch_size]
+    claim(request: ClaimRequest<'_>) -> Claimed, "claim";
+    [span "storage.claim_ahead", owner = request.owner, batch_size = request.batch_size]
+    claim_ahead(request: ClaimRequest<'_>, held: &HeldKeys) -> Claimed, "claim";
+    held_attempts(ids: &SortedIds, owner: &str) -> Vec<(MessageId, u32)>, "held_attempts";
+    ack(ids: &SortedIds, owner: &str) -> SortedIds, "ack";
+    [span "storage.nack", owner, nacks = nacks.len()]
+    nack_many(nacks: &[NackRequest<'_>], owner: &str, policy: &dyn RetryPolicy)
+        -> Vec<NackResult>, "nack";
+    release(ids: &SortedIds, owner: &str, delay: Duration) -> SortedIds, "release";
+    dead_letter(id: MessageId, owner: &str, error: &str) -> bool, "dead-letter";
+    extend_lease(ids: &SortedIds, owner: &str, lease: Duration) -> Extended, "extend lease";
+    return_leases(ids: &SortedIds, owner: &str) -> u64, "return leases";
+    stats() -> Stats, "stats";
+    delivered_within(window: Duration) -> Option<u64>, "delivered rows";
+    // Bounded like every call: a purge of a long history that reaches the deadline has
+    // deleted its first batches, and the next purge goes on from there.
+    [span "storage.purge"]
+    purge(older_than: Duration) -> u64, "purge";
+    verify_table() -> (), "check table";
+    list_dead(filter: &DeadFilter, after_id: MessageId, limit: u32)
+        -> Vec<DeadLetter>, "list dead letters";
+    count_dead(filter: &DeadFilter) -> DeadCounts, "count dead letters";
+    [span "storage.redrive", limit]
+    redrive_dead(filter: &DeadFilter, limit: u32, delay: Duration)
+        -> SortedIds, "re-drive dead letters";
+    [span "storage.discard", limit]
+    discard_dead(filter: &DeadFilter, limit: u32) -> SortedIds, "discard dead letters";
+    blocked_keys(after_id: MessageId, limit: u32) -> Vec<BlockedKey>, "blocked keys";
+    lease_holders() -> Vec<LeaseHolder>, "lease holders";
+    pauses() -> Pauses, "pauses";
+    set_paused(topics: &[String], paused: bool) -> Pauses, "pause";
+    insert(message: NewMessage) -> MessageId, "insert";
 }
 
 #[cfg(test)]
