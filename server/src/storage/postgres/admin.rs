@@ -282,13 +282,12 @@ impl Admin {
     ) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.names, &FILTER, 3);
         let statement = self.dead_redrive(&conditions);
-        let query = sqlx::query_scalar(&statement)
+        let query = sqlx::query(&statement)
             .bind(i64::from(limit))
             .bind(interval(delay));
-        let ids = bind_filter_scalar(query, values)
-            .fetch_all(&self.shared.conn.pool)
-            .await
-            .map_err(self.shared.conn.error("re-drive dead letters"))?;
+        let ids = self
+            .changed_ids(query, values, "re-drive dead letters")
+            .await?;
         if !ids.is_empty() {
             // Pending again, below where claims reached: claimable after the delay.
             self.shared.floor.rescan_at(Instant::now() + delay);
@@ -299,12 +298,29 @@ impl Admin {
     pub async fn discard_dead(&self, filter: &DeadFilter, limit: u32) -> StorageResult<SortedIds> {
         let (conditions, values) = dead::conditions(filter, &self.names, &FILTER, 2);
         let statement = self.dead_discard(&conditions);
-        let query = sqlx::query_scalar(&statement).bind(i64::from(limit));
-        let ids = bind_filter_scalar(query, values)
+        let query = sqlx::query(&statement).bind(i64::from(limit));
+        let ids = self
+            .changed_ids(query, values, "discard dead letters")
+            .await?;
+        Ok(SortedIds::from(ids))
+    }
+
+    /// The ids a re-drive or discard returns, the selector's `values` bound after the
+    /// statement's own parameters.
+    async fn changed_ids<'q>(
+        &self,
+        query: PgQuery<'q>,
+        values: Vec<FilterValue<'q>>,
+        action: &'static str,
+    ) -> StorageResult<Vec<MessageId>> {
+        let rows = bind_filter(query, values)
             .fetch_all(&self.shared.conn.pool)
             .await
-            .map_err(self.shared.conn.error("discard dead letters"))?;
-        Ok(SortedIds::from(ids))
+            .map_err(self.shared.conn.error(action))?;
+        rows.iter()
+            .map(|row| row.try_get(0))
+            .collect::<Result<_, _>>()
+            .map_err(self.shared.conn.error(action))
     }
 
     /// Dead rows in id order: `$1` after this id, `$2` at most; `conditions` from
@@ -467,6 +483,8 @@ fn dead_heads(t: &str, n: &Names) -> String {
     )
 }
 
+type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
 /// How the dead-letter selector is written here: numbered `$n`, an id array.
 pub(super) const FILTER: FilterDialect = FilterDialect {
     placeholder: |number| format!("${number}"),
@@ -476,25 +494,7 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 
 /// `query` with the selector's values bound, in the order [`dead::conditions`] rendered
 /// them (after the statement's own parameters).
-fn bind_filter<'q>(
-    mut query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
-    values: Vec<FilterValue<'q>>,
-) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    for value in values {
-        query = match value {
-            FilterValue::Ids(ids) => query.bind(ids),
-            FilterValue::Text(text) => query.bind(text),
-            FilterValue::Time(at) => query.bind(at),
-        };
-    }
-    query
-}
-
-/// [`bind_filter`] for a statement returning ids.
-fn bind_filter_scalar<'q>(
-    mut query: sqlx::query::QueryScalar<'q, sqlx::Postgres, MessageId, sqlx::postgres::PgArguments>,
-    values: Vec<FilterValue<'q>>,
-) -> sqlx::query::QueryScalar<'q, sqlx::Postgres, MessageId, sqlx::postgres::PgArguments> {
+fn bind_filter<'q>(mut query: PgQuery<'q>, values: Vec<FilterValue<'q>>) -> PgQuery<'q> {
     for value in values {
         query = match value {
             FilterValue::Ids(ids) => query.bind(ids),
