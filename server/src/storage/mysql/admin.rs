@@ -15,7 +15,6 @@ use super::MySqlStorage;
 use crate::storage::blocked;
 use crate::storage::columns::{insert_row, InsertPayload};
 use crate::storage::dead::{self, FilterDialect, FilterValue};
-use crate::storage::names::Names;
 use crate::storage::{
     in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
     Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
@@ -25,15 +24,7 @@ impl Statements {
     /// Counts of each topic. SUM of a comparison counts the rows where it holds; SUM
     /// yields DECIMAL. A fixed topic groups by a constant: one group, or none for no rows.
     pub fn stats(&self) -> String {
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            created_at,
-            ..
-        } = &self.names;
-        let topic = self.names.topic("");
-        format!(
+        self.fill(
             "SELECT {topic} AS topic, \
                CAST(SUM({status} = 'pending') AS SIGNED) AS pending, \
                CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
@@ -46,55 +37,33 @@ impl Statements {
                  UTC_TIMESTAMP(6)) AS oldest_pending_us \
              FROM {t} WHERE {status} IN ('pending', 'dead') \
              GROUP BY {topic} ORDER BY {topic}",
-            t = self.table
+            &[("topic", &self.names.topic(""))],
         )
     }
 
     /// Rows delivered within `?` microseconds.
     pub fn delivered_within(&self) -> String {
-        let Names {
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT COUNT(*) FROM {t} WHERE {status} = 'done' \
              AND {processed_at} > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-            t = self.table
+            &[],
         )
     }
 
     /// Deletes at most `?` rows delivered more than `?` microseconds ago.
     pub fn purge_batch(&self) -> String {
-        let Names {
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "DELETE FROM {t} WHERE {status} = 'done' \
              AND {processed_at} < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
              ORDER BY {processed_at} LIMIT ?",
-            t = self.table
+            &[],
         )
     }
 
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id (twice with
     /// [`Statements::dead_holds_key`]: for the keys behind a dead row too), `?` at most.
     pub fn blocked_keys(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            created_at,
-            ..
-        } = &self.names;
-        let t = &self.table;
-        format!(
+        self.fill(
             "SELECT o.{key} AS `key`, CAST(o.{id} AS SIGNED) AS head_id, o.{leased_by} AS owner, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
                o.{created_at} AS created_at, o.{available_at} AS until, \
@@ -104,60 +73,77 @@ impl Statements {
              FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                AND o.{available_at} > UTC_TIMESTAMP(6) AND o.{id} > ? \
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){dead} \
              ORDER BY head_id LIMIT ?",
-            blocked_keys_dead(self.dead_holds_key, t, &self.names),
+            &[("dead", &self.blocked_keys_dead())],
+        )
+    }
+
+    /// With `dead_holds_key`: the blocked keys behind a dead row, appended to the
+    /// statement of leased and retrying heads (whose heads behind a dead row it leaves
+    /// out), `?` after this id (see `storage/blocked.rs`).
+    fn blocked_keys_dead(&self) -> String {
+        if !self.dead_holds_key {
+            return String::new();
+        }
+        let (from, waiting) =
+            blocked::dead_heads(&self.table, &self.names, "?", "CAST(COUNT(*) AS SIGNED)");
+        self.fill(
+            " AND NOT {dead_before} UNION ALL \
+             SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
+               d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) \
+             {from}",
+            &[
+                ("dead_before", &self.dead_before("o")),
+                ("waiting", &waiting),
+                ("from", &from),
+            ],
         )
     }
 
     /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
     pub fn lease_holders(&self) -> String {
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT CAST({leased_by} AS CHAR), CAST(COUNT(*) AS SIGNED), MIN({available_at}) \
              FROM {t} \
              WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                AND {available_at} > UTC_TIMESTAMP(6) \
-             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}",
-            t = self.table
+             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {max}",
+            &[("max", &MAX_LEASE_HOLDERS)],
         )
     }
 
     /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
     pub fn pauses(&self) -> String {
-        format!(
-            "SELECT target, paused_at FROM {} ORDER BY target",
-            self.pauses
+        self.fill(
+            "SELECT target, paused_at FROM {pauses} ORDER BY target",
+            &[],
         )
     }
 
     /// Pauses the target `?` (idempotent).
     pub fn pause(&self) -> String {
-        format!(
-            "INSERT IGNORE INTO {} (target, paused_at) VALUES (?, UTC_TIMESTAMP(6))",
-            self.pauses
+        self.fill(
+            "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES (?, UTC_TIMESTAMP(6))",
+            &[],
         )
     }
 
     /// Resumes the target `?`.
     pub fn resume(&self) -> String {
-        format!("DELETE FROM {} WHERE target = ?", self.pauses)
+        self.fill("DELETE FROM {pauses} WHERE target = ?", &[])
     }
 
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
     /// headers (if the table has them).
     pub fn insert(&self) -> String {
         let inserted = self.names.inserted();
-        format!(
-            "INSERT INTO {} ({}) VALUES ({})",
-            self.table,
-            inserted.join(", "),
-            placeholders(inserted.len())
+        self.fill(
+            "INSERT INTO {t} ({columns}) VALUES ({values})",
+            &[
+                ("columns", &inserted.join(", ")),
+                ("values", &placeholders(inserted.len())),
+            ],
         )
     }
 
@@ -166,106 +152,58 @@ impl Statements {
 
     /// Dead rows in id order: `?` after this id, the selector, `?` at most.
     pub fn dead_list(&self, conditions: &str) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            status,
-            last_error,
-            processed_at,
-            ..
-        } = c;
-        format!(
+        self.fill(
             "SELECT {message}, \
                COALESCE(o.{last_error}, '') AS last_error, o.{processed_at} AS died_at \
              FROM {t} o WHERE o.{status} = 'dead' AND o.{id} > ?{conditions} \
              ORDER BY o.{id} LIMIT ?",
-            message = self.message(),
-            t = self.table,
+            &[("message", &self.message()), ("conditions", &conditions)],
         )
     }
 
     /// Dead rows by topic and error, largest groups first, each with the total of every
     /// group: the selector, then `?` groups at most.
     pub fn dead_count(&self, conditions: &str) -> String {
-        let c = &self.names;
-        format!(
+        self.fill(
             "SELECT {topic} AS topic, COALESCE(o.{last_error}, '') AS error, \
                CAST(COUNT(*) AS SIGNED) AS count, \
                CAST(SUM(COUNT(*)) OVER () AS SIGNED) AS total \
              FROM {t} o WHERE o.{status} = 'dead'{conditions} \
              GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
-            topic = c.topic("o."),
-            last_error = c.last_error,
-            status = c.status,
-            t = self.table,
+            &[
+                ("topic", &self.names.topic("o.")),
+                ("conditions", &conditions),
+            ],
         )
     }
 
     /// Locks the first `?` selected dead rows (the selector first), in id order, for a
     /// re-drive or a discard in the same transaction.
     pub fn dead_lock(&self, conditions: &str) -> String {
-        let Names { id, status, .. } = &self.names;
-        format!(
+        self.fill(
             "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{status} = 'dead'{conditions} \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            t = self.table,
+            &[("conditions", &conditions)],
         )
     }
 
     /// Makes `n` locked dead rows pending again: `?` delay in microseconds, then the ids.
     pub fn dead_redrive(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'pending', {attempts} = 0, \
              {available_at} = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, {leased_by} = NULL, \
              {processed_at} = NULL WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
+            &[("ids", &placeholders(n))],
         )
     }
 
     /// Deletes `n` locked dead rows.
     pub fn dead_discard(&self, n: usize) -> String {
-        let id = &self.names.id;
-        format!(
+        self.fill(
             "DELETE FROM {t} WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
+            &[("ids", &placeholders(n))],
         )
     }
-}
-
-/// With `dead_holds_key`: the blocked keys behind a dead row, appended to the statement of
-/// leased and retrying heads (whose heads behind a dead row it leaves out), `?` after
-/// this id (see `storage/blocked.rs`).
-fn blocked_keys_dead(dead_holds_key: bool, t: &str, n: &Names) -> String {
-    if !dead_holds_key {
-        return String::new();
-    }
-    let Names {
-        id,
-        key,
-        attempts,
-        last_error,
-        created_at,
-        processed_at,
-        ..
-    } = n;
-    let (from, waiting) = blocked::dead_heads(t, n, "?", "CAST(COUNT(*) AS SIGNED)");
-    format!(
-        " AND NOT {} UNION ALL \
-         SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
-           d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) {from}",
-        blocked::dead_before(t, n, &format!("o.{key}"), &format!("o.{id}")),
-    )
 }
 
 /// How the dead-letter selector is written here: `?` in reading order, one per id.

@@ -8,8 +8,6 @@ use sqlx::mysql::MySqlConnection;
 use super::convert::{after, decode_candidate, decode_scanned, now};
 use super::shape::{locking_by_ids, placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::names::Names;
 use crate::storage::{ClaimRequest, Claimed, MessageId, OutboxMessage, TopicFilter};
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -64,20 +62,11 @@ impl Statements {
     /// and stops at the row count. Left to itself the optimizer may pick the primary key
     /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
     pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
-        let (t, pending_index, c) = (&self.table, &self.pending_index, &self.names);
-        let Names {
-            id,
-            key,
-            status,
-            available_at,
-            created_at,
-            ..
-        } = c;
-        let topic = |alias: &str| c.topic(alias);
         let mut filters = String::new();
         if shape.visibility_delay {
-            filters += &format!(" AND o.{created_at} <= ?");
+            filters += &self.fill(" AND o.{created_at} <= ?", &[]);
         }
+        let topic = |alias: &str| self.names.topic(alias);
         if shape.topics > 0 {
             filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
         }
@@ -89,48 +78,23 @@ impl Statements {
             );
         }
         if shape.excluded_keys > 0 {
-            filters += &format!(
-                " AND (o.{key} IS NULL OR o.{key} NOT IN ({}))",
-                placeholders(shape.excluded_keys)
+            filters += &self.fill(
+                " AND (o.{key} IS NULL OR o.{key} NOT IN ({keys}))",
+                &[("keys", &placeholders(shape.excluded_keys))],
             );
         }
         if shape.strict_ordering {
-            let mut blocked = format!("p.{available_at} > ?");
-            if shape.visibility_delay {
-                blocked += &format!(" OR p.{created_at} > ?");
-            }
-            if shape.topics > 0 {
-                blocked += &format!(
-                    " OR {} NOT IN ({})",
-                    topic("p."),
-                    placeholders(shape.topics)
-                );
-            }
-            if shape.paused_topics > 0 {
-                blocked += &format!(
-                    " OR {} IN ({})",
-                    topic("p."),
-                    placeholders(shape.paused_topics)
-                );
-            }
-            filters += &format!(
-                " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-                 WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-                 AND ({blocked})))"
-            );
-            if self.dead_holds_key {
-                // A dead row holds the key too: a range of the `(key, status, id)` index.
-                filters += &format!(
-                    " AND (o.{key} IS NULL OR NOT {})",
-                    blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
-                );
-            }
+            filters += &self.claim_held_back(shape);
         }
-        format!(
+        self.fill(
             "SELECT CAST(o.{id} AS SIGNED) AS id, o.{key} AS `key` \
              FROM {t} o FORCE INDEX ({pending_index}) \
              WHERE o.{status} = 'pending' AND o.{available_at} <= ? AND o.{id} > ?{filters} \
-             ORDER BY o.{id} LIMIT ?"
+             ORDER BY o.{id} LIMIT ?",
+            &[
+                ("pending_index", &self.pending_index),
+                ("filters", &filters),
+            ],
         )
     }
 
@@ -139,36 +103,23 @@ impl Statements {
     /// column names (what [`super::convert::decode_candidate`] reads). Lookups by primary
     /// key: a row that no longer matches is not kept locked.
     pub fn claim_lock(&self, n: usize) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            status,
-            available_at,
-            ..
-        } = c;
-        format!(
-            "SELECT {} FROM {} o {} AND o.{status} = 'pending' AND o.{available_at} <= ? \
+        self.fill(
+            "SELECT {message} FROM {t} o {by_id} \
+             AND o.{status} = 'pending' AND o.{available_at} <= ? \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            self.message(),
-            self.table,
-            locking_by_ids(&format!("o.{id}"), n)
+            &[
+                ("message", &self.message()),
+                ("by_id", &locking_by_ids(&format!("o.{}", self.names.id), n)),
+            ],
         )
     }
 
     /// Leases `n` locked rows: `?` owner, `?` lease deadline, then the ids.
     pub fn claim_update(&self, n: usize) -> String {
-        let Names {
-            id,
-            leased_by,
-            attempts,
-            available_at,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {leased_by} = ?, {attempts} = {attempts} + 1, \
-             {available_at} = ? WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {leased_by} = ?, {attempts} = {attempts} + 1, \
+             {available_at} = ? WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 
@@ -176,23 +127,13 @@ impl Statements {
     /// times already (`?` now, `?` max attempts, then the ids); the reason goes into
     /// `last_error`, before the error the row had.
     pub fn exhaust(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {status} = 'dead', {processed_at} = ?, {leased_by} = NULL, \
+        self.fill(
+            "UPDATE {t} SET {status} = 'dead', {processed_at} = ?, {leased_by} = NULL, \
              {last_error} = CONCAT('claimed ', {attempts}, \
                ' times without an answer (max_attempts = ', ?, ')', \
                COALESCE(CONCAT('; last error: ', {last_error}), '')) \
-             WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+             WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 }

@@ -101,21 +101,13 @@ impl Schema {
             let definition = format!("{} ({})", quote(&name), columns.join(", "));
             Part { name, definition }
         };
-        let Names {
-            id,
-            key,
-            status,
-            available_at,
-            processed_at,
-            ..
-        } = c;
-        let pending = index(PENDING_INDEX, &[status, id]);
+        let pending = index(PENDING_INDEX, &[&c.status, &c.id]);
         let pending_index = pending.name.clone();
         let indexes = vec![
             pending,
-            index("_key_idx", &[key, status, id]),
-            index("_due_idx", &[status, available_at]),
-            index("_processed_idx", &[status, processed_at]),
+            index("_key_idx", &[&c.key, &c.status, &c.id]),
+            index("_due_idx", &[&c.status, &c.available_at]),
+            index("_processed_idx", &[&c.status, &c.processed_at]),
         ];
         lines.extend(
             indexes
@@ -149,9 +141,10 @@ impl Schema {
             table: t.to_owned(),
             display_table: display_table.to_owned(),
             own_names: columns.is_default(),
-            skip_existing: format!(
+            skip_existing: c.fill(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = UTC_TIMESTAMP(6) \
-                 WHERE {status} = 'pending'"
+                 WHERE {status} = 'pending'",
+                &[("t", &t)],
             ),
         }
     }

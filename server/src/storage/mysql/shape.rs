@@ -16,8 +16,10 @@
 //! Id lists are bound one placeholder per id (`IN (?, ?, ...)`), so statements are
 //! rendered per call (a few hundred bytes formatted: nothing next to the round trip).
 
+use std::fmt::Display;
 use std::time::Duration;
 
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
@@ -104,36 +106,51 @@ impl Statements {
         }
     }
 
+    /// A statement from `template` (see [`Names::fill`]) with `{t}` the table, `{pauses}`
+    /// its pauses table, and `values`.
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> = vec![("t", &self.table), ("pauses", &self.pauses)];
+        all.extend_from_slice(values);
+        self.names.fill(template, &all)
+    }
+
+    /// [`blocked::dead_before`] the row `alias`: whether a dead row of its key comes
+    /// before it.
+    pub fn dead_before(&self, alias: &str) -> String {
+        let (key, id) = (&self.names.key, &self.names.id);
+        let (key, id) = (format!("{alias}.{key}"), format!("{alias}.{id}"));
+        blocked::dead_before(&self.table, &self.names, &key, &id)
+    }
+
     /// The columns of row `o` as a message (what [`super::convert`] decodes): `id, topic,
     /// key, payload, headers, attempts, created_at, stored_bytes`. A row whose stored size
     /// (payload, headers, topic and key) is over `max_row_bytes` comes without its payload
     /// (NULL) and headers, so the server never sends what no response could hold.
     pub fn message(&self) -> String {
         let c = &self.names;
-        let Names {
-            id,
-            key,
-            created_at,
-            attempts,
-            payload,
-            ..
-        } = c;
         let headers = c
             .headers
             .as_ref()
             .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
         let topic = c.topic("o.");
-        let size = format!(
+        let size = self.fill(
             "(OCTET_LENGTH(o.{payload}) + COALESCE(OCTET_LENGTH({headers}), 0) \
-             + OCTET_LENGTH({topic}) + COALESCE(OCTET_LENGTH(o.{key}), 0))"
+             + OCTET_LENGTH({topic}) + COALESCE(OCTET_LENGTH(o.{key}), 0))",
+            &[("headers", &headers), ("topic", &topic)],
         );
         let fits = format!("{size} <= {}", self.max_row_bytes);
-        format!(
+        self.fill(
             "CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
                CASE WHEN {fits} THEN o.{payload} END AS payload, \
                CASE WHEN {fits} THEN {headers} END AS headers, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
-               CAST({size} AS SIGNED) AS stored_bytes"
+               CAST({size} AS SIGNED) AS stored_bytes",
+            &[
+                ("topic", &topic),
+                ("fits", &fits),
+                ("headers", &headers),
+                ("size", &size),
+            ],
         )
     }
 }

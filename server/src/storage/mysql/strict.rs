@@ -6,10 +6,9 @@
 
 use sqlx::mysql::MySqlConnection;
 
+use super::claim::ClaimShape;
 use super::shape::{placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::names::Names;
 use crate::storage::{MessageId, OutboxMessage};
 
 impl Statements {
@@ -26,29 +25,63 @@ impl Statements {
     /// that another transaction had locked, which [`Statements::claim_lock`] passes over
     /// silently.
     pub fn claim_successors(&self, tested: usize, batch: usize) -> String {
-        let (
-            t,
-            Names {
-                id, key, status, ..
-            },
-        ) = (&self.table, &self.names);
         // With `dead_holds_key` an earlier dead row holds a row back too: one the scan's
         // pre-filter saw, or one this claim dead-lettered for its attempts.
         let dead = match self.dead_holds_key {
-            true => format!(
-                " OR {}",
-                blocked::dead_before(t, &self.names, &format!("o.{key}"), &format!("o.{id}"))
-            ),
+            true => format!(" OR {}", self.dead_before("o")),
             false => String::new(),
         };
-        format!(
-            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({}) \
+        self.fill(
+            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({tested}) \
              AND o.{key} IS NOT NULL \
              AND (EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
-               AND p.{status} = 'pending' AND p.{id} NOT IN ({})){dead})",
-            placeholders(tested),
-            placeholders(batch)
+               AND p.{status} = 'pending' AND p.{id} NOT IN ({batch})){dead})",
+            &[
+                ("tested", &placeholders(tested)),
+                ("batch", &placeholders(batch)),
+                ("dead", &dead),
+            ],
         )
+    }
+
+    /// The pre-filter of strict ordering in a claim's scan (see
+    /// [`Statements::claim_candidates`]): an earlier pending row of the key holds a row
+    /// back unless this very claim can take it. Parameters: `now`, then, as the claim's
+    /// shape has them, `visible_before`, the topics and the paused topics.
+    pub fn claim_held_back(&self, shape: &ClaimShape) -> String {
+        let topic = |alias: &str| self.names.topic(alias);
+        let mut blocked = self.fill("p.{available_at} > ?", &[]);
+        if shape.visibility_delay {
+            blocked += &self.fill(" OR p.{created_at} > ?", &[]);
+        }
+        if shape.topics > 0 {
+            blocked += &format!(
+                " OR {} NOT IN ({})",
+                topic("p."),
+                placeholders(shape.topics)
+            );
+        }
+        if shape.paused_topics > 0 {
+            blocked += &format!(
+                " OR {} IN ({})",
+                topic("p."),
+                placeholders(shape.paused_topics)
+            );
+        }
+        let mut filters = self.fill(
+            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+             WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
+             AND ({blocked})))",
+            &[("blocked", &blocked)],
+        );
+        if self.dead_holds_key {
+            // A dead row holds the key too: a range of the `(key, status, id)` index.
+            filters += &self.fill(
+                " AND (o.{key} IS NULL OR NOT {dead_before})",
+                &[("dead_before", &self.dead_before("o"))],
+            );
+        }
+        filters
     }
 }
 

@@ -85,23 +85,19 @@ impl Schema {
             lines.join(",\n")
         );
         let index = |suffix: &str| ident::quote(&format!("{table}{suffix}"));
-        let Names {
-            id,
-            key,
-            status,
-            processed_at,
-            ..
-        } = c;
-        let indexes = format!(
+        let indexes = c.fill(
             "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
 CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
 ",
-            pending = index("_pending_idx"),
-            key_pending = index("_key_pending_idx"),
-            processed = index("_processed_idx"),
-            dead = index("_dead_idx"),
+            &[
+                ("t", &t),
+                ("pending", &index("_pending_idx")),
+                ("key_pending", &index("_key_pending_idx")),
+                ("processed", &index("_processed_idx")),
+                ("dead", &index("_dead_idx")),
+            ],
         );
         // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty
         // pauses the whole outbox. Times in epoch milliseconds, as the outbox's.
@@ -117,9 +113,10 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
             pauses,
             table: table.to_string(),
             own_names: columns.is_default(),
-            skip_existing: format!(
-                "UPDATE {t} SET {status} = 'done', {processed_at} = {NOW_MS} \
-                 WHERE {status} = 'pending'"
+            skip_existing: c.fill(
+                "UPDATE {t} SET {status} = 'done', {processed_at} = {now} \
+                 WHERE {status} = 'pending'",
+                &[("t", &t), ("now", &NOW_MS)],
             ),
         }
     }

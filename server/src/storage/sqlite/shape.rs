@@ -18,8 +18,10 @@
 //! every statement has a fixed text (and a cached prepared statement) for any list length:
 //! rendered per call, it is the same text each time.
 
+use std::fmt::Display;
 use std::time::Duration;
 
+use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::{Dialect, Names};
@@ -41,6 +43,8 @@ pub(super) struct Statements {
     pub pauses: String,
     /// The columns as they appear in SQL.
     pub names: Names,
+    /// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
+    pub held: String,
     /// See [`Shape::max_row_bytes`].
     pub max_row_bytes: u64,
     pub strict_ordering: bool,
@@ -52,11 +56,17 @@ pub(super) struct Statements {
 
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
+        let names = Names::new(shape.columns, &DIALECT);
         Self {
             display_table: shape.table.to_string(),
             table: shape.table.quoted(),
             pauses: pauses_table(shape.table),
-            names: Names::new(shape.columns, &DIALECT),
+            held: names.fill(
+                "WHERE {id} IN (SELECT value FROM json_each(?1)) AND {leased_by} = ?2 \
+                 AND {status} = 'pending'",
+                &[],
+            ),
+            names,
             max_row_bytes: shape.max_row_bytes,
             strict_ordering: shape.strict_ordering,
             dead_holds_key: shape.dead_holds_key,
@@ -64,13 +74,24 @@ impl Statements {
         }
     }
 
-    /// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
-    pub fn held(&self) -> String {
-        let c = &self.names;
-        format!(
-            "WHERE {} IN (SELECT value FROM json_each(?1)) AND {} = ?2 AND {} = 'pending'",
-            c.id, c.leased_by, c.status
-        )
+    /// A statement from `template` (see [`Names::fill`]) with `{t}` the table, `{pauses}`
+    /// its pauses table, `{held}` the fence of a write-back, and `values`.
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> = vec![
+            ("t", &self.table),
+            ("pauses", &self.pauses),
+            ("held", &self.held),
+        ];
+        all.extend_from_slice(values);
+        self.names.fill(template, &all)
+    }
+
+    /// [`blocked::dead_before`] the row `alias`: whether a dead row of its key comes
+    /// before it.
+    pub fn dead_before(&self, alias: &str) -> String {
+        let (key, id) = (&self.names.key, &self.names.id);
+        let (key, id) = (format!("{alias}.{key}"), format!("{alias}.{id}"));
+        blocked::dead_before(&self.table, &self.names, &key, &id)
     }
 }
 
