@@ -6,18 +6,18 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlArguments, MySqlConnection};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection};
 use sqlx::Arguments;
 
-use super::convert::{self, decode_blocked, decode_topic_stats};
+use super::convert::{self, decode_blocked, decode_topic_stats, BindIds};
 use super::shape::{micros, placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::columns::{insert_row, InsertPayload};
+use crate::storage::columns::insert_row;
 use crate::storage::dead::{self, FilterDialect, FilterValue};
+use crate::storage::sql_common;
 use crate::storage::{
-    in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
-    Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
+    BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage, Pauses,
+    SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
 };
 
 impl Statements {
@@ -63,6 +63,14 @@ impl Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id (twice with
     /// [`Statements::dead_holds_key`]: for the keys behind a dead row too), `?` at most.
     pub fn blocked_keys(&self) -> String {
+        let dead = sql_common::blocked_keys_dead(
+            self.dead_holds_key,
+            &self.table,
+            &self.names,
+            "d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
+             d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED)",
+            ["?", "CAST(COUNT(*) AS SIGNED)"],
+        );
         self.fill(
             "SELECT o.{key} AS `key`, CAST(o.{id} AS SIGNED) AS head_id, o.{leased_by} AS owner, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
@@ -75,29 +83,7 @@ impl Statements {
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
                  AND p.{status} = 'pending' AND p.{id} < o.{id}){dead} \
              ORDER BY head_id LIMIT ?",
-            &[("dead", &self.blocked_keys_dead())],
-        )
-    }
-
-    /// With `dead_holds_key`: the blocked keys behind a dead row, appended to the
-    /// statement of leased and retrying heads (whose heads behind a dead row it leaves
-    /// out), `?` after this id (see `storage/blocked.rs`).
-    fn blocked_keys_dead(&self) -> String {
-        if !self.dead_holds_key {
-            return String::new();
-        }
-        let (from, waiting) =
-            blocked::dead_heads(&self.table, &self.names, "?", "CAST(COUNT(*) AS SIGNED)");
-        self.fill(
-            " AND NOT {dead_before} UNION ALL \
-             SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
-               d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) \
-             {from}",
-            &[
-                ("dead_before", &self.dead_before("o")),
-                ("waiting", &waiting),
-                ("from", &from),
-            ],
+            &[("dead", &dead)],
         )
     }
 
@@ -110,14 +96,6 @@ impl Statements {
                AND {available_at} > UTC_TIMESTAMP(6) \
              GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {max}",
             &[("max", &MAX_LEASE_HOLDERS)],
-        )
-    }
-
-    /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
-    pub fn pauses(&self) -> String {
-        self.fill(
-            "SELECT target, paused_at FROM {pauses} ORDER BY target",
-            &[],
         )
     }
 
@@ -218,36 +196,25 @@ pub(crate) const FILTER: FilterDialect = FilterDialect {
 
 impl MySqlStorage {
     pub(super) async fn topic_stats(&self) -> StorageResult<Stats> {
-        let rows = sqlx::query(&self.sql.stats())
+        let topics = sqlx::query(&self.sql.stats())
+            .try_map(|row| decode_topic_stats(&row))
             .fetch_all(&self.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(decode_topic_stats)
-            .collect::<Result<Vec<_>, _>>()
             .map_err(self.conn.error("stats"))?;
         Ok(Stats::from_topics(topics))
     }
 
     pub(super) async fn delivered_count(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within())
-            .bind(micros(window))
-            .fetch_one(&self.conn.pool)
+        let statement = self.sql.delivered_within();
+        let query = sqlx::query_scalar(&statement).bind(micros(window));
+        sql_common::delivered_count(&self.options, query, &self.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
-        Ok(Some(crate::storage::rows::count(delivered)))
+            .map_err(self.conn.error("stats"))
     }
 
     pub(super) async fn purge_delivered(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
         let purge_batch = self.sql.purge_batch();
-        let purged = in_batches(|| async {
+        sql_common::purge(&self.options, || async {
             let done = self
                 .conn
                 .retrying("purge", || {
@@ -259,9 +226,7 @@ impl MySqlStorage {
                 .await?;
             Ok(done.rows_affected())
         })
-        .await?;
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        .await
     }
 
     pub(super) async fn blocked_heads(
@@ -275,31 +240,26 @@ impl MySqlStorage {
             // The keys behind a dead row start after the same id.
             query = query.bind(after_id);
         }
-        let rows = query
+        query
             .bind(i64::from(limit))
+            .try_map(|row| decode_blocked(&row))
             .fetch_all(&self.conn.pool)
             .await
-            .map_err(self.conn.error("blocked keys"))?;
-        rows.iter()
-            .map(decode_blocked)
-            .collect::<Result<_, _>>()
             .map_err(self.conn.error("blocked keys"))
     }
 
     pub(super) async fn holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders())
-            .fetch_all(&self.conn.pool)
+        let statement = self.sql.lease_holders();
+        let query = sqlx::query_as(&statement);
+        sql_common::lease_holders::<_, DateTime<Utc>, _>(query, &self.conn.pool)
             .await
-            .map_err(self.conn.error("lease holders"))?;
-        Ok(LeaseHolder::from_rows(rows))
+            .map_err(self.conn.error("lease holders"))
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.sql.pauses())
-            .fetch_all(&self.conn.pool)
+        sql_common::read_pauses::<_, DateTime<Utc>, _>(&self.sql.pauses, &self.conn.pool)
             .await
-            .map_err(self.conn.error("read the pauses"))?;
-        Ok(Pauses::from_rows(rows))
+            .map_err(self.conn.error("read the pauses"))
     }
 
     pub(super) async fn change_pauses(
@@ -325,23 +285,12 @@ impl MySqlStorage {
 
     pub(super) async fn insert_message(&self, message: NewMessage) -> StorageResult<MessageId> {
         let row = insert_row(&self.options.columns, message)?;
-        let statement = self.sql.insert();
-        let mut query = sqlx::query(&statement);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(sqlx::types::Json(headers));
-        }
-        let done = query
+        let err = || self.conn.error("insert");
+        let arguments = sql_common::insert_arguments::<MySql>(row).map_err(err())?;
+        let done = sqlx::query_with(&self.sql.insert(), arguments)
             .execute(&self.conn.pool)
             .await
-            .map_err(self.conn.error("insert"))?;
+            .map_err(err())?;
         Ok(done.last_insert_id() as MessageId)
     }
 }
@@ -428,11 +377,11 @@ impl MySqlStorage {
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
             let statement = self.sql.dead_redrive(ids.len());
-            let mut query = sqlx::query(&statement).bind(micros(delay));
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(micros(delay))
+                .bind_ids(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(SortedIds::from(ids))
@@ -447,11 +396,10 @@ impl MySqlStorage {
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
             let statement = self.sql.dead_discard(ids.len());
-            let mut query = sqlx::query(&statement);
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind_ids(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(SortedIds::from(ids))

@@ -9,7 +9,7 @@ use std::time::Duration;
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use super::convert::{self, after, now};
+use super::convert::{self, after, now, BindIds};
 use super::shape::{locking_by_ids, micros, placeholders, Statements};
 use super::MySqlStorage;
 use crate::storage::rows::attempts;
@@ -172,11 +172,11 @@ impl MySqlStorage {
         live: bool,
     ) -> Result<SortedIds, sqlx::Error> {
         let statement = self.sql.held(ids.len(), live);
-        let mut query = sqlx::query_scalar(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let held: Vec<MessageId> = query.bind(owner).fetch_all(conn).await?;
+        let held: Vec<MessageId> = sqlx::query_scalar(&statement)
+            .bind_ids(ids)
+            .bind(owner)
+            .fetch_all(conn)
+            .await?;
         Ok(ids.only(held))
     }
 
@@ -189,11 +189,8 @@ impl MySqlStorage {
             return Ok(Vec::new());
         }
         let statement = self.sql.held_attempts(ids.len());
-        let mut query = sqlx::query_as(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let rows: Vec<(MessageId, i64)> = query
+        let rows: Vec<(MessageId, i64)> = sqlx::query_as(&statement)
+            .bind_ids(ids)
             .bind(owner)
             .fetch_all(&self.conn.pool)
             .await
@@ -261,11 +258,10 @@ impl MySqlStorage {
             } else {
                 self.sql.ack(held.len())
             };
-            let mut query = sqlx::query(&statement);
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(held)
@@ -336,11 +332,11 @@ impl MySqlStorage {
         };
         if !released.is_empty() {
             let statement = self.sql.release_at(released.len());
-            let mut query = sqlx::query(&statement).bind(successors_at);
-            for id in &released {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(successors_at)
+                .bind_ids(&released)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(NackResult::applied(decision, successors_at, released))
@@ -359,11 +355,11 @@ impl MySqlStorage {
         let held = self.held(&mut tx, ids, owner, !delay.is_zero()).await?;
         if !held.is_empty() {
             let statement = self.sql.release_after(held.len());
-            let mut query = sqlx::query(&statement).bind(micros(delay));
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(micros(delay))
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(held)
@@ -384,11 +380,11 @@ impl MySqlStorage {
         let lease_expires_at = after(now(&mut tx).await?, lease);
         if !held.is_empty() {
             let statement = self.sql.extend_lease(held.len());
-            let mut query = sqlx::query(&statement).bind(lease_expires_at);
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(lease_expires_at)
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Extended {
@@ -406,11 +402,11 @@ impl MySqlStorage {
             return Ok(0);
         }
         let statement = self.sql.return_leases(ids.len());
-        let mut query = sqlx::query(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let done = query.bind(owner).execute(&self.conn.pool).await?;
+        let done = sqlx::query(&statement)
+            .bind_ids(ids)
+            .bind(owner)
+            .execute(&self.conn.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 }

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlConnection;
 
-use super::convert::{after, decode_candidate, decode_scanned, now};
+use super::convert::{after, decode_candidate, decode_scanned, now, BindIds};
 use super::shape::{locking_by_ids, placeholders, Statements};
 use super::MySqlStorage;
 use crate::storage::{ClaimRequest, Claimed, MessageId, OutboxMessage, TopicFilter};
@@ -62,21 +62,15 @@ impl Statements {
     /// and stops at the row count. Left to itself the optimizer may pick the primary key
     /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
     pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
-        let mut filters = String::new();
-        if shape.visibility_delay {
-            filters += &self.fill(" AND o.{created_at} <= ?", &[]);
-        }
-        let topic = |alias: &str| self.names.topic(alias);
-        if shape.topics > 0 {
-            filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
-        }
-        if shape.paused_topics > 0 {
-            filters += &format!(
-                " AND ({} IN ({})) IS NOT TRUE",
-                topic("o."),
-                placeholders(shape.paused_topics)
-            );
-        }
+        let mut filters = self.shape_filters(
+            "o.",
+            shape,
+            [
+                " AND o.{created_at} <= ?",
+                " AND {topic} IN ({topics})",
+                " AND ({topic} IN ({topics})) IS NOT TRUE",
+            ],
+        );
         if shape.excluded_keys > 0 {
             filters += &self.fill(
                 " AND (o.{key} IS NULL OR o.{key} NOT IN ({keys}))",
@@ -96,6 +90,27 @@ impl Statements {
                 ("filters", &filters),
             ],
         )
+    }
+
+    /// The filters of a claim that its shape has, each rendered from its template: the
+    /// visibility cutoff, the topics, the paused topics (in that order, as they bind).
+    /// `{topic}` is the topic of the row `alias` (`o.` or `p.`), `{topics}` a placeholder
+    /// per topic.
+    pub fn shape_filters(&self, alias: &str, shape: &ClaimShape, templates: [&str; 3]) -> String {
+        let topic = self.names.topic(alias);
+        let counts = [
+            usize::from(shape.visibility_delay),
+            shape.topics,
+            shape.paused_topics,
+        ];
+        counts
+            .into_iter()
+            .zip(templates)
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, template)| {
+                self.fill(template, &[("topic", &topic), ("topics", &placeholders(n))])
+            })
+            .collect()
     }
 
     /// Locks the first `?` (after the ids and `?` now) of `n` candidates that are still due and
@@ -170,13 +185,12 @@ impl MySqlStorage {
         let taken = self.claim_rounds(&mut tx, request, &filter, now).await?;
         if !taken.messages.is_empty() {
             let statement = self.sql.claim_update(taken.messages.len());
-            let mut query = sqlx::query(&statement)
+            sqlx::query(&statement)
                 .bind(request.owner)
-                .bind(lease_expires_at);
-            for message in &taken.messages {
-                query = query.bind(message.id);
-            }
-            query.execute(&mut *tx).await?;
+                .bind(lease_expires_at)
+                .bind_ids(taken.messages.iter().map(|m| &m.id))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Claimed {
@@ -336,11 +350,8 @@ impl MySqlStorage {
         limit: usize,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let statement = self.sql.claim_lock(candidates.len());
-        let mut query = sqlx::query(&statement);
-        for (id, _) in candidates {
-            query = query.bind(id);
-        }
-        query
+        sqlx::query(&statement)
+            .bind_ids(candidates.iter().map(|(id, _)| id))
             .bind(now)
             .bind(limit as i64)
             .fetch_all(conn)
@@ -362,13 +373,12 @@ impl MySqlStorage {
             return Ok(());
         }
         let statement = self.sql.exhaust(ids.len());
-        let mut query = sqlx::query(&statement)
+        sqlx::query(&statement)
             .bind(now)
-            .bind(i64::from(max_attempts));
-        for id in ids {
-            query = query.bind(id);
-        }
-        query.execute(conn).await?;
+            .bind(i64::from(max_attempts))
+            .bind_ids(ids)
+            .execute(conn)
+            .await?;
         Ok(())
     }
 }

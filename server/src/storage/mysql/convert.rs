@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
+use sqlx::mysql::{
+    MySql, MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow,
+};
+use sqlx::query::{Query, QueryAs, QueryScalar};
 use sqlx::Row;
 
 use super::shape::NOW;
 use crate::storage::dead::DeadCountRow;
 use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::sql_common;
 use crate::storage::{
     BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, StorageResult,
     TopicStats,
@@ -51,6 +55,35 @@ impl Conn {
             }
             result => result.map_err(self.error(action)),
         }
+    }
+}
+
+/// A query that binds a list of ids one placeholder each (see
+/// [`super::shape::placeholders`]): MySQL has no array to bind a list as one value.
+pub(super) trait BindIds: Sized {
+    fn bind_id(self, id: MessageId) -> Self;
+
+    /// `ids` bound after what is bound already.
+    fn bind_ids<'i>(self, ids: impl IntoIterator<Item = &'i MessageId>) -> Self {
+        ids.into_iter().fold(self, |query, id| query.bind_id(*id))
+    }
+}
+
+impl BindIds for Query<'_, MySql, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
+    }
+}
+
+impl<O> BindIds for QueryAs<'_, MySql, O, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
+    }
+}
+
+impl<O> BindIds for QueryScalar<'_, MySql, O, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
     }
 }
 
@@ -216,17 +249,11 @@ pub(super) fn decode_scanned(row: &MySqlRow) -> Result<(MessageId, Option<String
     Ok((row.try_get("id")?, text(row, "key")?))
 }
 
+/// A row of `Statements::stats` (`admin.rs`).
 pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_us")?;
-    Ok(TopicStats {
-        topic: required_text(row, "topic")?,
-        pending: count("pending")?,
-        leased: count("leased")?,
-        waiting: count("waiting")?,
-        dead: count("dead")?,
-        oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
-    })
+    let oldest = oldest.map(|us| Duration::from_micros(us.max(0) as u64));
+    sql_common::topic_stats(row, required_text(row, "topic")?, oldest)
 }
 
 /// `now + duration` on the database clock, clamped like every interval sent.

@@ -19,7 +19,6 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
@@ -112,14 +111,6 @@ impl Statements {
         let mut all: Vec<(&str, &dyn Display)> = vec![("t", &self.table), ("pauses", &self.pauses)];
         all.extend_from_slice(values);
         self.names.fill(template, &all)
-    }
-
-    /// [`blocked::dead_before`] the row `alias`: whether a dead row of its key comes
-    /// before it.
-    pub fn dead_before(&self, alias: &str) -> String {
-        let (key, id) = (&self.names.key, &self.names.id);
-        let (key, id) = (format!("{alias}.{key}"), format!("{alias}.{id}"));
-        blocked::dead_before(&self.table, &self.names, &key, &id)
     }
 
     /// The columns of row `o` as a message (what [`super::convert`] decodes): `id, topic,

@@ -7,8 +7,10 @@
 use sqlx::mysql::MySqlConnection;
 
 use super::claim::ClaimShape;
+use super::convert::BindIds;
 use super::shape::{placeholders, Statements};
 use super::MySqlStorage;
+use crate::storage::sql_common;
 use crate::storage::{MessageId, OutboxMessage};
 
 impl Statements {
@@ -28,7 +30,10 @@ impl Statements {
         // With `dead_holds_key` an earlier dead row holds a row back too: one the scan's
         // pre-filter saw, or one this claim dead-lettered for its attempts.
         let dead = match self.dead_holds_key {
-            true => format!(" OR {}", self.dead_before("o")),
+            true => format!(
+                " OR {}",
+                sql_common::dead_before(&self.table, &self.names, "o")
+            ),
             false => String::new(),
         };
         self.fill(
@@ -49,39 +54,17 @@ impl Statements {
     /// back unless this very claim can take it. Parameters: `now`, then, as the claim's
     /// shape has them, `visible_before`, the topics and the paused topics.
     pub fn claim_held_back(&self, shape: &ClaimShape) -> String {
-        let topic = |alias: &str| self.names.topic(alias);
-        let mut blocked = self.fill("p.{available_at} > ?", &[]);
-        if shape.visibility_delay {
-            blocked += &self.fill(" OR p.{created_at} > ?", &[]);
-        }
-        if shape.topics > 0 {
-            blocked += &format!(
-                " OR {} NOT IN ({})",
-                topic("p."),
-                placeholders(shape.topics)
+        let blocked = self.fill("p.{available_at} > ?", &[])
+            + &self.shape_filters(
+                "p.",
+                shape,
+                [
+                    " OR p.{created_at} > ?",
+                    " OR {topic} NOT IN ({topics})",
+                    " OR {topic} IN ({topics})",
+                ],
             );
-        }
-        if shape.paused_topics > 0 {
-            blocked += &format!(
-                " OR {} IN ({})",
-                topic("p."),
-                placeholders(shape.paused_topics)
-            );
-        }
-        let mut filters = self.fill(
-            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-             WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-             AND ({blocked})))",
-            &[("blocked", &blocked)],
-        );
-        if self.dead_holds_key {
-            // A dead row holds the key too: a range of the `(key, status, id)` index.
-            filters += &self.fill(
-                " AND (o.{key} IS NULL OR NOT {dead_before})",
-                &[("dead_before", &self.dead_before("o"))],
-            );
-        }
-        filters
+        sql_common::no_earlier_blocking(&self.table, &self.names, &blocked, self.dead_holds_key)
     }
 }
 
@@ -105,14 +88,12 @@ impl MySqlStorage {
         let statement = self
             .sql
             .claim_successors(keyed.len(), kept.len() + fresh.len());
-        let mut query = sqlx::query_scalar(&statement);
-        for id in &keyed {
-            query = query.bind(id);
-        }
-        for message in kept.iter().chain(fresh) {
-            query = query.bind(message.id);
-        }
-        let held_back: Vec<MessageId> = query.fetch_all(conn).await?;
+        let batch = kept.iter().chain(fresh).map(|m| &m.id);
+        let held_back: Vec<MessageId> = sqlx::query_scalar(&statement)
+            .bind_ids(&keyed)
+            .bind_ids(batch)
+            .fetch_all(conn)
+            .await?;
         if !held_back.is_empty() {
             tracing::debug!(
                 held_back = held_back.len(),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::sqlite::SqliteArguments;
+use sqlx::sqlite::{Sqlite, SqliteArguments};
 use sqlx::{Arguments, Row};
 
 use super::convert::{
@@ -13,12 +13,12 @@ use super::convert::{
 };
 use super::shape::{aliased, message, Statements};
 use super::SqliteStorage;
-use crate::storage::blocked;
-use crate::storage::columns::{insert_row, InsertPayload};
+use crate::storage::columns::insert_row;
 use crate::storage::dead::{self, FilterDialect, FilterValue};
+use crate::storage::sql_common;
 use crate::storage::{
-    in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
-    Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
+    BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage, Pauses,
+    SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
 };
 
 impl Statements {
@@ -67,6 +67,15 @@ impl Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub fn blocked_keys(&self) -> String {
+        let dead = sql_common::blocked_keys_dead(
+            self.dead_holds_key,
+            &self.table,
+            &self.names,
+            "d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
+             d.{last_error} AS last_error, d.{created_at} AS created_at, \
+             d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead",
+            ["?1", "count(*)"],
+        );
         self.fill(
             "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
                o.{attempts} AS attempts, o.{last_error} AS last_error, \
@@ -78,28 +87,7 @@ impl Statements {
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
                  AND p.{status} = 'pending' AND p.{id} < o.{id}){dead} \
              ORDER BY head_id LIMIT ?2",
-            &[("dead", &self.blocked_keys_dead())],
-        )
-    }
-
-    /// With `dead_letter_holds_key`: blocked keys also behind a dead row, in the columns
-    /// of the statement of leased and retrying heads (closed by `?1` after, `?2` at most);
-    /// its heads behind a dead row are left to the dead part. See `storage/blocked.rs`.
-    fn blocked_keys_dead(&self) -> String {
-        if !self.dead_holds_key {
-            return String::new();
-        }
-        let (from, waiting) = blocked::dead_heads(&self.table, &self.names, "?1", "count(*)");
-        self.fill(
-            " AND NOT {dead_before} UNION ALL \
-             SELECT d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
-               d.{last_error} AS last_error, d.{created_at} AS created_at, \
-               d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead {from}",
-            &[
-                ("dead_before", &self.dead_before("o")),
-                ("waiting", &waiting),
-                ("from", &from),
-            ],
+            &[("dead", &dead)],
         )
     }
 
@@ -110,14 +98,6 @@ impl Statements {
              WHERE {status} = 'pending' AND {leased_by} IS NOT NULL AND {available_at} > ?1 \
              GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {max}",
             &[("max", &MAX_LEASE_HOLDERS)],
-        )
-    }
-
-    /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
-    pub fn pauses(&self) -> String {
-        self.fill(
-            "SELECT target, paused_at FROM {pauses} ORDER BY target",
-            &[],
         )
     }
 
@@ -216,37 +196,26 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 impl SqliteStorage {
     pub(super) async fn topic_stats(&self) -> StorageResult<Stats> {
         let now = now_ms();
-        let rows = sqlx::query(&self.sql.stats())
+        let topics = sqlx::query(&self.sql.stats())
             .bind(now)
+            .try_map(|row| decode_topic_stats(&row, now))
             .fetch_all(&self.pools.reader)
             .await
-            .map_err(self.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(|row| decode_topic_stats(row, now))
-            .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("stats"))?;
         Ok(Stats::from_topics(topics))
     }
 
     pub(super) async fn delivered_count(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within())
-            .bind(before(now_ms(), window))
-            .fetch_one(&self.pools.reader)
+        let statement = self.sql.delivered_within();
+        let query = sqlx::query_scalar(&statement).bind(before(now_ms(), window));
+        sql_common::delivered_count(&self.options, query, &self.pools.reader)
             .await
-            .map_err(self.error("stats"))?;
-        Ok(Some(crate::storage::rows::count(delivered)))
+            .map_err(self.error("stats"))
     }
 
     pub(super) async fn purge_delivered(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
         let purge_batch = self.sql.purge_batch();
-        let purged = in_batches(|| async {
+        sql_common::purge(&self.options, || async {
             // The writer is given back between batches, so claims interleave.
             let mut conn = self.writer("purge").await?;
             let done = sqlx::query(&purge_batch)
@@ -257,9 +226,7 @@ impl SqliteStorage {
                 .map_err(self.error("purge"))?;
             Ok(done.rows_affected())
         })
-        .await?;
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        .await
     }
 
     pub(super) async fn blocked_heads(
@@ -267,46 +234,28 @@ impl SqliteStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&self.sql.blocked_keys())
+        sqlx::query(&self.sql.blocked_keys())
             .bind(after_id)
             .bind(i64::from(limit))
             .bind(now_ms())
+            .try_map(|row| decode_blocked(&row))
             .fetch_all(&self.pools.reader)
             .await
-            .map_err(self.error("blocked keys"))?;
-        rows.iter()
-            .map(decode_blocked)
-            .collect::<Result<_, _>>()
             .map_err(self.error("blocked keys"))
     }
 
     pub(super) async fn holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let err = || self.error("lease holders");
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders())
-            .bind(now_ms())
-            .fetch_all(&self.pools.reader)
+        let statement = self.sql.lease_holders();
+        let query = sqlx::query_as(&statement).bind(now_ms());
+        sql_common::lease_holders::<_, i64, _>(query, &self.pools.reader)
             .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(LeaseHolder::from_rows(rows))
+            .map_err(self.error("lease holders"))
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        let err = || self.error("read the pauses");
-        let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.pauses())
-            .fetch_all(&self.pools.reader)
+        sql_common::read_pauses::<_, i64, _>(&self.sql.pauses, &self.pools.reader)
             .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(target, since)| Ok((target, datetime(since)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(Pauses::from_rows(rows))
+            .map_err(self.error("read the pauses"))
     }
 
     pub(super) async fn change_pauses(
@@ -333,25 +282,14 @@ impl SqliteStorage {
     }
 
     pub(super) async fn insert_message(&self, message: NewMessage) -> StorageResult<MessageId> {
+        let err = || self.error("insert");
         let row = insert_row(&self.options.columns, message)?;
+        let arguments = sql_common::insert_arguments::<Sqlite>(row).map_err(err())?;
         let mut conn = self.writer("insert").await?;
-        let statement = self.sql.insert();
-        let mut query = sqlx::query_scalar(&statement);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(sqlx::types::Json(headers));
-        }
-        query
+        sqlx::query_scalar_with(&self.sql.insert(), arguments)
             .fetch_one(&mut *conn)
             .await
-            .map_err(self.error("insert"))
+            .map_err(err())
     }
 }
 

@@ -8,6 +8,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::sql_common::{self, StoredTime};
 use crate::storage::{BlockedKey, HeadState, OutboxMessage, StorageError, TopicStats};
 
 // Primary result codes (the low byte of an extended code), from sqlite3.h.
@@ -113,6 +114,13 @@ pub(super) fn datetime(ms: i64) -> Result<DateTime<Utc>, sqlx::Error> {
         .ok_or_else(|| sqlx::Error::Decode(format!("time out of range: {ms} ms").into()))
 }
 
+/// This backend's times: epoch milliseconds (see `shape.rs`).
+impl StoredTime for i64 {
+    fn utc(self) -> Result<DateTime<Utc>, sqlx::Error> {
+        datetime(self)
+    }
+}
+
 /// Ids (or topics) as the JSON array the statements read with `json_each`.
 pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
     serde_json::to_string(items).expect("a list of ids or strings serialises")
@@ -161,18 +169,12 @@ pub(super) fn decode_blocked(row: &SqliteRow) -> Result<BlockedKey, sqlx::Error>
     })
 }
 
+/// A row of `Statements::stats` (`admin.rs`), read at `now`.
 pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_created_at")?;
-    Ok(TopicStats {
-        topic: row.try_get("topic")?,
-        pending: count("pending")?,
-        leased: count("leased")?,
-        waiting: count("waiting")?,
-        dead: count("dead")?,
-        oldest_pending_age: oldest
-            .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
-    })
+    let oldest =
+        oldest.map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64));
+    sql_common::topic_stats(row, row.try_get("topic")?, oldest)
 }
 
 #[cfg(test)]

@@ -21,7 +21,6 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::storage::blocked;
 use crate::storage::columns::Columns;
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::{Dialect, Names};
@@ -84,14 +83,6 @@ impl Statements {
         ];
         all.extend_from_slice(values);
         self.names.fill(template, &all)
-    }
-
-    /// [`blocked::dead_before`] the row `alias`: whether a dead row of its key comes
-    /// before it.
-    pub fn dead_before(&self, alias: &str) -> String {
-        let (key, id) = (&self.names.key, &self.names.id);
-        let (key, id) = (format!("{alias}.{key}"), format!("{alias}.{id}"));
-        blocked::dead_before(&self.table, &self.names, &key, &id)
     }
 }
 

@@ -4,6 +4,7 @@
 //! module docs of the backend).
 
 use super::shape::Statements;
+use crate::storage::sql_common;
 
 impl Statements {
     /// The filter of a claim's candidates under strict ordering, with the parameters of
@@ -27,20 +28,6 @@ impl Statements {
             let not = if except { "" } else { "NOT " };
             blocked += &format!(" OR p.{topic} {not}IN (SELECT value FROM json_each({p}))");
         }
-        let mut filters = self.fill(
-            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-             WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-             AND ({blocked})))",
-            &[("blocked", &blocked)],
-        );
-        if self.dead_holds_key {
-            // `dead_letter_holds_key`: an earlier dead row of the key holds it back too,
-            // found through the `(key, id)` index of dead rows.
-            filters += &self.fill(
-                " AND (o.{key} IS NULL OR NOT {dead_before})",
-                &[("dead_before", &self.dead_before("o"))],
-            );
-        }
-        filters
+        sql_common::no_earlier_blocking(&self.table, &self.names, &blocked, self.dead_holds_key)
     }
 }
