@@ -6,6 +6,7 @@
 //! reads times and purges, generic over [`sqlx::Database`].
 
 use std::collections::BTreeMap;
+use std::fmt::Display;
 use std::future::Future;
 use std::time::Duration;
 
@@ -21,62 +22,83 @@ use super::columns::{InsertPayload, InsertRow};
 use super::names::Names;
 use super::{in_batches, LeaseHolder, Pauses, StorageResult, TableOptions, TopicStats};
 
-/// Strict ordering's test of a claim's candidate `o`: no earlier pending row `p` of its key
-/// for which `blocked` holds (one this very claim cannot take), nor, with
-/// `dead_holds_key`, an earlier dead row of the key (looked up through an index of the
-/// dead rows by key and id). `t` is the table, quoted.
-pub fn no_earlier_blocking(t: &str, names: &Names, blocked: &str, dead_holds_key: bool) -> String {
-    let mut filters = names.fill(
-        " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-         WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-         AND ({blocked})))",
-        &[("t", &t), ("blocked", &blocked)],
-    );
-    if dead_holds_key {
-        filters += &names.fill(
-            " AND (o.{key} IS NULL OR NOT {dead_before})",
-            &[("dead_before", &dead_before(t, names, "o"))],
+/// An outbox table's names as MySQL and SQLite statements write them, and the statements
+/// both write alike.
+#[derive(Debug)]
+pub struct TableSql {
+    /// The table unquoted (MySQL: `db.table`), for messages.
+    pub display: String,
+    /// The table, quoted (MySQL: `` `db`.`table` ``).
+    pub quoted: String,
+    /// The outbox's pauses table, quoted, beside the table.
+    pub pauses: String,
+    /// The columns as they appear in SQL.
+    pub names: Names,
+}
+
+impl TableSql {
+    /// A statement from `template` (see [`Names::fill`]) with `{t}` the table, `{pauses}`
+    /// its pauses table, and `values`.
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> =
+            vec![("t", &self.quoted), ("pauses", &self.pauses)];
+        all.extend_from_slice(values);
+        self.names.fill(template, &all)
+    }
+
+    /// [`blocked::dead_before`] the row `alias`: whether a dead row of its key comes
+    /// before it.
+    pub fn dead_before(&self, alias: &str) -> String {
+        let (key, id) = (&self.names.key, &self.names.id);
+        let (key, id) = (format!("{alias}.{key}"), format!("{alias}.{id}"));
+        blocked::dead_before(&self.quoted, &self.names, &key, &id)
+    }
+
+    /// Strict ordering's test of a claim's candidate `o`: no earlier pending row `p` of
+    /// its key for which `blocked` holds (one this very claim cannot take), nor, with
+    /// `dead_holds_key`, an earlier dead row of the key (looked up through an index of
+    /// the dead rows by key and id).
+    pub fn no_earlier_blocking(&self, blocked: &str, dead_holds_key: bool) -> String {
+        let mut filters = self.fill(
+            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+             WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
+             AND ({blocked})))",
+            &[("blocked", &blocked)],
         );
+        if dead_holds_key {
+            filters += &self.fill(
+                " AND (o.{key} IS NULL OR NOT {dead_before})",
+                &[("dead_before", &self.dead_before("o"))],
+            );
+        }
+        filters
     }
-    filters
-}
 
-/// [`blocked::dead_before`] the row `alias` of the table `t`: whether a dead row of its
-/// key comes before it.
-pub fn dead_before(t: &str, names: &Names, alias: &str) -> String {
-    let (key, id) = (&names.key, &names.id);
-    blocked::dead_before(
-        t,
-        names,
-        &format!("{alias}.{key}"),
-        &format!("{alias}.{id}"),
-    )
-}
-
-/// With `dead_holds_key`, the blocked keys behind a dead row (see `storage/blocked.rs`),
-/// appended to a backend's statement of leased and retrying heads `o`, which leaves the
-/// heads behind a dead row to this part. `columns` are that statement's columns for the
-/// dead head `d`, `{waiting}` among them the rows behind it; `after` is the placeholder
-/// of the id to start after, `count` the backend's `count(*)`.
-pub fn blocked_keys_dead(
-    dead_holds_key: bool,
-    t: &str,
-    names: &Names,
-    columns: &str,
-    [after, count]: [&str; 2],
-) -> String {
-    if !dead_holds_key {
-        return String::new();
+    /// With `dead_holds_key`, the blocked keys behind a dead row (see
+    /// `storage/blocked.rs`), appended to a backend's statement of leased and retrying
+    /// heads `o`, which leaves the heads behind a dead row to this part. `columns` are
+    /// that statement's columns for the dead head `d`, `{waiting}` among them the rows
+    /// behind it; `after` is the placeholder of the id to start after, `count` the
+    /// backend's `count(*)`.
+    pub fn blocked_keys_dead(
+        &self,
+        dead_holds_key: bool,
+        columns: &str,
+        [after, count]: [&str; 2],
+    ) -> String {
+        if !dead_holds_key {
+            return String::new();
+        }
+        let (from, waiting) = blocked::dead_heads(&self.quoted, &self.names, after, count);
+        self.fill(
+            " AND NOT {dead_before} UNION ALL SELECT {columns} {from}",
+            &[
+                ("dead_before", &self.dead_before("o")),
+                ("columns", &self.fill(columns, &[("waiting", &waiting)])),
+                ("from", &from),
+            ],
+        )
     }
-    let (from, waiting) = blocked::dead_heads(t, names, after, count);
-    names.fill(
-        " AND NOT {dead_before} UNION ALL SELECT {columns} {from}",
-        &[
-            ("dead_before", &dead_before(t, names, "o")),
-            ("columns", &names.fill(columns, &[("waiting", &waiting)])),
-            ("from", &from),
-        ],
-    )
 }
 
 /// A time as a backend stores it, read back as UTC.

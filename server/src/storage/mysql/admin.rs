@@ -37,7 +37,7 @@ impl Statements {
                  UTC_TIMESTAMP(6)) AS oldest_pending_us \
              FROM {t} WHERE {status} IN ('pending', 'dead') \
              GROUP BY {topic} ORDER BY {topic}",
-            &[("topic", &self.names.topic(""))],
+            &[("topic", &self.table.names.topic(""))],
         )
     }
 
@@ -63,10 +63,8 @@ impl Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id (twice with
     /// [`Statements::dead_holds_key`]: for the keys behind a dead row too), `?` at most.
     pub fn blocked_keys(&self) -> String {
-        let dead = sql_common::blocked_keys_dead(
+        let dead = self.table.blocked_keys_dead(
             self.dead_holds_key,
-            &self.table,
-            &self.names,
             "d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
              d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED)",
             ["?", "CAST(COUNT(*) AS SIGNED)"],
@@ -115,7 +113,7 @@ impl Statements {
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
     /// headers (if the table has them).
     pub fn insert(&self) -> String {
-        let inserted = self.names.inserted();
+        let inserted = self.table.names.inserted();
         self.fill(
             "INSERT INTO {t} ({columns}) VALUES ({values})",
             &[
@@ -149,7 +147,7 @@ impl Statements {
              FROM {t} o WHERE o.{status} = 'dead'{conditions} \
              GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
             &[
-                ("topic", &self.names.topic("o.")),
+                ("topic", &self.table.names.topic("o.")),
                 ("conditions", &conditions),
             ],
         )
@@ -257,7 +255,7 @@ impl MySqlStorage {
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        sql_common::read_pauses::<_, DateTime<Utc>, _>(&self.sql.pauses, &self.conn.pool)
+        sql_common::read_pauses::<_, DateTime<Utc>, _>(&self.sql.table.pauses, &self.conn.pool)
             .await
             .map_err(self.conn.error("read the pauses"))
     }
@@ -329,7 +327,7 @@ impl MySqlStorage {
         after_id: MessageId,
         limit: u32,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[after_id], &values, i64::from(limit))?;
         let statement = self.sql.dead_list(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
@@ -339,7 +337,7 @@ impl MySqlStorage {
     }
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> Result<DeadCounts, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[], &values, dead::MAX_COUNT_GROUPS)?;
         let statement = self.sql.dead_count(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
@@ -359,7 +357,7 @@ impl MySqlStorage {
         filter: &DeadFilter,
         limit: u32,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[], &values, i64::from(limit))?;
         let statement = self.sql.dead_lock(&conditions);
         sqlx::query_scalar_with(&statement, arguments)

@@ -32,7 +32,7 @@ impl Statements {
         self.fill(
             "FROM {t} {by_id} AND {leased_by} = ? AND {status} = 'pending'{live}",
             &[
-                ("by_id", &locking_by_ids(&self.names.id, n)),
+                ("by_id", &locking_by_ids(&self.table.names.id, n)),
                 ("live", &live),
             ],
         )

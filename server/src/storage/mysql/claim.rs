@@ -97,7 +97,7 @@ impl Statements {
     /// `{topic}` is the topic of the row `alias` (`o.` or `p.`), `{topics}` a placeholder
     /// per topic.
     pub fn shape_filters(&self, alias: &str, shape: &ClaimShape, templates: [&str; 3]) -> String {
-        let topic = self.names.topic(alias);
+        let topic = self.table.names.topic(alias);
         let counts = [
             usize::from(shape.visibility_delay),
             shape.topics,
@@ -124,7 +124,10 @@ impl Statements {
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
             &[
                 ("message", &self.message()),
-                ("by_id", &locking_by_ids(&format!("o.{}", self.names.id), n)),
+                (
+                    "by_id",
+                    &locking_by_ids(&format!("o.{}", self.table.names.id), n),
+                ),
             ],
         )
     }

@@ -10,7 +10,6 @@ use super::claim::ClaimShape;
 use super::convert::BindIds;
 use super::shape::{placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::sql_common;
 use crate::storage::{MessageId, OutboxMessage};
 
 impl Statements {
@@ -30,10 +29,7 @@ impl Statements {
         // With `dead_holds_key` an earlier dead row holds a row back too: one the scan's
         // pre-filter saw, or one this claim dead-lettered for its attempts.
         let dead = match self.dead_holds_key {
-            true => format!(
-                " OR {}",
-                sql_common::dead_before(&self.table, &self.names, "o")
-            ),
+            true => format!(" OR {}", self.table.dead_before("o")),
             false => String::new(),
         };
         self.fill(
@@ -64,7 +60,8 @@ impl Statements {
                     " OR {topic} IN ({topics})",
                 ],
             );
-        sql_common::no_earlier_blocking(&self.table, &self.names, &blocked, self.dead_holds_key)
+        self.table
+            .no_earlier_blocking(&blocked, self.dead_holds_key)
     }
 }
 

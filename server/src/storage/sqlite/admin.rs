@@ -26,7 +26,7 @@ impl Statements {
     /// two partial indexes instead of scanning the delivered rows. A fixed topic groups by
     /// a constant: one group, or none for no rows.
     pub fn stats(&self) -> String {
-        let topic = self.names.topic("");
+        let topic = self.table.names.topic("");
         self.fill(
             "SELECT {topic_column}, \
                sum({status} = 'pending') AS pending, \
@@ -67,10 +67,8 @@ impl Statements {
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub fn blocked_keys(&self) -> String {
-        let dead = sql_common::blocked_keys_dead(
+        let dead = self.table.blocked_keys_dead(
             self.dead_holds_key,
-            &self.table,
-            &self.names,
             "d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
              d.{last_error} AS last_error, d.{created_at} AS created_at, \
              d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead",
@@ -117,7 +115,7 @@ impl Statements {
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
     /// headers (if the table has them).
     pub fn insert(&self) -> String {
-        let inserted = self.names.inserted();
+        let inserted = self.table.names.inserted();
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
         self.fill(
             "INSERT INTO {t} ({columns}) VALUES ({values}) RETURNING {id}",
@@ -136,7 +134,7 @@ impl Statements {
                o.{processed_at} AS died_at FROM {t} o \
              WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
             &[
-                ("message", &message(&self.names, self.max_row_bytes)),
+                ("message", &message(&self.table.names, self.max_row_bytes)),
                 ("conditions", &conditions),
             ],
         )
@@ -150,7 +148,7 @@ impl Statements {
                sum(count(*)) OVER () AS total FROM {t} o \
              WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?1",
             &[
-                ("topic", &self.names.topic("o.")),
+                ("topic", &self.table.names.topic("o.")),
                 ("conditions", &conditions),
             ],
         )
@@ -253,7 +251,7 @@ impl SqliteStorage {
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        sql_common::read_pauses::<_, i64, _>(&self.sql.pauses, &self.pools.reader)
+        sql_common::read_pauses::<_, i64, _>(&self.sql.table.pauses, &self.pools.reader)
             .await
             .map_err(self.error("read the pauses"))
     }
@@ -326,7 +324,7 @@ impl SqliteStorage {
         limit: u32,
     ) -> StorageResult<Vec<DeadLetter>> {
         let err = || self.error("list dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 3);
         let statement = self.sql.dead_list(&conditions);
         let arguments = dead_arguments(&[after_id, i64::from(limit)], values).map_err(err())?;
         let rows = sqlx::query_with(&statement, arguments)
@@ -361,7 +359,7 @@ impl SqliteStorage {
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
         let err = || self.error("count dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 2);
         let statement = self.sql.dead_count(&conditions);
         let arguments = dead_arguments(&[dead::MAX_COUNT_GROUPS], values).map_err(err())?;
         let rows = sqlx::query_as_with(&statement, arguments)
@@ -378,7 +376,7 @@ impl SqliteStorage {
         delay: Duration,
     ) -> StorageResult<SortedIds> {
         let err = || self.error("re-drive dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
         let mut conn = self.writer("re-drive dead letters").await?;
         let arguments =
@@ -396,7 +394,7 @@ impl SqliteStorage {
         limit: u32,
     ) -> StorageResult<SortedIds> {
         let err = || self.error("discard dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
         let mut conn = self.writer("discard dead letters").await?;
         let arguments = dead_arguments(&[i64::from(limit)], values).map_err(err())?;

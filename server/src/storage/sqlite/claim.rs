@@ -16,7 +16,7 @@ impl Statements {
     /// `clause` as this table's statements filter it: a fixed topic is never filtered in
     /// SQL (the backend decides in Rust whether a filter includes it).
     fn filtered(&self, clause: TopicClause) -> TopicClause {
-        match self.names.topic {
+        match self.table.names.topic {
             Some(_) => clause,
             None => TopicClause::Any,
         }
@@ -39,7 +39,7 @@ impl Statements {
             filters += &self.fill(" AND o.{created_at} <= {p}", &[("p", p)]);
         }
         if let Some(p) = &topics_param {
-            let topic = self.names.topic("");
+            let topic = self.table.names.topic("");
             filters += &match except {
                 true => {
                     format!(" AND (o.{topic} IN (SELECT value FROM json_each({p}))) IS NOT TRUE")
@@ -87,7 +87,7 @@ impl Statements {
                 ("select", &select),
                 ("max_attempts", &max_attempts),
                 ("limit", &limit),
-                ("message", &message(&self.names, self.max_row_bytes)),
+                ("message", &message(&self.table.names, self.max_row_bytes)),
             ],
         )
     }

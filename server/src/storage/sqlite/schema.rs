@@ -291,11 +291,11 @@ const LIVE_COLUMNS: &str = "SELECT name, type, \"notnull\", dflt_value IS NOT NU
 impl SqliteStorage {
     /// The table's DDL (rendered when asked for: at start and by `txoutboxd schema`).
     pub(super) fn schema(&self) -> Schema {
-        let (t, c) = (&self.sql.table, &self.sql.names);
+        let (t, c) = (&self.sql.table.quoted, &self.sql.table.names);
         dead_holds_schema(
             Schema::render(t, &self.table, &self.options.columns, c),
             self.sql.dead_holds_key,
-            &self.sql.display_table,
+            &self.sql.table.display,
             t,
             c,
         )
@@ -303,8 +303,8 @@ impl SqliteStorage {
 
     /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
     fn write_probe(&self) -> String {
-        let id = &self.sql.names.id;
-        format!("UPDATE {} SET {id} = {id} WHERE 0", self.sql.table)
+        let id = &self.sql.table.names.id;
+        format!("UPDATE {} SET {id} = {id} WHERE 0", self.sql.table.quoted)
     }
 
     /// The live table's columns, as `conn` sees them; none when there is no table.
@@ -314,7 +314,7 @@ impl SqliteStorage {
         action: &'static str,
     ) -> StorageResult<Vec<LiveColumn>> {
         let rows = sqlx::query_as(LIVE_COLUMNS)
-            .bind(&self.sql.display_table)
+            .bind(&self.sql.table.display)
             .fetch_all(conn)
             .await
             .map_err(self.error(action))?;
@@ -350,13 +350,13 @@ impl SqliteStorage {
     /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
     /// writer proves nothing either way, and is left to the relay's own writes.
     pub(super) async fn check_table(&self) -> StorageResult<()> {
-        sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.sql.table))
+        sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.sql.table.quoted))
             .execute(&self.pools.reader)
             .await
             .map_err(self.error("ping"))?;
         let live = self.live_columns(&self.pools.reader, "ping").await?;
         let problems = check_live_columns(&self.options.columns, &live, true, accepts);
-        StorageError::unless_problems(&self.sql.display_table, problems)?;
+        StorageError::unless_problems(&self.sql.table.display, problems)?;
         let probe = sqlx::query(&self.write_probe())
             .execute(&self.pools.writer)
             .await

@@ -4,7 +4,6 @@
 //! module docs of the backend).
 
 use super::shape::Statements;
-use crate::storage::sql_common;
 
 impl Statements {
     /// The filter of a claim's candidates under strict ordering, with the parameters of
@@ -19,7 +18,7 @@ impl Statements {
         topics_param: Option<&str>,
         except: bool,
     ) -> String {
-        let topic = self.names.topic("");
+        let topic = self.table.names.topic("");
         let mut blocked = self.fill("p.{available_at} > ?1", &[]);
         if let Some(p) = cutoff_param {
             blocked += &self.fill(" OR p.{created_at} > {p}", &[("p", &p)]);
@@ -28,6 +27,7 @@ impl Statements {
             let not = if except { "" } else { "NOT " };
             blocked += &format!(" OR p.{topic} {not}IN (SELECT value FROM json_each({p}))");
         }
-        sql_common::no_earlier_blocking(&self.table, &self.names, &blocked, self.dead_holds_key)
+        self.table
+            .no_earlier_blocking(&blocked, self.dead_holds_key)
     }
 }

@@ -20,8 +20,8 @@ fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements 
 #[test]
 fn identifiers_are_backtick_quoted_and_qualified() {
     let sql = render(Some("app"), "Outbox", &Columns::default());
-    assert_eq!(sql.table, "`app`.`Outbox`");
-    assert_eq!(sql.display_table, "app.Outbox");
+    assert_eq!(sql.table.quoted, "`app`.`Outbox`");
+    assert_eq!(sql.table.display, "app.Outbox");
     let database = Ident::new("app").unwrap();
     let shape = Shape {
         database: Some(&database),
@@ -30,7 +30,12 @@ fn identifiers_are_backtick_quoted_and_qualified() {
         dead_holds_key: false,
         max_row_bytes: 1 << 22,
     };
-    let schema = Schema::render(&sql.table, &sql.display_table, &shape, &sql.names);
+    let schema = Schema::render(
+        &sql.table.quoted,
+        &sql.table.display,
+        &shape,
+        &sql.table.names,
+    );
     assert_eq!(schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
     assert!(schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
     assert_eq!(quote("a`b"), "`a``b`");
