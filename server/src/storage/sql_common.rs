@@ -20,7 +20,9 @@ use sqlx::{
 use super::blocked;
 use super::columns::{InsertPayload, InsertRow};
 use super::names::Names;
-use super::{in_batches, LeaseHolder, Pauses, StorageResult, TableOptions, TopicStats};
+use super::{
+    in_batches, LeaseHolder, OutboxMessage, Pauses, StorageResult, TableOptions, TopicStats,
+};
 
 /// An outbox table's names as MySQL and SQLite statements write them, and the statements
 /// both write alike.
@@ -154,6 +156,53 @@ where
     })
 }
 
+/// What a backend decodes its own way of a row of its message columns (see [`message`]).
+pub struct MessageParts {
+    pub topic: String,
+    pub key: Option<String>,
+    pub headers: BTreeMap<String, String>,
+    pub attempts: u32,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A message from a row of a backend's message columns (`id, topic, key, payload,
+/// headers, attempts, created_at, stored_bytes`) and what the backend decoded of it: a
+/// row the database sent without its payload (NULL: over `max_row_bytes`) is too large,
+/// by its stored size.
+pub fn message<R: Row>(row: &R, parts: MessageParts) -> Result<OutboxMessage, sqlx::Error>
+where
+    for<'r> i64: Decode<'r, R::Database> + Type<R::Database>,
+    for<'r> Option<Vec<u8>>: Decode<'r, R::Database> + Type<R::Database>,
+    for<'c> &'c str: ColumnIndex<R>,
+{
+    let payload: Option<Vec<u8>> = row.try_get("payload")?;
+    let stored_bytes: i64 = row.try_get("stored_bytes")?;
+    Ok(OutboxMessage {
+        id: row.try_get("id")?,
+        topic: parts.topic,
+        key: parts.key,
+        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
+        payload: payload.unwrap_or_default(),
+        headers: parts.headers,
+        attempts: parts.attempts,
+        created_at: parts.created_at,
+    })
+}
+
+/// Whether the driver could not reach the database, or the pool gave up waiting for a
+/// connection: [`StorageError::Unavailable`](super::StorageError::Unavailable) whatever
+/// the backend.
+pub fn unreachable(err: &sqlx::Error) -> bool {
+    matches!(
+        err,
+        sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+    )
+}
+
 /// The rows of a backend's `lease_holders` statement (`query`, bound): `(owner, rows,
 /// earliest expiry)`, the expiry read as `T`.
 pub async fn lease_holders<'q, 'c, DB, T, E>(
@@ -235,4 +284,31 @@ where
         arguments.add(Json(headers)).map_err(sqlx::Error::Encode)?;
     }
     Ok(arguments)
+}
+
+/// A team's own `events` table, as the backends' tests map it: the message columns under
+/// names of their own (a test maps more, or less, as it needs).
+#[cfg(test)]
+pub fn events_mapping() -> super::columns::ColumnMapping {
+    super::columns::ColumnMapping {
+        id: "event_id".into(),
+        topic: Some("event_type".into()),
+        key: "aggregate_id".into(),
+        payload: "body".into(),
+        payload_format: super::columns::PayloadFormat::Text,
+        headers: "meta".into(),
+        ..Default::default()
+    }
+}
+
+/// That `err`, from a storage given an invalid identifier, names the `option` it came from
+/// and says what an identifier may hold.
+#[cfg(test)]
+pub fn assert_names_invalid_identifier(err: &anyhow::Error, option: &str) {
+    let err = err.to_string();
+    assert!(err.contains(option), "{err}");
+    assert!(
+        err.contains("ASCII letters, digits and underscores"),
+        "{err}"
+    );
 }

@@ -17,7 +17,7 @@ use sqlx::Row;
 use super::shape::NOW;
 use crate::storage::dead::DeadCountRow;
 use crate::storage::rows::{self, attempts, count, headers_from_text};
-use crate::storage::sql_common;
+use crate::storage::sql_common::{self, MessageParts};
 use crate::storage::{
     BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, StorageResult,
     TopicStats,
@@ -124,11 +124,7 @@ pub(super) fn is_duplicate_column_or_index(err: &sqlx::Error) -> bool {
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
     let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
     match &err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => unavailable(&err),
+        err if sql_common::unreachable(err) => unavailable(err),
         sqlx::Error::Database(_) => match number(&err) {
             // 1040 too many connections, 1053 server shutdown in progress, 1927 connection
             // killed; 2002/2003/2006/2013 are the client library's "cannot connect" and
@@ -193,18 +189,14 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
 fn message(row: &MySqlRow, attempts: u32) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
     let headers: Option<Vec<u8>> = row.try_get("headers")?;
-    let payload: Option<Vec<u8>> = row.try_get("payload")?;
-    let stored_bytes: i64 = row.try_get("stored_bytes")?;
-    Ok(OutboxMessage {
-        id: row.try_get("id")?,
+    let parts = MessageParts {
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
-        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
-        payload: payload.unwrap_or_default(),
         headers: headers_from_text(headers.as_deref()),
         attempts,
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-    })
+    };
+    sql_common::message(row, parts)
 }
 
 /// A row of `Statements::blocked_keys` (`admin.rs`).

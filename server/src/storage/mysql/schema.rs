@@ -466,6 +466,7 @@ mod tests {
     use super::*;
     use crate::storage::columns::ColumnMapping;
     use crate::storage::ident::Ident;
+    use crate::storage::sql_common::events_mapping;
 
     fn schema(database: Option<&str>, table: &str, columns: &Columns) -> Schema {
         let database = database.map(|d| Ident::new(d).unwrap());
@@ -526,14 +527,12 @@ CREATE TABLE IF NOT EXISTS `app`.`outbox_pauses` (
     #[test]
     fn a_mapped_table_gets_its_names_and_what_an_existing_one_lacks() {
         let columns = Columns::from_mapping(&ColumnMapping {
-            id: "event_id".into(),
+            topic: None,
             fixed_topic: Some("orders".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
             payload_format: PayloadFormat::Json,
             headers: String::new(),
             status: "state".into(),
-            ..ColumnMapping::default()
+            ..events_mapping()
         })
         .unwrap();
         let schema = schema(None, "events", &columns);

@@ -377,6 +377,7 @@ impl Storage for SqliteStorage {
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::storage::sql_common::assert_names_invalid_identifier;
 
     #[test]
     fn urls_name_a_file() {
@@ -410,12 +411,7 @@ mod unit {
         };
         let err = SqliteStorage::connect("sqlite://x.db", 1, options)
             .await
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`table`"), "{err}");
-        assert!(
-            err.contains("ASCII letters, digits and underscores"),
-            "{err}"
-        );
+            .unwrap_err();
+        assert_names_invalid_identifier(&err, "`table`");
     }
 }

@@ -393,6 +393,7 @@ fn dead_holds_schema(
 mod tests {
     use super::*;
     use crate::storage::columns::ColumnMapping;
+    use crate::storage::sql_common::events_mapping;
 
     fn schema(table: &str, columns: &Columns) -> Schema {
         let ident = Ident::new(table).unwrap();
@@ -445,14 +446,12 @@ CREATE TABLE IF NOT EXISTS \"Outbox_pauses\" (
     #[test]
     fn a_mapped_table_gets_its_names_and_the_columns_to_add_as_comments() {
         let columns = columns(ColumnMapping {
-            id: "event_id".into(),
+            topic: None,
             fixed_topic: Some("orders".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
             payload_format: PayloadFormat::Json,
             headers: String::new(),
             status: "relay_status".into(),
-            ..ColumnMapping::default()
+            ..events_mapping()
         });
         let schema = schema("events", &columns);
         let text = schema.text();

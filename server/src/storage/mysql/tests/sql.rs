@@ -1,10 +1,11 @@
 //! The rendering of the statements: quoting, placeholders, names.
 
-use crate::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident::Ident;
 use crate::storage::mysql::claim::ClaimShape;
 use crate::storage::mysql::schema::Schema;
 use crate::storage::mysql::shape::{derived_name, quote, Shape, Statements};
+use crate::storage::sql_common::events_mapping;
 
 fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
     let database = database.map(|d| Ident::new(d).unwrap());
@@ -76,14 +77,8 @@ fn claim_placeholders_follow_the_shape() {
 #[test]
 fn mapped_names_are_quoted_and_read_under_the_relays_names() {
     let columns = Columns::from_mapping(&ColumnMapping {
-        id: "event_id".into(),
-        topic: Some("event_type".into()),
-        key: "aggregate_id".into(),
-        payload: "body".into(),
-        payload_format: PayloadFormat::Text,
-        headers: "meta".into(),
         status: "state".into(),
-        ..ColumnMapping::default()
+        ..events_mapping()
     })
     .unwrap();
     let sql = render(None, "events", &columns);
