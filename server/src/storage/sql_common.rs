@@ -1,9 +1,14 @@
 //! What the MySQL/MariaDB and SQLite backends write and run alike. Their statements differ
 //! in placeholders (`?` against `?n`), in how times are stored (`DATETIME(6)` against epoch
 //! milliseconds) and in what a write can return, so each backend keeps its own files (see
-//! `storage/mod.rs`); what is the same in both is here, once: strict ordering's test of a
-//! claim's candidates, the read of the pauses table, and the Rust that binds an insert,
-//! reads times and purges, generic over [`sqlx::Database`].
+//! `storage/mod.rs`); what is the same in both is here, once:
+//! - [`TableSql`], the table's names, and the SQL both render alike from them (strict
+//!   ordering's test of a claim's candidates, the blocked keys behind a dead row);
+//! - rows decoded: a message, a topic's stats, times ([`StoredTime`]);
+//! - what differs only in its statement and its pool: the pauses read, lease holders, the
+//!   delivered count, the purge, an insert's values, generic over [`sqlx::Database`];
+//! - the driver failures that mean the database is unavailable, and what the backends'
+//!   tests share.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
@@ -192,7 +197,7 @@ where
 /// Whether the driver could not reach the database, or the pool gave up waiting for a
 /// connection: [`StorageError::Unavailable`](super::StorageError::Unavailable) whatever
 /// the backend.
-pub fn unreachable(err: &sqlx::Error) -> bool {
+pub fn is_unreachable(err: &sqlx::Error) -> bool {
     matches!(
         err,
         sqlx::Error::Io(_)

@@ -233,9 +233,7 @@ impl MySqlStorage {
         for nack in nacks {
             let result = self
                 .conn
-                .retrying("nack", || {
-                    self.nack_once(nack.id, owner, nack.error, nack.requested_delay, policy)
-                })
+                .retrying("nack", || self.nack_once(nack, owner, policy))
                 .await?;
             results.push(result);
         }
@@ -267,14 +265,18 @@ impl MySqlStorage {
         Ok(held)
     }
 
+    /// One nack, in a transaction of its own.
     pub(super) async fn nack_once(
         &self,
-        id: MessageId,
+        nack: &NackRequest<'_>,
         owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
     ) -> Result<NackResult, sqlx::Error> {
+        let NackRequest {
+            id,
+            error,
+            requested_delay,
+        } = *nack;
         let mut tx = self.conn.pool.begin().await?;
         let held = sqlx::query(&self.sql.nack_select())
             .bind(id)

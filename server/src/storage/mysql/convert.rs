@@ -124,7 +124,7 @@ pub(super) fn is_duplicate_column_or_index(err: &sqlx::Error) -> bool {
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
     let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
     match &err {
-        err if sql_common::unreachable(err) => unavailable(err),
+        err if sql_common::is_unreachable(err) => unavailable(err),
         sqlx::Error::Database(_) => match number(&err) {
             // 1040 too many connections, 1053 server shutdown in progress, 1927 connection
             // killed; 2002/2003/2006/2013 are the client library's "cannot connect" and

@@ -43,7 +43,7 @@ pub(super) fn classify(err: sqlx::Error, place: &Place, action: &str) -> Storage
         StorageError::Other(anyhow!(err).context(format!("{action} on {table}")))
     };
     match &err {
-        err if sql_common::unreachable(err) => {
+        err if sql_common::is_unreachable(err) => {
             StorageError::Unavailable(format!("{action}: {err}"))
         }
         sqlx::Error::Database(db) => {
