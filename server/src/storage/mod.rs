@@ -66,6 +66,7 @@ pub mod options;
 pub mod pauses;
 pub mod postgres;
 pub mod rows;
+pub mod sql_common;
 pub mod sqlite;
 pub mod timed;
 

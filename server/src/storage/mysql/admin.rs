@@ -6,34 +6,25 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlArguments, MySqlConnection};
+use sqlx::mysql::{MySql, MySqlArguments, MySqlConnection};
 use sqlx::Arguments;
 
-use super::convert::{self, decode_blocked, decode_topic_stats};
+use super::convert::{self, decode_blocked, decode_topic_stats, BindIds};
 use super::shape::{micros, placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::columns::{insert_row, InsertPayload};
+use crate::storage::columns::insert_row;
 use crate::storage::dead::{self, FilterDialect, FilterValue};
-use crate::storage::names::Names;
+use crate::storage::sql_common;
 use crate::storage::{
-    in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
-    Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
+    BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage, Pauses,
+    SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
 };
 
 impl Statements {
     /// Counts of each topic. SUM of a comparison counts the rows where it holds; SUM
     /// yields DECIMAL. A fixed topic groups by a constant: one group, or none for no rows.
     pub fn stats(&self) -> String {
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            created_at,
-            ..
-        } = &self.names;
-        let topic = self.names.topic("");
-        format!(
+        self.fill(
             "SELECT {topic} AS topic, \
                CAST(SUM({status} = 'pending') AS SIGNED) AS pending, \
                CAST(SUM({status} = 'pending' AND {leased_by} IS NOT NULL \
@@ -46,55 +37,39 @@ impl Statements {
                  UTC_TIMESTAMP(6)) AS oldest_pending_us \
              FROM {t} WHERE {status} IN ('pending', 'dead') \
              GROUP BY {topic} ORDER BY {topic}",
-            t = self.table
+            &[("topic", &self.table.names.topic(""))],
         )
     }
 
     /// Rows delivered within `?` microseconds.
     pub fn delivered_within(&self) -> String {
-        let Names {
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT COUNT(*) FROM {t} WHERE {status} = 'done' \
              AND {processed_at} > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND",
-            t = self.table
+            &[],
         )
     }
 
     /// Deletes at most `?` rows delivered more than `?` microseconds ago.
     pub fn purge_batch(&self) -> String {
-        let Names {
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "DELETE FROM {t} WHERE {status} = 'done' \
              AND {processed_at} < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND \
              ORDER BY {processed_at} LIMIT ?",
-            t = self.table
+            &[],
         )
     }
 
     /// Keys whose head is not due (see `blocked.rs`): `?` after this head id (twice with
     /// [`Statements::dead_holds_key`]: for the keys behind a dead row too), `?` at most.
     pub fn blocked_keys(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            created_at,
-            ..
-        } = &self.names;
-        let t = &self.table;
-        format!(
+        let dead = self.table.blocked_keys_dead(
+            self.dead_holds_key,
+            "d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
+             d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED)",
+            ["?", "CAST(COUNT(*) AS SIGNED)"],
+        );
+        self.fill(
             "SELECT o.{key} AS `key`, CAST(o.{id} AS SIGNED) AS head_id, o.{leased_by} AS owner, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{last_error} AS last_error, \
                o.{created_at} AS created_at, o.{available_at} AS until, \
@@ -104,60 +79,47 @@ impl Statements {
              FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                AND o.{available_at} > UTC_TIMESTAMP(6) AND o.{id} > ? \
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){dead} \
              ORDER BY head_id LIMIT ?",
-            blocked_keys_dead(self.dead_holds_key, t, &self.names),
+            &[("dead", &dead)],
         )
     }
 
     /// `(owner, rows, earliest_expiry)` of the leases live now, the most rows first.
     pub fn lease_holders(&self) -> String {
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT CAST({leased_by} AS CHAR), CAST(COUNT(*) AS SIGNED), MIN({available_at}) \
              FROM {t} \
              WHERE {status} = 'pending' AND {leased_by} IS NOT NULL \
                AND {available_at} > UTC_TIMESTAMP(6) \
-             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}",
-            t = self.table
-        )
-    }
-
-    /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
-    pub fn pauses(&self) -> String {
-        format!(
-            "SELECT target, paused_at FROM {} ORDER BY target",
-            self.pauses
+             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {max}",
+            &[("max", &MAX_LEASE_HOLDERS)],
         )
     }
 
     /// Pauses the target `?` (idempotent).
     pub fn pause(&self) -> String {
-        format!(
-            "INSERT IGNORE INTO {} (target, paused_at) VALUES (?, UTC_TIMESTAMP(6))",
-            self.pauses
+        self.fill(
+            "INSERT IGNORE INTO {pauses} (target, paused_at) VALUES (?, UTC_TIMESTAMP(6))",
+            &[],
         )
     }
 
     /// Resumes the target `?`.
     pub fn resume(&self) -> String {
-        format!("DELETE FROM {} WHERE target = ?", self.pauses)
+        self.fill("DELETE FROM {pauses} WHERE target = ?", &[])
     }
 
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
     /// headers (if the table has them).
     pub fn insert(&self) -> String {
-        let inserted = self.names.inserted();
-        format!(
-            "INSERT INTO {} ({}) VALUES ({})",
-            self.table,
-            inserted.join(", "),
-            placeholders(inserted.len())
+        let inserted = self.table.names.inserted();
+        self.fill(
+            "INSERT INTO {t} ({columns}) VALUES ({values})",
+            &[
+                ("columns", &inserted.join(", ")),
+                ("values", &placeholders(inserted.len())),
+            ],
         )
     }
 
@@ -166,106 +128,58 @@ impl Statements {
 
     /// Dead rows in id order: `?` after this id, the selector, `?` at most.
     pub fn dead_list(&self, conditions: &str) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            status,
-            last_error,
-            processed_at,
-            ..
-        } = c;
-        format!(
+        self.fill(
             "SELECT {message}, \
                COALESCE(o.{last_error}, '') AS last_error, o.{processed_at} AS died_at \
              FROM {t} o WHERE o.{status} = 'dead' AND o.{id} > ?{conditions} \
              ORDER BY o.{id} LIMIT ?",
-            message = self.message(),
-            t = self.table,
+            &[("message", &self.message()), ("conditions", &conditions)],
         )
     }
 
     /// Dead rows by topic and error, largest groups first, each with the total of every
     /// group: the selector, then `?` groups at most.
     pub fn dead_count(&self, conditions: &str) -> String {
-        let c = &self.names;
-        format!(
+        self.fill(
             "SELECT {topic} AS topic, COALESCE(o.{last_error}, '') AS error, \
                CAST(COUNT(*) AS SIGNED) AS count, \
                CAST(SUM(COUNT(*)) OVER () AS SIGNED) AS total \
              FROM {t} o WHERE o.{status} = 'dead'{conditions} \
              GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?",
-            topic = c.topic("o."),
-            last_error = c.last_error,
-            status = c.status,
-            t = self.table,
+            &[
+                ("topic", &self.table.names.topic("o.")),
+                ("conditions", &conditions),
+            ],
         )
     }
 
     /// Locks the first `?` selected dead rows (the selector first), in id order, for a
     /// re-drive or a discard in the same transaction.
     pub fn dead_lock(&self, conditions: &str) -> String {
-        let Names { id, status, .. } = &self.names;
-        format!(
+        self.fill(
             "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{status} = 'dead'{conditions} \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            t = self.table,
+            &[("conditions", &conditions)],
         )
     }
 
     /// Makes `n` locked dead rows pending again: `?` delay in microseconds, then the ids.
     pub fn dead_redrive(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'pending', {attempts} = 0, \
              {available_at} = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, {leased_by} = NULL, \
              {processed_at} = NULL WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
+            &[("ids", &placeholders(n))],
         )
     }
 
     /// Deletes `n` locked dead rows.
     pub fn dead_discard(&self, n: usize) -> String {
-        let id = &self.names.id;
-        format!(
+        self.fill(
             "DELETE FROM {t} WHERE {id} IN ({ids})",
-            t = self.table,
-            ids = placeholders(n)
+            &[("ids", &placeholders(n))],
         )
     }
-}
-
-/// With `dead_holds_key`: the blocked keys behind a dead row, appended to the statement of
-/// leased and retrying heads (whose heads behind a dead row it leaves out), `?` after
-/// this id (see `storage/blocked.rs`).
-fn blocked_keys_dead(dead_holds_key: bool, t: &str, n: &Names) -> String {
-    if !dead_holds_key {
-        return String::new();
-    }
-    let Names {
-        id,
-        key,
-        attempts,
-        last_error,
-        created_at,
-        processed_at,
-        ..
-    } = n;
-    let (from, waiting) = blocked::dead_heads(t, n, "?", "CAST(COUNT(*) AS SIGNED)");
-    format!(
-        " AND NOT {} UNION ALL \
-         SELECT d.{key}, CAST(d.{id} AS SIGNED), NULL, CAST(d.{attempts} AS SIGNED), \
-           d.{last_error}, d.{created_at}, d.{processed_at}, {waiting}, CAST(1 AS SIGNED) {from}",
-        blocked::dead_before(t, n, &format!("o.{key}"), &format!("o.{id}")),
-    )
 }
 
 /// How the dead-letter selector is written here: `?` in reading order, one per id.
@@ -280,36 +194,25 @@ pub(crate) const FILTER: FilterDialect = FilterDialect {
 
 impl MySqlStorage {
     pub(super) async fn topic_stats(&self) -> StorageResult<Stats> {
-        let rows = sqlx::query(&self.sql.stats())
+        let topics = sqlx::query(&self.sql.stats())
+            .try_map(|row| decode_topic_stats(&row))
             .fetch_all(&self.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(decode_topic_stats)
-            .collect::<Result<Vec<_>, _>>()
             .map_err(self.conn.error("stats"))?;
         Ok(Stats::from_topics(topics))
     }
 
     pub(super) async fn delivered_count(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within())
-            .bind(micros(window))
-            .fetch_one(&self.conn.pool)
+        let statement = self.sql.delivered_within();
+        let query = sqlx::query_scalar(&statement).bind(micros(window));
+        sql_common::delivered_count(&self.options, query, &self.conn.pool)
             .await
-            .map_err(self.conn.error("stats"))?;
-        Ok(Some(crate::storage::rows::count(delivered)))
+            .map_err(self.conn.error("stats"))
     }
 
     pub(super) async fn purge_delivered(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
         let purge_batch = self.sql.purge_batch();
-        let purged = in_batches(|| async {
+        sql_common::purge(&self.options, || async {
             let done = self
                 .conn
                 .retrying("purge", || {
@@ -321,9 +224,7 @@ impl MySqlStorage {
                 .await?;
             Ok(done.rows_affected())
         })
-        .await?;
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        .await
     }
 
     pub(super) async fn blocked_heads(
@@ -337,31 +238,26 @@ impl MySqlStorage {
             // The keys behind a dead row start after the same id.
             query = query.bind(after_id);
         }
-        let rows = query
+        query
             .bind(i64::from(limit))
+            .try_map(|row| decode_blocked(&row))
             .fetch_all(&self.conn.pool)
             .await
-            .map_err(self.conn.error("blocked keys"))?;
-        rows.iter()
-            .map(decode_blocked)
-            .collect::<Result<_, _>>()
             .map_err(self.conn.error("blocked keys"))
     }
 
     pub(super) async fn holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let rows: Vec<(String, i64, DateTime<Utc>)> = sqlx::query_as(&self.sql.lease_holders())
-            .fetch_all(&self.conn.pool)
+        let statement = self.sql.lease_holders();
+        let query = sqlx::query_as(&statement);
+        sql_common::lease_holders::<_, DateTime<Utc>, _>(query, &self.conn.pool)
             .await
-            .map_err(self.conn.error("lease holders"))?;
-        Ok(LeaseHolder::from_rows(rows))
+            .map_err(self.conn.error("lease holders"))
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&self.sql.pauses())
-            .fetch_all(&self.conn.pool)
+        sql_common::read_pauses::<_, DateTime<Utc>, _>(&self.sql.table.pauses, &self.conn.pool)
             .await
-            .map_err(self.conn.error("read the pauses"))?;
-        Ok(Pauses::from_rows(rows))
+            .map_err(self.conn.error("read the pauses"))
     }
 
     pub(super) async fn change_pauses(
@@ -387,23 +283,12 @@ impl MySqlStorage {
 
     pub(super) async fn insert_message(&self, message: NewMessage) -> StorageResult<MessageId> {
         let row = insert_row(&self.options.columns, message)?;
-        let statement = self.sql.insert();
-        let mut query = sqlx::query(&statement);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(sqlx::types::Json(headers));
-        }
-        let done = query
+        let err = || self.conn.error("insert");
+        let arguments = sql_common::insert_arguments::<MySql>(row).map_err(err())?;
+        let done = sqlx::query_with(&self.sql.insert(), arguments)
             .execute(&self.conn.pool)
             .await
-            .map_err(self.conn.error("insert"))?;
+            .map_err(err())?;
         Ok(done.last_insert_id() as MessageId)
     }
 }
@@ -442,7 +327,7 @@ impl MySqlStorage {
         after_id: MessageId,
         limit: u32,
     ) -> Result<Vec<DeadLetter>, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[after_id], &values, i64::from(limit))?;
         let statement = self.sql.dead_list(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
@@ -452,7 +337,7 @@ impl MySqlStorage {
     }
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> Result<DeadCounts, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[], &values, dead::MAX_COUNT_GROUPS)?;
         let statement = self.sql.dead_count(&conditions);
         let rows = sqlx::query_with(&statement, arguments)
@@ -472,7 +357,7 @@ impl MySqlStorage {
         filter: &DeadFilter,
         limit: u32,
     ) -> Result<Vec<MessageId>, sqlx::Error> {
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 1);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 1);
         let arguments = dead_arguments(&[], &values, i64::from(limit))?;
         let statement = self.sql.dead_lock(&conditions);
         sqlx::query_scalar_with(&statement, arguments)
@@ -490,11 +375,11 @@ impl MySqlStorage {
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
             let statement = self.sql.dead_redrive(ids.len());
-            let mut query = sqlx::query(&statement).bind(micros(delay));
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(micros(delay))
+                .bind_ids(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(SortedIds::from(ids))
@@ -509,11 +394,10 @@ impl MySqlStorage {
         let ids = self.lock_dead(&mut tx, filter, limit).await?;
         if !ids.is_empty() {
             let statement = self.sql.dead_discard(ids.len());
-            let mut query = sqlx::query(&statement);
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind_ids(&ids)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(SortedIds::from(ids))

@@ -9,10 +9,9 @@ use std::time::Duration;
 use sqlx::mysql::MySqlConnection;
 use sqlx::Row;
 
-use super::convert::{self, after, now};
+use super::convert::{self, after, now, BindIds};
 use super::shape::{locking_by_ids, micros, placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::names::Names;
 use crate::storage::rows::attempts;
 use crate::storage::{
     Extended, FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, SortedIds,
@@ -20,165 +19,108 @@ use crate::storage::{
 };
 
 impl Statements {
+    /// The fence of every answer: `FROM` the table, `WHERE` the row is one of `n` ids
+    /// (then `?` owner) that the owner holds; with `live`, only with a lease that has not
+    /// run out: an answer that keeps a row from being claimed needs one
+    /// (docs/guarantees.md). Found by primary key, so that a locking read of it keeps
+    /// only the rows that match locked (see [`locking_by_ids`]).
+    fn held_by(&self, n: usize, live: bool) -> String {
+        let live = match live {
+            true => self.fill(" AND {available_at} > UTC_TIMESTAMP(6)", &[]),
+            false => String::new(),
+        };
+        self.fill(
+            "FROM {t} {by_id} AND {leased_by} = ? AND {status} = 'pending'{live}",
+            &[
+                ("by_id", &locking_by_ids(&self.table.names.id, n)),
+                ("live", &live),
+            ],
+        )
+    }
+
     /// The attempts and key of the row `?` if `?` owner holds it with a live lease,
     /// locked.
     pub fn nack_select(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
-            "SELECT CAST({attempts} AS SIGNED) AS attempts, {key} AS `key` FROM {t} \
-             {by_id} AND {leased_by} = ? AND {status} = 'pending' \
-             AND {available_at} > UTC_TIMESTAMP(6) FOR UPDATE",
-            t = self.table,
-            by_id = locking_by_ids(id, 1)
+        self.fill(
+            "SELECT CAST({attempts} AS SIGNED) AS attempts, {key} AS `key` {held} FOR UPDATE",
+            &[("held", &self.held_by(1, true))],
         )
     }
 
     /// `?` retry time, `?` error, `?` id: the row is locked and known to be held by the
     /// owner ([`Statements::nack_select`]).
     pub fn nack_retry(&self) -> String {
-        let Names {
-            id,
-            available_at,
-            leased_by,
-            last_error,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {available_at} = ?, {last_error} = ?, {leased_by} = NULL \
              WHERE {id} = ?",
-            t = self.table
+            &[],
         )
     }
 
     /// `?` now, `?` error, `?` id, as [`Statements::nack_retry`].
     pub fn nack_dead(&self) -> String {
-        let Names {
-            id,
-            status,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'dead', {processed_at} = ?, {last_error} = ?, \
              {leased_by} = NULL WHERE {id} = ?",
-            t = self.table
+            &[],
         )
     }
 
     /// The later rows of the key `?` after the id `?` that `?` owner holds. A plain read:
     /// the ids are then locked by [`Statements::held`] (see [`locking_by_ids`]).
     pub fn successors_select(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT CAST({id} AS SIGNED) FROM {t} \
              WHERE {key} = ? AND {id} > ? AND {leased_by} = ? AND {status} = 'pending' \
              ORDER BY {id}",
-            t = self.table
+            &[],
         )
     }
 
     /// `?` error, `?` id, `?` owner. One row: no transaction needed to know whether it
     /// applied.
     pub fn dead_letter(&self) -> String {
-        let Names {
-            id,
-            status,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'dead', {processed_at} = UTC_TIMESTAMP(6), \
              {last_error} = ?, {leased_by} = NULL \
              WHERE {id} = ? AND {leased_by} = ? AND {status} = 'pending'",
-            t = self.table
+            &[],
         )
     }
 
     /// Fence of every multi-row write-back: which of the `n` ids (then `?` owner) the
-    /// owner holds, locked until the transaction ends. MariaDB has no
-    /// `UPDATE ... RETURNING`, so the applied ids come from here and the update follows in
-    /// the same transaction. With `live`, only rows whose lease has not run out: an answer
-    /// that keeps a row from being claimed needs one (docs/guarantees.md).
+    /// owner holds (with `live`, see [`Statements::held_by`]), locked until the
+    /// transaction ends. MariaDB has no `UPDATE ... RETURNING`, so the applied ids come
+    /// from here and the update follows in the same transaction.
     pub fn held(&self, n: usize, live: bool) -> String {
-        let Names {
-            id,
-            leased_by,
-            status,
-            available_at,
-            ..
-        } = &self.names;
-        let live = if live {
-            format!(" AND {available_at} > UTC_TIMESTAMP(6)")
-        } else {
-            String::new()
-        };
-        format!(
-            "SELECT CAST({id} AS SIGNED) FROM {} {} \
-             AND {leased_by} = ? AND {status} = 'pending'{live} ORDER BY {id} FOR UPDATE",
-            self.table,
-            locking_by_ids(&id.to_string(), n)
+        self.fill(
+            "SELECT CAST({id} AS SIGNED) {held} ORDER BY {id} FOR UPDATE",
+            &[("held", &self.held_by(n, live))],
         )
     }
 
     /// `(id, attempts)` of the `n` ids (then `?` owner) that the owner holds, locking
     /// nothing.
     pub fn held_attempts(&self, n: usize) -> String {
-        let Names {
-            id,
-            leased_by,
-            status,
-            attempts,
-            ..
-        } = &self.names;
-        format!(
-            "SELECT CAST({id} AS SIGNED), CAST({attempts} AS SIGNED) FROM {} {} \
-             AND {leased_by} = ? AND {status} = 'pending' ORDER BY {id}",
-            self.table,
-            locking_by_ids(&id.to_string(), n)
+        self.fill(
+            "SELECT CAST({id} AS SIGNED), CAST({attempts} AS SIGNED) {held} ORDER BY {id}",
+            &[("held", &self.held_by(n, false))],
         )
     }
 
     /// Marks `n` held rows delivered.
     pub fn ack(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            processed_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {status} = 'done', {processed_at} = UTC_TIMESTAMP(6), \
-             {leased_by} = NULL WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {status} = 'done', {processed_at} = UTC_TIMESTAMP(6), \
+             {leased_by} = NULL WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 
     pub fn ack_delete(&self, n: usize) -> String {
-        format!(
-            "DELETE FROM {} WHERE {} IN ({})",
-            self.table,
-            self.names.id,
-            placeholders(n)
+        self.fill(
+            "DELETE FROM {t} WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 
@@ -193,48 +135,28 @@ impl Statements {
     }
 
     fn release(&self, n: usize, due: &str) -> String {
-        let Names {
-            id,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {attempts} = GREATEST({attempts} - 1, 0), {available_at} = {due}, \
-             {leased_by} = NULL WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {attempts} = GREATEST({attempts} - 1, 0), {available_at} = {due}, \
+             {leased_by} = NULL WHERE {id} IN ({ids})",
+            &[("due", &due), ("ids", &placeholders(n))],
         )
     }
 
     /// `?` new lease deadline, then `n` held ids.
     pub fn extend_lease(&self, n: usize) -> String {
-        let Names {
-            id, available_at, ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {available_at} = ? WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {available_at} = ? WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 
     /// Fenced in its own `WHERE`: only the count is reported, so no transaction is
     /// needed. `n` ids, then `?` owner.
     pub fn return_leases(&self, n: usize) -> String {
-        let Names {
-            id,
-            available_at,
-            leased_by,
-            status,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {leased_by} = NULL, {available_at} = UTC_TIMESTAMP(6) \
-             WHERE {id} IN ({}) AND {leased_by} = ? AND {status} = 'pending'",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {leased_by} = NULL, {available_at} = UTC_TIMESTAMP(6) \
+             WHERE {id} IN ({ids}) AND {leased_by} = ? AND {status} = 'pending'",
+            &[("ids", &placeholders(n))],
         )
     }
 }
@@ -250,11 +172,11 @@ impl MySqlStorage {
         live: bool,
     ) -> Result<SortedIds, sqlx::Error> {
         let statement = self.sql.held(ids.len(), live);
-        let mut query = sqlx::query_scalar(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let held: Vec<MessageId> = query.bind(owner).fetch_all(conn).await?;
+        let held: Vec<MessageId> = sqlx::query_scalar(&statement)
+            .bind_ids(ids)
+            .bind(owner)
+            .fetch_all(conn)
+            .await?;
         Ok(ids.only(held))
     }
 
@@ -267,11 +189,8 @@ impl MySqlStorage {
             return Ok(Vec::new());
         }
         let statement = self.sql.held_attempts(ids.len());
-        let mut query = sqlx::query_as(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let rows: Vec<(MessageId, i64)> = query
+        let rows: Vec<(MessageId, i64)> = sqlx::query_as(&statement)
+            .bind_ids(ids)
             .bind(owner)
             .fetch_all(&self.conn.pool)
             .await
@@ -314,9 +233,7 @@ impl MySqlStorage {
         for nack in nacks {
             let result = self
                 .conn
-                .retrying("nack", || {
-                    self.nack_once(nack.id, owner, nack.error, nack.requested_delay, policy)
-                })
+                .retrying("nack", || self.nack_once(nack, owner, policy))
                 .await?;
             results.push(result);
         }
@@ -339,24 +256,27 @@ impl MySqlStorage {
             } else {
                 self.sql.ack(held.len())
             };
-            let mut query = sqlx::query(&statement);
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(held)
     }
 
+    /// One nack, in a transaction of its own.
     pub(super) async fn nack_once(
         &self,
-        id: MessageId,
+        nack: &NackRequest<'_>,
         owner: &str,
-        error: &str,
-        requested_delay: Option<Duration>,
         policy: &dyn RetryPolicy,
     ) -> Result<NackResult, sqlx::Error> {
+        let NackRequest {
+            id,
+            error,
+            requested_delay,
+        } = *nack;
         let mut tx = self.conn.pool.begin().await?;
         let held = sqlx::query(&self.sql.nack_select())
             .bind(id)
@@ -414,11 +334,11 @@ impl MySqlStorage {
         };
         if !released.is_empty() {
             let statement = self.sql.release_at(released.len());
-            let mut query = sqlx::query(&statement).bind(successors_at);
-            for id in &released {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(successors_at)
+                .bind_ids(&released)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(NackResult::applied(decision, successors_at, released))
@@ -437,11 +357,11 @@ impl MySqlStorage {
         let held = self.held(&mut tx, ids, owner, !delay.is_zero()).await?;
         if !held.is_empty() {
             let statement = self.sql.release_after(held.len());
-            let mut query = sqlx::query(&statement).bind(micros(delay));
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(micros(delay))
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(held)
@@ -462,11 +382,11 @@ impl MySqlStorage {
         let lease_expires_at = after(now(&mut tx).await?, lease);
         if !held.is_empty() {
             let statement = self.sql.extend_lease(held.len());
-            let mut query = sqlx::query(&statement).bind(lease_expires_at);
-            for id in &held {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
+            sqlx::query(&statement)
+                .bind(lease_expires_at)
+                .bind_ids(&held)
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Extended {
@@ -484,11 +404,11 @@ impl MySqlStorage {
             return Ok(0);
         }
         let statement = self.sql.return_leases(ids.len());
-        let mut query = sqlx::query(&statement);
-        for id in ids {
-            query = query.bind(id);
-        }
-        let done = query.bind(owner).execute(&self.conn.pool).await?;
+        let done = sqlx::query(&statement)
+            .bind_ids(ids)
+            .bind(owner)
+            .execute(&self.conn.pool)
+            .await?;
         Ok(done.rows_affected())
     }
 }

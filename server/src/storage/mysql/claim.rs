@@ -5,11 +5,9 @@
 use chrono::{DateTime, Utc};
 use sqlx::mysql::MySqlConnection;
 
-use super::convert::{after, decode_candidate, decode_scanned, now};
+use super::convert::{after, decode_candidate, decode_scanned, now, BindIds};
 use super::shape::{locking_by_ids, placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::names::Names;
 use crate::storage::{ClaimRequest, Claimed, MessageId, OutboxMessage, TopicFilter};
 
 /// Most scan-lock-check rounds of one claim (see `claim_once`): enough to pass the rows
@@ -64,74 +62,55 @@ impl Statements {
     /// and stops at the row count. Left to itself the optimizer may pick the primary key
     /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
     pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
-        let (t, pending_index, c) = (&self.table, &self.pending_index, &self.names);
-        let Names {
-            id,
-            key,
-            status,
-            available_at,
-            created_at,
-            ..
-        } = c;
-        let topic = |alias: &str| c.topic(alias);
-        let mut filters = String::new();
-        if shape.visibility_delay {
-            filters += &format!(" AND o.{created_at} <= ?");
-        }
-        if shape.topics > 0 {
-            filters += &format!(" AND {} IN ({})", topic("o."), placeholders(shape.topics));
-        }
-        if shape.paused_topics > 0 {
-            filters += &format!(
-                " AND ({} IN ({})) IS NOT TRUE",
-                topic("o."),
-                placeholders(shape.paused_topics)
-            );
-        }
+        let mut filters = self.shape_filters(
+            "o.",
+            shape,
+            [
+                " AND o.{created_at} <= ?",
+                " AND {topic} IN ({topics})",
+                " AND ({topic} IN ({topics})) IS NOT TRUE",
+            ],
+        );
         if shape.excluded_keys > 0 {
-            filters += &format!(
-                " AND (o.{key} IS NULL OR o.{key} NOT IN ({}))",
-                placeholders(shape.excluded_keys)
+            filters += &self.fill(
+                " AND (o.{key} IS NULL OR o.{key} NOT IN ({keys}))",
+                &[("keys", &placeholders(shape.excluded_keys))],
             );
         }
         if shape.strict_ordering {
-            let mut blocked = format!("p.{available_at} > ?");
-            if shape.visibility_delay {
-                blocked += &format!(" OR p.{created_at} > ?");
-            }
-            if shape.topics > 0 {
-                blocked += &format!(
-                    " OR {} NOT IN ({})",
-                    topic("p."),
-                    placeholders(shape.topics)
-                );
-            }
-            if shape.paused_topics > 0 {
-                blocked += &format!(
-                    " OR {} IN ({})",
-                    topic("p."),
-                    placeholders(shape.paused_topics)
-                );
-            }
-            filters += &format!(
-                " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-                 WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-                 AND ({blocked})))"
-            );
-            if self.dead_holds_key {
-                // A dead row holds the key too: a range of the `(key, status, id)` index.
-                filters += &format!(
-                    " AND (o.{key} IS NULL OR NOT {})",
-                    blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
-                );
-            }
+            filters += &self.claim_held_back(shape);
         }
-        format!(
+        self.fill(
             "SELECT CAST(o.{id} AS SIGNED) AS id, o.{key} AS `key` \
              FROM {t} o FORCE INDEX ({pending_index}) \
              WHERE o.{status} = 'pending' AND o.{available_at} <= ? AND o.{id} > ?{filters} \
-             ORDER BY o.{id} LIMIT ?"
+             ORDER BY o.{id} LIMIT ?",
+            &[
+                ("pending_index", &self.pending_index),
+                ("filters", &filters),
+            ],
         )
+    }
+
+    /// The filters of a claim that its shape has, each rendered from its template: the
+    /// visibility cutoff, the topics, the paused topics (in that order, as they bind).
+    /// `{topic}` is the topic of the row `alias` (`o.` or `p.`), `{topics}` a placeholder
+    /// per topic.
+    pub fn shape_filters(&self, alias: &str, shape: &ClaimShape, templates: [&str; 3]) -> String {
+        let topic = self.table.names.topic(alias);
+        let counts = [
+            usize::from(shape.visibility_delay),
+            shape.topics,
+            shape.paused_topics,
+        ];
+        counts
+            .into_iter()
+            .zip(templates)
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, template)| {
+                self.fill(template, &[("topic", &topic), ("topics", &placeholders(n))])
+            })
+            .collect()
     }
 
     /// Locks the first `?` (after the ids and `?` now) of `n` candidates that are still due and
@@ -139,36 +118,26 @@ impl Statements {
     /// column names (what [`super::convert::decode_candidate`] reads). Lookups by primary
     /// key: a row that no longer matches is not kept locked.
     pub fn claim_lock(&self, n: usize) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            status,
-            available_at,
-            ..
-        } = c;
-        format!(
-            "SELECT {} FROM {} o {} AND o.{status} = 'pending' AND o.{available_at} <= ? \
+        self.fill(
+            "SELECT {message} FROM {t} o {by_id} \
+             AND o.{status} = 'pending' AND o.{available_at} <= ? \
              ORDER BY o.{id} LIMIT ? FOR UPDATE SKIP LOCKED",
-            self.message(),
-            self.table,
-            locking_by_ids(&format!("o.{id}"), n)
+            &[
+                ("message", &self.message()),
+                (
+                    "by_id",
+                    &locking_by_ids(&format!("o.{}", self.table.names.id), n),
+                ),
+            ],
         )
     }
 
     /// Leases `n` locked rows: `?` owner, `?` lease deadline, then the ids.
     pub fn claim_update(&self, n: usize) -> String {
-        let Names {
-            id,
-            leased_by,
-            attempts,
-            available_at,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {leased_by} = ?, {attempts} = {attempts} + 1, \
-             {available_at} = ? WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+        self.fill(
+            "UPDATE {t} SET {leased_by} = ?, {attempts} = {attempts} + 1, \
+             {available_at} = ? WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 
@@ -176,23 +145,13 @@ impl Statements {
     /// times already (`?` now, `?` max attempts, then the ids); the reason goes into
     /// `last_error`, before the error the row had.
     pub fn exhaust(&self, n: usize) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {} SET {status} = 'dead', {processed_at} = ?, {leased_by} = NULL, \
+        self.fill(
+            "UPDATE {t} SET {status} = 'dead', {processed_at} = ?, {leased_by} = NULL, \
              {last_error} = CONCAT('claimed ', {attempts}, \
                ' times without an answer (max_attempts = ', ?, ')', \
                COALESCE(CONCAT('; last error: ', {last_error}), '')) \
-             WHERE {id} IN ({})",
-            self.table,
-            placeholders(n)
+             WHERE {id} IN ({ids})",
+            &[("ids", &placeholders(n))],
         )
     }
 }
@@ -229,13 +188,12 @@ impl MySqlStorage {
         let taken = self.claim_rounds(&mut tx, request, &filter, now).await?;
         if !taken.messages.is_empty() {
             let statement = self.sql.claim_update(taken.messages.len());
-            let mut query = sqlx::query(&statement)
+            sqlx::query(&statement)
                 .bind(request.owner)
-                .bind(lease_expires_at);
-            for message in &taken.messages {
-                query = query.bind(message.id);
-            }
-            query.execute(&mut *tx).await?;
+                .bind(lease_expires_at)
+                .bind_ids(taken.messages.iter().map(|m| &m.id))
+                .execute(&mut *tx)
+                .await?;
         }
         tx.commit().await?;
         Ok(Claimed {
@@ -395,11 +353,8 @@ impl MySqlStorage {
         limit: usize,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let statement = self.sql.claim_lock(candidates.len());
-        let mut query = sqlx::query(&statement);
-        for (id, _) in candidates {
-            query = query.bind(id);
-        }
-        query
+        sqlx::query(&statement)
+            .bind_ids(candidates.iter().map(|(id, _)| id))
             .bind(now)
             .bind(limit as i64)
             .fetch_all(conn)
@@ -421,13 +376,12 @@ impl MySqlStorage {
             return Ok(());
         }
         let statement = self.sql.exhaust(ids.len());
-        let mut query = sqlx::query(&statement)
+        sqlx::query(&statement)
             .bind(now)
-            .bind(i64::from(max_attempts));
-        for id in ids {
-            query = query.bind(id);
-        }
-        query.execute(conn).await?;
+            .bind(i64::from(max_attempts))
+            .bind_ids(ids)
+            .execute(conn)
+            .await?;
         Ok(())
     }
 }

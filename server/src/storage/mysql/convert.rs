@@ -8,12 +8,16 @@ use std::time::Duration;
 
 use anyhow::anyhow;
 use chrono::{DateTime, Utc};
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow};
+use sqlx::mysql::{
+    MySql, MySqlArguments, MySqlConnection, MySqlDatabaseError, MySqlPool, MySqlRow,
+};
+use sqlx::query::{Query, QueryAs, QueryScalar};
 use sqlx::Row;
 
 use super::shape::NOW;
 use crate::storage::dead::DeadCountRow;
 use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::sql_common::{self, MessageParts};
 use crate::storage::{
     BlockedKey, DeadLetter, HeadState, MessageId, OutboxMessage, StorageError, StorageResult,
     TopicStats,
@@ -54,6 +58,35 @@ impl Conn {
     }
 }
 
+/// A query that binds a list of ids one placeholder each (see
+/// [`super::shape::placeholders`]): MySQL has no array to bind a list as one value.
+pub(super) trait BindIds: Sized {
+    fn bind_id(self, id: MessageId) -> Self;
+
+    /// `ids` bound after what is bound already.
+    fn bind_ids<'i>(self, ids: impl IntoIterator<Item = &'i MessageId>) -> Self {
+        ids.into_iter().fold(self, |query, id| query.bind_id(*id))
+    }
+}
+
+impl BindIds for Query<'_, MySql, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
+    }
+}
+
+impl<O> BindIds for QueryAs<'_, MySql, O, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
+    }
+}
+
+impl<O> BindIds for QueryScalar<'_, MySql, O, MySqlArguments> {
+    fn bind_id(self, id: MessageId) -> Self {
+        self.bind(id)
+    }
+}
+
 /// The database clock, read inside `conn`'s transaction after its locks were taken.
 pub(super) async fn now(conn: &mut MySqlConnection) -> Result<DateTime<Utc>, sqlx::Error> {
     sqlx::query_scalar(NOW).fetch_one(conn).await
@@ -91,11 +124,7 @@ pub(super) fn is_duplicate_column_or_index(err: &sqlx::Error) -> bool {
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
     let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
     match &err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => unavailable(&err),
+        err if sql_common::is_unreachable(err) => unavailable(err),
         sqlx::Error::Database(_) => match number(&err) {
             // 1040 too many connections, 1053 server shutdown in progress, 1927 connection
             // killed; 2002/2003/2006/2013 are the client library's "cannot connect" and
@@ -160,18 +189,14 @@ pub(super) fn decode_candidate(row: &MySqlRow) -> Result<OutboxMessage, sqlx::Er
 fn message(row: &MySqlRow, attempts: u32) -> Result<OutboxMessage, sqlx::Error> {
     // MariaDB's JSON is a LONGTEXT, MySQL's a type of its own: both arrive as UTF-8 bytes.
     let headers: Option<Vec<u8>> = row.try_get("headers")?;
-    let payload: Option<Vec<u8>> = row.try_get("payload")?;
-    let stored_bytes: i64 = row.try_get("stored_bytes")?;
-    Ok(OutboxMessage {
-        id: row.try_get("id")?,
+    let parts = MessageParts {
         topic: required_text(row, "topic")?,
         key: text(row, "key")?,
-        too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
-        payload: payload.unwrap_or_default(),
         headers: headers_from_text(headers.as_deref()),
         attempts,
         created_at: row.try_get::<DateTime<Utc>, _>("created_at")?,
-    })
+    };
+    sql_common::message(row, parts)
 }
 
 /// A row of `Statements::blocked_keys` (`admin.rs`).
@@ -216,17 +241,11 @@ pub(super) fn decode_scanned(row: &MySqlRow) -> Result<(MessageId, Option<String
     Ok((row.try_get("id")?, text(row, "key")?))
 }
 
+/// A row of `Statements::stats` (`admin.rs`).
 pub(super) fn decode_topic_stats(row: &MySqlRow) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_us")?;
-    Ok(TopicStats {
-        topic: required_text(row, "topic")?,
-        pending: count("pending")?,
-        leased: count("leased")?,
-        waiting: count("waiting")?,
-        dead: count("dead")?,
-        oldest_pending_age: oldest.map(|us| Duration::from_micros(us.max(0) as u64)),
-    })
+    let oldest = oldest.map(|us| Duration::from_micros(us.max(0) as u64));
+    sql_common::topic_stats(row, required_text(row, "topic")?, oldest)
 }
 
 /// `now + duration` on the database clock, clamped like every interval sent.

@@ -114,7 +114,7 @@ pub struct MySqlStorage {
 impl fmt::Debug for MySqlStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlStorage")
-            .field("table", &self.sql.display_table)
+            .field("table", &self.sql.table.display)
             .field("options", &self.options)
             .field("database", &self.database)
             .finish_non_exhaustive()
@@ -158,10 +158,10 @@ impl MySqlStorage {
         let sql = Statements::render(&shape);
         let conn = Conn {
             pool,
-            table: sql.display_table.as_str().into(),
+            table: sql.table.display.as_str().into(),
         };
         Ok(Self {
-            table: Table::new(conn.clone(), &shape, &sql.table, &sql.names),
+            table: Table::new(conn.clone(), &shape, &sql.table.quoted, &sql.table.names),
             conn,
             options,
             database,
@@ -253,7 +253,7 @@ impl Storage for MySqlStorage {
     }
 
     fn table_name(&self) -> &str {
-        &self.sql.display_table
+        &self.sql.table.display
     }
 
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {

@@ -101,21 +101,13 @@ impl Schema {
             let definition = format!("{} ({})", quote(&name), columns.join(", "));
             Part { name, definition }
         };
-        let Names {
-            id,
-            key,
-            status,
-            available_at,
-            processed_at,
-            ..
-        } = c;
-        let pending = index(PENDING_INDEX, &[status, id]);
+        let pending = index(PENDING_INDEX, &[&c.status, &c.id]);
         let pending_index = pending.name.clone();
         let indexes = vec![
             pending,
-            index("_key_idx", &[key, status, id]),
-            index("_due_idx", &[status, available_at]),
-            index("_processed_idx", &[status, processed_at]),
+            index("_key_idx", &[&c.key, &c.status, &c.id]),
+            index("_due_idx", &[&c.status, &c.available_at]),
+            index("_processed_idx", &[&c.status, &c.processed_at]),
         ];
         lines.extend(
             indexes
@@ -149,9 +141,10 @@ impl Schema {
             table: t.to_owned(),
             display_table: display_table.to_owned(),
             own_names: columns.is_default(),
-            skip_existing: format!(
+            skip_existing: c.fill(
                 "UPDATE {t} SET {status} = 'done', {processed_at} = UTC_TIMESTAMP(6) \
-                 WHERE {status} = 'pending'"
+                 WHERE {status} = 'pending'",
+                &[("t", &t)],
             ),
         }
     }
@@ -473,6 +466,7 @@ mod tests {
     use super::*;
     use crate::storage::columns::ColumnMapping;
     use crate::storage::ident::Ident;
+    use crate::storage::sql_common::events_mapping;
 
     fn schema(database: Option<&str>, table: &str, columns: &Columns) -> Schema {
         let database = database.map(|d| Ident::new(d).unwrap());
@@ -533,14 +527,12 @@ CREATE TABLE IF NOT EXISTS `app`.`outbox_pauses` (
     #[test]
     fn a_mapped_table_gets_its_names_and_what_an_existing_one_lacks() {
         let columns = Columns::from_mapping(&ColumnMapping {
-            id: "event_id".into(),
+            topic: None,
             fixed_topic: Some("orders".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
             payload_format: PayloadFormat::Json,
             headers: String::new(),
             status: "state".into(),
-            ..ColumnMapping::default()
+            ..events_mapping()
         })
         .unwrap();
         let schema = schema(None, "events", &columns);

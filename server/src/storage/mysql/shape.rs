@@ -16,24 +16,20 @@
 //! Id lists are bound one placeholder per id (`IN (?, ?, ...)`), so statements are
 //! rendered per call (a few hundred bytes formatted: nothing next to the round trip).
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
+use crate::storage::sql_common::TableSql;
 
 /// The names every statement of one outbox table is rendered from.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// `db.table` unquoted, for messages.
-    pub display_table: String,
-    /// `` `db`.`table` ``.
-    pub table: String,
-    /// The outbox's pauses table, quoted, in the table's database.
-    pub pauses: String,
-    /// The columns as they appear in SQL.
-    pub names: Names,
+    /// The table (in its database), its pauses table and its columns.
+    pub table: TableSql,
     /// `` `table_pending_idx` ``, which the claim's scan is pinned to.
     pub pending_index: String,
     /// See [`Shape::dead_holds_key`]. The `(key, status, id)` index serves its lookups.
@@ -91,17 +87,24 @@ impl Statements {
             None => name,
         };
         Self {
-            table: in_database(quote(shape.table.as_str())),
-            display_table: match shape.database {
-                Some(database) => format!("{database}.{}", shape.table),
-                None => shape.table.to_string(),
+            table: TableSql {
+                display: match shape.database {
+                    Some(database) => format!("{database}.{}", shape.table),
+                    None => shape.table.to_string(),
+                },
+                quoted: in_database(quote(shape.table.as_str())),
+                pauses: pauses_table(shape),
+                names: Names::new(shape.columns, &DIALECT),
             },
-            pauses: pauses_table(shape),
-            names: Names::new(shape.columns, &DIALECT),
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
             dead_holds_key: shape.dead_holds_key,
             max_row_bytes: shape.max_row_bytes,
         }
+    }
+
+    /// A statement from `template` (see [`TableSql::fill`]).
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        self.table.fill(template, values)
     }
 
     /// The columns of row `o` as a message (what [`super::convert`] decodes): `id, topic,
@@ -109,31 +112,30 @@ impl Statements {
     /// (payload, headers, topic and key) is over `max_row_bytes` comes without its payload
     /// (NULL) and headers, so the server never sends what no response could hold.
     pub fn message(&self) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            key,
-            created_at,
-            attempts,
-            payload,
-            ..
-        } = c;
+        let c = &self.table.names;
         let headers = c
             .headers
             .as_ref()
             .map_or_else(|| "'{}'".to_owned(), |headers| format!("o.{headers}"));
         let topic = c.topic("o.");
-        let size = format!(
+        let size = self.fill(
             "(OCTET_LENGTH(o.{payload}) + COALESCE(OCTET_LENGTH({headers}), 0) \
-             + OCTET_LENGTH({topic}) + COALESCE(OCTET_LENGTH(o.{key}), 0))"
+             + OCTET_LENGTH({topic}) + COALESCE(OCTET_LENGTH(o.{key}), 0))",
+            &[("headers", &headers), ("topic", &topic)],
         );
         let fits = format!("{size} <= {}", self.max_row_bytes);
-        format!(
+        self.fill(
             "CAST(o.{id} AS SIGNED) AS id, {topic} AS topic, o.{key} AS `key`, \
                CASE WHEN {fits} THEN o.{payload} END AS payload, \
                CASE WHEN {fits} THEN {headers} END AS headers, \
                CAST(o.{attempts} AS SIGNED) AS attempts, o.{created_at} AS created_at, \
-               CAST({size} AS SIGNED) AS stored_bytes"
+               CAST({size} AS SIGNED) AS stored_bytes",
+            &[
+                ("topic", &topic),
+                ("fits", &fits),
+                ("headers", &headers),
+                ("size", &size),
+            ],
         )
     }
 }

@@ -6,10 +6,10 @@
 
 use sqlx::mysql::MySqlConnection;
 
+use super::claim::ClaimShape;
+use super::convert::BindIds;
 use super::shape::{placeholders, Statements};
 use super::MySqlStorage;
-use crate::storage::blocked;
-use crate::storage::names::Names;
 use crate::storage::{MessageId, OutboxMessage};
 
 impl Statements {
@@ -26,29 +26,42 @@ impl Statements {
     /// that another transaction had locked, which [`Statements::claim_lock`] passes over
     /// silently.
     pub fn claim_successors(&self, tested: usize, batch: usize) -> String {
-        let (
-            t,
-            Names {
-                id, key, status, ..
-            },
-        ) = (&self.table, &self.names);
         // With `dead_holds_key` an earlier dead row holds a row back too: one the scan's
         // pre-filter saw, or one this claim dead-lettered for its attempts.
         let dead = match self.dead_holds_key {
-            true => format!(
-                " OR {}",
-                blocked::dead_before(t, &self.names, &format!("o.{key}"), &format!("o.{id}"))
-            ),
+            true => format!(" OR {}", self.table.dead_before("o")),
             false => String::new(),
         };
-        format!(
-            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({}) \
+        self.fill(
+            "SELECT CAST(o.{id} AS SIGNED) FROM {t} o WHERE o.{id} IN ({tested}) \
              AND o.{key} IS NOT NULL \
              AND (EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} AND p.{id} < o.{id} \
-               AND p.{status} = 'pending' AND p.{id} NOT IN ({})){dead})",
-            placeholders(tested),
-            placeholders(batch)
+               AND p.{status} = 'pending' AND p.{id} NOT IN ({batch})){dead})",
+            &[
+                ("tested", &placeholders(tested)),
+                ("batch", &placeholders(batch)),
+                ("dead", &dead),
+            ],
         )
+    }
+
+    /// The pre-filter of strict ordering in a claim's scan (see
+    /// [`Statements::claim_candidates`]): an earlier pending row of the key holds a row
+    /// back unless this very claim can take it. Parameters: `now`, then, as the claim's
+    /// shape has them, `visible_before`, the topics and the paused topics.
+    pub fn claim_held_back(&self, shape: &ClaimShape) -> String {
+        let blocked = self.fill("p.{available_at} > ?", &[])
+            + &self.shape_filters(
+                "p.",
+                shape,
+                [
+                    " OR p.{created_at} > ?",
+                    " OR {topic} NOT IN ({topics})",
+                    " OR {topic} IN ({topics})",
+                ],
+            );
+        self.table
+            .no_earlier_blocking(&blocked, self.dead_holds_key)
     }
 }
 
@@ -72,14 +85,12 @@ impl MySqlStorage {
         let statement = self
             .sql
             .claim_successors(keyed.len(), kept.len() + fresh.len());
-        let mut query = sqlx::query_scalar(&statement);
-        for id in &keyed {
-            query = query.bind(id);
-        }
-        for message in kept.iter().chain(fresh) {
-            query = query.bind(message.id);
-        }
-        let held_back: Vec<MessageId> = query.fetch_all(conn).await?;
+        let batch = kept.iter().chain(fresh).map(|m| &m.id);
+        let held_back: Vec<MessageId> = sqlx::query_scalar(&statement)
+            .bind_ids(&keyed)
+            .bind_ids(batch)
+            .fetch_all(conn)
+            .await?;
         if !held_back.is_empty() {
             tracing::debug!(
                 held_back = held_back.len(),

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::sqlite::SqliteArguments;
+use sqlx::sqlite::{Sqlite, SqliteArguments};
 use sqlx::{Arguments, Row};
 
 use super::convert::{
@@ -13,13 +13,12 @@ use super::convert::{
 };
 use super::shape::{aliased, message, Statements};
 use super::SqliteStorage;
-use crate::storage::blocked;
-use crate::storage::columns::{insert_row, InsertPayload};
+use crate::storage::columns::insert_row;
 use crate::storage::dead::{self, FilterDialect, FilterValue};
-use crate::storage::names::Names;
+use crate::storage::sql_common;
 use crate::storage::{
-    in_batches, BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage,
-    Pauses, SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
+    BlockedKey, DeadCounts, DeadFilter, DeadLetter, LeaseHolder, MessageId, NewMessage, Pauses,
+    SortedIds, Stats, StorageResult, MAX_LEASE_HOLDERS, PURGE_BATCH,
 };
 
 impl Statements {
@@ -27,17 +26,9 @@ impl Statements {
     /// two partial indexes instead of scanning the delivered rows. A fixed topic groups by
     /// a constant: one group, or none for no rows.
     pub fn stats(&self) -> String {
-        let c = &self.names;
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            created_at,
-            ..
-        } = c;
-        let topic_value = &c.topic("");
-        format!(
-            "SELECT {topic}, \
+        let topic = self.table.names.topic("");
+        self.fill(
+            "SELECT {topic_column}, \
                sum({status} = 'pending') AS pending, \
                sum({status} = 'pending' AND {leased_by} IS NOT NULL \
                  AND {available_at} > ?1) AS leased, \
@@ -47,58 +38,43 @@ impl Statements {
                min(CASE WHEN {status} = 'pending' THEN {created_at} END) \
                  AS oldest_pending_created_at \
              FROM {t} WHERE {status} = 'pending' OR {status} = 'dead' \
-             GROUP BY {topic_value} ORDER BY {topic_value}",
-            topic = aliased(topic_value, "topic"),
-            t = self.table,
+             GROUP BY {topic} ORDER BY {topic}",
+            &[
+                ("topic_column", &aliased(&topic, "topic")),
+                ("topic", &topic),
+            ],
         )
     }
 
     /// `?1` cutoff: rows delivered after it.
     pub fn delivered_within(&self) -> String {
-        let Names {
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT count(*) FROM {t} WHERE {status} = 'done' AND {processed_at} > ?1",
-            t = self.table
+            &[],
         )
     }
 
     /// `?1` cutoff, `?2` batch size.
     pub fn purge_batch(&self) -> String {
-        let Names {
-            id,
-            status,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "DELETE FROM {t} WHERE {id} IN (\
                SELECT {id} FROM {t} WHERE {status} = 'done' AND {processed_at} < ?1 \
                LIMIT ?2)",
-            t = self.table
+            &[],
         )
     }
 
     /// Keys whose head is not due (see `blocked.rs`): `?1` after this head id, `?2` at
     /// most, `?3` now.
     pub fn blocked_keys(&self) -> String {
-        let c = &self.names;
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            last_error,
-            created_at,
-            ..
-        } = c;
-        let t = &self.table;
-        format!(
+        let dead = self.table.blocked_keys_dead(
+            self.dead_holds_key,
+            "d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
+             d.{last_error} AS last_error, d.{created_at} AS created_at, \
+             d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead",
+            ["?1", "count(*)"],
+        );
+        self.fill(
             "SELECT o.{key} AS key, o.{id} AS head_id, o.{leased_by} AS owner, \
                o.{attempts} AS attempts, o.{last_error} AS last_error, \
                o.{created_at} AS created_at, o.{available_at} AS until, \
@@ -107,153 +83,105 @@ impl Statements {
              FROM {t} o WHERE o.{status} = 'pending' AND o.{key} IS NOT NULL \
                AND o.{available_at} > ?3 AND o.{id} > ?1 \
                AND NOT EXISTS (SELECT 1 FROM {t} p WHERE p.{key} = o.{key} \
-                 AND p.{status} = 'pending' AND p.{id} < o.{id}){} \
+                 AND p.{status} = 'pending' AND p.{id} < o.{id}){dead} \
              ORDER BY head_id LIMIT ?2",
-            blocked_keys_dead(self.dead_holds_key, t, c),
+            &[("dead", &dead)],
         )
     }
 
     /// `(owner, rows, earliest_expiry)` of the leases live at `?1`, the most rows first.
     pub fn lease_holders(&self) -> String {
-        let Names {
-            status,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT {leased_by}, count(*), min({available_at}) FROM {t} \
              WHERE {status} = 'pending' AND {leased_by} IS NOT NULL AND {available_at} > ?1 \
-             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {MAX_LEASE_HOLDERS}",
-            t = self.table
-        )
-    }
-
-    /// The outbox's pauses `(target, paused_at)` (see [`crate::storage::pauses`]).
-    pub fn pauses(&self) -> String {
-        format!(
-            "SELECT target, paused_at FROM {} ORDER BY target",
-            self.pauses
+             GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT {max}",
+            &[("max", &MAX_LEASE_HOLDERS)],
         )
     }
 
     /// Pauses the target `?1` at `?2` (idempotent).
     pub fn pause(&self) -> String {
-        format!(
-            "INSERT OR IGNORE INTO {} (target, paused_at) VALUES (?1, ?2)",
-            self.pauses
+        self.fill(
+            "INSERT OR IGNORE INTO {pauses} (target, paused_at) VALUES (?1, ?2)",
+            &[],
         )
     }
 
     /// Resumes the target `?1`.
     pub fn resume(&self) -> String {
-        format!("DELETE FROM {} WHERE target = ?1", self.pauses)
+        self.fill("DELETE FROM {pauses} WHERE target = ?1", &[])
     }
 
     /// Parameters in column order: topic (unless the topic is fixed), key, payload,
     /// headers (if the table has them).
     pub fn insert(&self) -> String {
-        let inserted = self.names.inserted();
+        let inserted = self.table.names.inserted();
         let params: Vec<String> = (1..=inserted.len()).map(|n| format!("?{n}")).collect();
-        format!(
-            "INSERT INTO {t} ({}) VALUES ({}) RETURNING {id}",
-            inserted.join(", "),
-            params.join(", "),
-            t = self.table,
-            id = self.names.id
+        self.fill(
+            "INSERT INTO {t} ({columns}) VALUES ({values}) RETURNING {id}",
+            &[
+                ("columns", &inserted.join(", ")),
+                ("values", &params.join(", ")),
+            ],
         )
     }
 
     /// Dead rows in id order: `?1` after this id, `?2` at most; the selector's
     /// `conditions` with placeholders from `?3`.
     pub fn dead_list(&self, conditions: &str) -> String {
-        let c = &self.names;
-        format!(
+        self.fill(
             "SELECT {message}, coalesce(o.{last_error}, '') AS last_error, \
                o.{processed_at} AS died_at FROM {t} o \
              WHERE o.{status} = 'dead' AND o.{id} > ?1{conditions} ORDER BY o.{id} LIMIT ?2",
-            message = message(c, self.max_row_bytes),
-            last_error = c.last_error,
-            processed_at = c.processed_at,
-            status = c.status,
-            id = c.id,
-            t = self.table,
+            &[
+                ("message", &message(&self.table.names, self.max_row_bytes)),
+                ("conditions", &conditions),
+            ],
         )
     }
 
     /// Dead rows by topic and error, largest groups first, `?1` groups at most, each with
     /// the total of every group; `conditions` with placeholders from `?2`.
     pub fn dead_count(&self, conditions: &str) -> String {
-        let c = &self.names;
-        format!(
+        self.fill(
             "SELECT {topic} AS topic, coalesce(o.{last_error}, '') AS error, count(*) AS count, \
                sum(count(*)) OVER () AS total FROM {t} o \
              WHERE o.{status} = 'dead'{conditions} GROUP BY 1, 2 ORDER BY 3 DESC, 1, 2 LIMIT ?1",
-            topic = c.topic("o."),
-            last_error = c.last_error,
-            status = c.status,
-            t = self.table,
+            &[
+                ("topic", &self.table.names.topic("o.")),
+                ("conditions", &conditions),
+            ],
         )
     }
 
     /// Makes the first `?1` selected dead rows pending again, attempts reset, claimable
     /// at `?2`; returns their ids. `conditions` with placeholders from `?3`.
     pub fn dead_redrive(&self, conditions: &str) -> String {
-        let Names {
-            id,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'pending', {attempts} = 0, {available_at} = ?2, \
-             {leased_by} = NULL, {processed_at} = NULL WHERE {id} IN (\
-               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
-               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
-            t = self.table,
+             {leased_by} = NULL, {processed_at} = NULL WHERE {id} IN ({selected}) \
+             RETURNING {id}",
+            &[("selected", &self.dead_selected(conditions))],
         )
     }
 
     /// Deletes the first `?1` selected dead rows; returns their ids. `conditions` with
     /// placeholders from `?2`.
     pub fn dead_discard(&self, conditions: &str) -> String {
-        let Names { id, status, .. } = &self.names;
-        format!(
-            "DELETE FROM {t} WHERE {id} IN (\
-               SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
-               ORDER BY o.{id} LIMIT ?1) RETURNING {id}",
-            t = self.table,
+        self.fill(
+            "DELETE FROM {t} WHERE {id} IN ({selected}) RETURNING {id}",
+            &[("selected", &self.dead_selected(conditions))],
         )
     }
-}
 
-/// With `dead_letter_holds_key`: blocked keys also behind a dead row, in the columns of
-/// the statement of leased and retrying heads (closed by `?1` after, `?2` at most); its
-/// heads behind a dead row are left to the dead part. See `storage/blocked.rs`.
-fn blocked_keys_dead(dead_holds_key: bool, t: &str, c: &Names) -> String {
-    if !dead_holds_key {
-        return String::new();
+    /// The ids of the first `?1` selected dead rows, for a re-drive or a discard.
+    fn dead_selected(&self, conditions: &str) -> String {
+        self.fill(
+            "SELECT o.{id} FROM {t} o WHERE o.{status} = 'dead'{conditions} \
+             ORDER BY o.{id} LIMIT ?1",
+            &[("conditions", &conditions)],
+        )
     }
-    let Names {
-        id,
-        key,
-        attempts,
-        last_error,
-        created_at,
-        processed_at,
-        ..
-    } = c;
-    let (from, waiting) = blocked::dead_heads(t, c, "?1", "count(*)");
-    format!(
-        " AND NOT {} UNION ALL \
-         SELECT d.{key} AS key, d.{id} AS head_id, NULL AS owner, d.{attempts} AS attempts, \
-           d.{last_error} AS last_error, d.{created_at} AS created_at, \
-           d.{processed_at} AS until, {waiting} AS waiting, 1 AS dead {from}",
-        blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}")),
-    )
 }
 
 /// How the dead-letter selector is written here: numbered `?n`, ids as a JSON array.
@@ -266,37 +194,26 @@ pub(super) const FILTER: FilterDialect = FilterDialect {
 impl SqliteStorage {
     pub(super) async fn topic_stats(&self) -> StorageResult<Stats> {
         let now = now_ms();
-        let rows = sqlx::query(&self.sql.stats())
+        let topics = sqlx::query(&self.sql.stats())
             .bind(now)
+            .try_map(|row| decode_topic_stats(&row, now))
             .fetch_all(&self.pools.reader)
             .await
-            .map_err(self.error("stats"))?;
-        let topics = rows
-            .iter()
-            .map(|row| decode_topic_stats(row, now))
-            .collect::<Result<Vec<_>, _>>()
             .map_err(self.error("stats"))?;
         Ok(Stats::from_topics(topics))
     }
 
     pub(super) async fn delivered_count(&self, window: Duration) -> StorageResult<Option<u64>> {
-        if self.options.delete_on_ack {
-            return Ok(None);
-        }
-        let delivered: i64 = sqlx::query_scalar(&self.sql.delivered_within())
-            .bind(before(now_ms(), window))
-            .fetch_one(&self.pools.reader)
+        let statement = self.sql.delivered_within();
+        let query = sqlx::query_scalar(&statement).bind(before(now_ms(), window));
+        sql_common::delivered_count(&self.options, query, &self.pools.reader)
             .await
-            .map_err(self.error("stats"))?;
-        Ok(Some(crate::storage::rows::count(delivered)))
+            .map_err(self.error("stats"))
     }
 
     pub(super) async fn purge_delivered(&self, older_than: Duration) -> StorageResult<u64> {
-        if self.options.delete_on_ack {
-            return Ok(0);
-        }
         let purge_batch = self.sql.purge_batch();
-        let purged = in_batches(|| async {
+        sql_common::purge(&self.options, || async {
             // The writer is given back between batches, so claims interleave.
             let mut conn = self.writer("purge").await?;
             let done = sqlx::query(&purge_batch)
@@ -307,9 +224,7 @@ impl SqliteStorage {
                 .map_err(self.error("purge"))?;
             Ok(done.rows_affected())
         })
-        .await?;
-        tracing::debug!(purged, "purged delivered rows");
-        Ok(purged)
+        .await
     }
 
     pub(super) async fn blocked_heads(
@@ -317,46 +232,28 @@ impl SqliteStorage {
         after_id: MessageId,
         limit: u32,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&self.sql.blocked_keys())
+        sqlx::query(&self.sql.blocked_keys())
             .bind(after_id)
             .bind(i64::from(limit))
             .bind(now_ms())
+            .try_map(|row| decode_blocked(&row))
             .fetch_all(&self.pools.reader)
             .await
-            .map_err(self.error("blocked keys"))?;
-        rows.iter()
-            .map(decode_blocked)
-            .collect::<Result<_, _>>()
             .map_err(self.error("blocked keys"))
     }
 
     pub(super) async fn holders(&self) -> StorageResult<Vec<LeaseHolder>> {
-        let err = || self.error("lease holders");
-        let rows: Vec<(String, i64, i64)> = sqlx::query_as(&self.sql.lease_holders())
-            .bind(now_ms())
-            .fetch_all(&self.pools.reader)
+        let statement = self.sql.lease_holders();
+        let query = sqlx::query_as(&statement).bind(now_ms());
+        sql_common::lease_holders::<_, i64, _>(query, &self.pools.reader)
             .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(owner, rows, until)| Ok((owner, rows, datetime(until)?)))
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(LeaseHolder::from_rows(rows))
+            .map_err(self.error("lease holders"))
     }
 
     pub(super) async fn read_pauses(&self) -> StorageResult<Pauses> {
-        let err = || self.error("read the pauses");
-        let rows: Vec<(String, i64)> = sqlx::query_as(&self.sql.pauses())
-            .fetch_all(&self.pools.reader)
+        sql_common::read_pauses::<_, i64, _>(&self.sql.table.pauses, &self.pools.reader)
             .await
-            .map_err(err())?;
-        let rows = rows
-            .into_iter()
-            .map(|(target, since)| Ok((target, datetime(since)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>()
-            .map_err(err())?;
-        Ok(Pauses::from_rows(rows))
+            .map_err(self.error("read the pauses"))
     }
 
     pub(super) async fn change_pauses(
@@ -383,25 +280,14 @@ impl SqliteStorage {
     }
 
     pub(super) async fn insert_message(&self, message: NewMessage) -> StorageResult<MessageId> {
+        let err = || self.error("insert");
         let row = insert_row(&self.options.columns, message)?;
+        let arguments = sql_common::insert_arguments::<Sqlite>(row).map_err(err())?;
         let mut conn = self.writer("insert").await?;
-        let statement = self.sql.insert();
-        let mut query = sqlx::query_scalar(&statement);
-        if let Some(topic) = row.topic {
-            query = query.bind(topic);
-        }
-        query = query.bind(row.key);
-        query = match row.payload {
-            InsertPayload::Bytes(bytes) => query.bind(bytes),
-            InsertPayload::Text(text) => query.bind(text),
-        };
-        if let Some(headers) = row.headers {
-            query = query.bind(sqlx::types::Json(headers));
-        }
-        query
+        sqlx::query_scalar_with(&self.sql.insert(), arguments)
             .fetch_one(&mut *conn)
             .await
-            .map_err(self.error("insert"))
+            .map_err(err())
     }
 }
 
@@ -438,7 +324,7 @@ impl SqliteStorage {
         limit: u32,
     ) -> StorageResult<Vec<DeadLetter>> {
         let err = || self.error("list dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 3);
         let statement = self.sql.dead_list(&conditions);
         let arguments = dead_arguments(&[after_id, i64::from(limit)], values).map_err(err())?;
         let rows = sqlx::query_with(&statement, arguments)
@@ -473,7 +359,7 @@ impl SqliteStorage {
 
     pub(super) async fn dead_counts(&self, filter: &DeadFilter) -> StorageResult<DeadCounts> {
         let err = || self.error("count dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 2);
         let statement = self.sql.dead_count(&conditions);
         let arguments = dead_arguments(&[dead::MAX_COUNT_GROUPS], values).map_err(err())?;
         let rows = sqlx::query_as_with(&statement, arguments)
@@ -490,7 +376,7 @@ impl SqliteStorage {
         delay: Duration,
     ) -> StorageResult<SortedIds> {
         let err = || self.error("re-drive dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 3);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 3);
         let statement = self.sql.dead_redrive(&conditions);
         let mut conn = self.writer("re-drive dead letters").await?;
         let arguments =
@@ -508,7 +394,7 @@ impl SqliteStorage {
         limit: u32,
     ) -> StorageResult<SortedIds> {
         let err = || self.error("discard dead letters");
-        let (conditions, values) = dead::conditions(filter, &self.sql.names, &FILTER, 2);
+        let (conditions, values) = dead::conditions(filter, &self.sql.table.names, &FILTER, 2);
         let statement = self.sql.dead_discard(&conditions);
         let mut conn = self.writer("discard dead letters").await?;
         let arguments = dead_arguments(&[i64::from(limit)], values).map_err(err())?;

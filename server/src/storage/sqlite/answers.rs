@@ -8,7 +8,6 @@ use std::time::Duration;
 use super::convert::{after, datetime, json_list, now_ms};
 use super::shape::Statements;
 use super::SqliteStorage;
-use crate::storage::names::Names;
 use crate::storage::rows::attempts;
 use crate::storage::{
     Extended, FailureDecision, MessageId, NackRequest, NackResult, RetryPolicy, SortedIds,
@@ -18,171 +17,97 @@ use crate::storage::{
 impl Statements {
     /// `(id, attempts)` of the held rows (see [`Statements::held`]), in id order.
     pub fn held_attempts(&self) -> String {
-        let Names { id, attempts, .. } = &self.names;
-        format!(
-            "SELECT {id}, {attempts} FROM {t} {held} ORDER BY {id}",
-            t = self.table,
-            held = self.held()
-        )
+        self.fill("SELECT {id}, {attempts} FROM {t} {held} ORDER BY {id}", &[])
     }
 
     /// `?3` now.
     pub fn ack(&self) -> String {
-        let Names {
-            id,
-            status,
-            leased_by,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'done', {processed_at} = ?3, {leased_by} = NULL \
              {held} RETURNING {id}",
-            t = self.table,
-            held = self.held()
+            &[],
         )
     }
 
     pub fn ack_delete(&self) -> String {
-        format!(
-            "DELETE FROM {t} {held} RETURNING {id}",
-            t = self.table,
-            held = self.held(),
-            id = self.names.id
-        )
+        self.fill("DELETE FROM {t} {held} RETURNING {id}", &[])
     }
 
     /// `?1` id, `?2` owner, `?3` now: a nack needs a live lease (docs/guarantees.md).
     pub fn nack_select(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "SELECT {attempts}, {key} FROM {t} \
              WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' \
              AND {available_at} > ?3",
-            t = self.table
+            &[],
         )
     }
 
     /// `?1` id, `?2` retry time, `?3` error. The row is known to be held by the owner
     /// ([`Statements::nack_select`], same transaction).
     pub fn nack_retry(&self) -> String {
-        let Names {
-            id,
-            available_at,
-            leased_by,
-            last_error,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {available_at} = ?2, {last_error} = ?3, {leased_by} = NULL \
              WHERE {id} = ?1",
-            t = self.table
+            &[],
         )
     }
 
     /// `?1` id, `?2` now, `?3` error, as [`Statements::nack_retry`].
     pub fn nack_dead(&self) -> String {
-        let Names {
-            id,
-            status,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'dead', {processed_at} = ?2, {last_error} = ?3, \
              {leased_by} = NULL WHERE {id} = ?1",
-            t = self.table
+            &[],
         )
     }
 
     /// `?1` key, `?2` the nacked id, `?3` owner, `?4` when they are due.
     pub fn release_successors(&self) -> String {
-        let Names {
-            id,
-            key,
-            status,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = ?4, \
-             {leased_by} = NULL \
-             WHERE {key} = ?1 AND {id} > ?2 AND {leased_by} = ?3 AND {status} = 'pending' \
-             RETURNING {id}",
-            t = self.table
+        self.give_back(
+            "?4",
+            "WHERE {key} = ?1 AND {id} > ?2 AND {leased_by} = ?3 AND {status} = 'pending'",
         )
     }
 
     /// `?3` when they are due, `?4` now: a delayed release needs a live lease.
     pub fn release(&self) -> String {
-        let Names {
-            id,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
-            "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = ?3, \
-             {leased_by} = NULL {held} AND ({available_at} > ?4 OR ?3 <= ?4) RETURNING {id}",
-            t = self.table,
-            held = self.held()
+        self.give_back("?3", "{held} AND ({available_at} > ?4 OR ?3 <= ?4)")
+    }
+
+    /// Gives the rows `selected` back untried, due at `due`, returning their ids.
+    fn give_back(&self, due: &str, selected: &str) -> String {
+        let selected = self.fill(selected, &[]);
+        self.fill(
+            "UPDATE {t} SET {attempts} = MAX({attempts} - 1, 0), {available_at} = {due}, \
+             {leased_by} = NULL {selected} RETURNING {id}",
+            &[("due", &due), ("selected", &selected)],
         )
     }
 
     /// `?1` id, `?2` owner, `?3` error, `?4` now.
     pub fn dead_letter(&self) -> String {
-        let Names {
-            id,
-            status,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {status} = 'dead', {processed_at} = ?4, {last_error} = ?3, \
              {leased_by} = NULL \
              WHERE {id} = ?1 AND {leased_by} = ?2 AND {status} = 'pending' RETURNING {id}",
-            t = self.table
+            &[],
         )
     }
 
     /// `?3` the new deadline, `?4` now: an extension needs a live lease.
     pub fn extend_lease(&self) -> String {
-        let Names {
-            id, available_at, ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {available_at} = ?3 {held} AND {available_at} > ?4 RETURNING {id}",
-            t = self.table,
-            held = self.held()
+            &[],
         )
     }
 
     /// `?3` now.
     pub fn return_leases(&self) -> String {
-        let Names {
-            available_at,
-            leased_by,
-            ..
-        } = &self.names;
-        format!(
+        self.fill(
             "UPDATE {t} SET {leased_by} = NULL, {available_at} = ?3 {held}",
-            t = self.table,
-            held = self.held()
+            &[],
         )
     }
 }

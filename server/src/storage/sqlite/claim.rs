@@ -7,7 +7,7 @@ use sqlx::sqlite::SqliteRow;
 use super::convert::{after, before, datetime, decode_messages, json_list, now_ms};
 use super::shape::{message, Statements};
 use super::SqliteStorage;
-use crate::storage::names::{Names, Placeholders};
+use crate::storage::names::Placeholders;
 use crate::storage::{
     ClaimRequest, Claimed, MessageId, SortedIds, StorageResult, TopicClause, TopicFilter,
 };
@@ -16,7 +16,7 @@ impl Statements {
     /// `clause` as this table's statements filter it: a fixed topic is never filtered in
     /// SQL (the backend decides in Rust whether a filter includes it).
     fn filtered(&self, clause: TopicClause) -> TopicClause {
-        match self.names.topic {
+        match self.table.names.topic {
             Some(_) => clause,
             None => TopicClause::Any,
         }
@@ -29,25 +29,17 @@ impl Statements {
     /// A fixed topic has no topic filter: the backend decides in Rust whether a filter
     /// includes it (claim everything) or not (claim nothing).
     fn candidates(&self, topics: TopicClause) -> (String, usize) {
-        let (t, c) = (&self.table, &self.names);
         let mut params = Placeholders::starting_at('?', 2);
         let topics_param = (topics != TopicClause::Any).then(|| params.take());
         let except = topics == TopicClause::Except;
         let cutoff_param = self.delayed.then(|| params.take());
-        let Names {
-            id,
-            status,
-            available_at,
-            created_at,
-            ..
-        } = c;
-        let topic = c.topic("");
 
         let mut filters = String::new();
         if let Some(p) = &cutoff_param {
-            filters += &format!(" AND o.{created_at} <= {p}");
+            filters += &self.fill(" AND o.{created_at} <= {p}", &[("p", p)]);
         }
         if let Some(p) = &topics_param {
+            let topic = self.table.names.topic("");
             filters += &match except {
                 true => {
                     format!(" AND (o.{topic} IN (SELECT value FROM json_each({p}))) IS NOT TRUE")
@@ -58,9 +50,10 @@ impl Statements {
         if self.strict_ordering {
             filters += &self.held_back(cutoff_param.as_deref(), topics_param.as_deref(), except);
         }
-        let select = format!(
+        let select = self.fill(
             "SELECT o.{id} FROM {t} o \
-             WHERE o.{status} = 'pending' AND o.{available_at} <= ?1{filters} ORDER BY o.{id}"
+             WHERE o.{status} = 'pending' AND o.{available_at} <= ?1{filters} ORDER BY o.{id}",
+            &[("filters", &filters)],
         );
         (select, params.next_number())
     }
@@ -81,22 +74,21 @@ impl Statements {
     /// claim, and the strict-ordering predicate sees every earlier claim's result. Rows that
     /// used their attempts are passed over: [`Statements::exhaust`] dead-letters them first.
     pub fn claim(&self, topics: TopicClause) -> String {
-        let (t, c) = (&self.table, &self.names);
         let (select, next) = self.candidates(self.filtered(topics));
         let (owner, lease_until, limit, max_attempts) = (next, next + 1, next + 2, next + 3);
-        let Names {
-            id,
-            attempts,
-            available_at,
-            leased_by,
-            ..
-        } = c;
-        format!(
+        self.fill(
             "UPDATE {t} SET {leased_by} = ?{owner}, {attempts} = {attempts} + 1, \
                {available_at} = ?{lease_until} \
              WHERE {id} IN ({select} AND o.{attempts} < ?{max_attempts} LIMIT ?{limit}) \
-             RETURNING {}",
-            message(c, self.max_row_bytes)
+             RETURNING {message}",
+            &[
+                ("owner", &owner),
+                ("lease_until", &lease_until),
+                ("select", &select),
+                ("max_attempts", &max_attempts),
+                ("limit", &limit),
+                ("message", &message(&self.table.names, self.max_row_bytes)),
+            ],
         )
     }
 
@@ -105,35 +97,31 @@ impl Statements {
     /// already (their holders never answered), returning their ids. The reason goes into
     /// `last_error`, before the error the row had.
     pub fn exhaust(&self, topics: TopicClause) -> String {
-        let (t, c) = (&self.table, &self.names);
         let (select, next) = self.candidates(self.filtered(topics));
         let (limit, max_attempts) = (next, next + 1);
-        let Names {
-            id,
-            status,
-            attempts,
-            leased_by,
-            last_error,
-            processed_at,
-            ..
-        } = c;
-        format!(
+        let holds = match self.dead_holds_key {
+            // Only a key's first used-up row dies: the rows behind it wait behind it,
+            // whatever their attempts (the claim that follows sees it dead).
+            true => self.fill(
+                " AND ({key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
+                 WHERE p.{key} = {t}.{key} AND p.{id} < {t}.{id} AND p.{status} = 'pending' \
+                 AND p.{attempts} >= ?{max_attempts}))",
+                &[("max_attempts", &max_attempts)],
+            ),
+            false => String::new(),
+        };
+        self.fill(
             "UPDATE {t} SET {status} = 'dead', {processed_at} = ?1, {leased_by} = NULL, \
                {last_error} = 'claimed ' || {attempts} || ' times without an answer (max_attempts = ' \
                  || ?{max_attempts} || ')' || coalesce('; last error: ' || {last_error}, '') \
              WHERE {id} IN ({select} LIMIT ?{limit}) AND {attempts} >= ?{max_attempts}{holds} \
              RETURNING {id}",
-            holds = match self.dead_holds_key {
-                // Only a key's first used-up row dies: the rows behind it wait behind it,
-                // whatever their attempts (the claim that follows sees it dead).
-                true => format!(
-                    " AND ({key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-                     WHERE p.{key} = {t}.{key} AND p.{id} < {t}.{id} AND p.{status} = 'pending' \
-                     AND p.{attempts} >= ?{max_attempts}))",
-                    key = c.key,
-                ),
-                false => String::new(),
-            },
+            &[
+                ("select", &select),
+                ("limit", &limit),
+                ("max_attempts", &max_attempts),
+                ("holds", &holds),
+            ],
         )
     }
 }

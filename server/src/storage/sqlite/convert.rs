@@ -8,6 +8,7 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_text};
+use crate::storage::sql_common::{self, MessageParts, StoredTime};
 use crate::storage::{BlockedKey, HeadState, OutboxMessage, StorageError, TopicStats};
 
 // Primary result codes (the low byte of an extended code), from sqlite3.h.
@@ -42,10 +43,9 @@ pub(super) fn classify(err: sqlx::Error, place: &Place, action: &str) -> Storage
         StorageError::Other(anyhow!(err).context(format!("{action} on {table}")))
     };
     match &err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StorageError::Unavailable(format!("{action}: {err}")),
+        err if sql_common::is_unreachable(err) => {
+            StorageError::Unavailable(format!("{action}: {err}"))
+        }
         sqlx::Error::Database(db) => {
             let code = db.code().and_then(|code| code.parse::<i32>().ok());
             match code.map(|code| code & 0xff) {
@@ -113,6 +113,13 @@ pub(super) fn datetime(ms: i64) -> Result<DateTime<Utc>, sqlx::Error> {
         .ok_or_else(|| sqlx::Error::Decode(format!("time out of range: {ms} ms").into()))
 }
 
+/// This backend's times: epoch milliseconds (see `shape.rs`).
+impl StoredTime for i64 {
+    fn utc(self) -> Result<DateTime<Utc>, sqlx::Error> {
+        datetime(self)
+    }
+}
+
 /// Ids (or topics) as the JSON array the statements read with `json_each`.
 pub(super) fn json_list<T: serde::Serialize>(items: &[T]) -> String {
     serde_json::to_string(items).expect("a list of ids or strings serialises")
@@ -123,14 +130,9 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
     let mut messages = rows
         .iter()
         .map(|row| {
-            let payload: Option<Vec<u8>> = row.try_get("payload")?;
-            let stored_bytes: i64 = row.try_get("stored_bytes")?;
-            Ok(OutboxMessage {
-                id: row.try_get("id")?,
+            let parts = MessageParts {
                 topic: row.try_get("topic")?,
                 key: row.try_get("key")?,
-                too_large: payload.is_none().then_some(stored_bytes.max(0) as u64),
-                payload: payload.unwrap_or_default(),
                 // A table of the team's own may leave its headers column NULL.
                 headers: row
                     .try_get::<Option<String>, _>("headers")?
@@ -138,7 +140,8 @@ pub(super) fn decode_messages(rows: Vec<SqliteRow>) -> Result<Vec<OutboxMessage>
                     .unwrap_or_default(),
                 attempts: attempts(row.try_get::<i64, _>("attempts")?),
                 created_at: datetime(row.try_get("created_at")?)?,
-            })
+            };
+            sql_common::message(row, parts)
         })
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     messages.sort_unstable_by_key(|m| m.id);
@@ -161,18 +164,12 @@ pub(super) fn decode_blocked(row: &SqliteRow) -> Result<BlockedKey, sqlx::Error>
     })
 }
 
+/// A row of `Statements::stats` (`admin.rs`), read at `now`.
 pub(super) fn decode_topic_stats(row: &SqliteRow, now: i64) -> Result<TopicStats, sqlx::Error> {
-    let count = |column: &str| row.try_get::<i64, _>(column).map(count);
     let oldest: Option<i64> = row.try_get("oldest_pending_created_at")?;
-    Ok(TopicStats {
-        topic: row.try_get("topic")?,
-        pending: count("pending")?,
-        leased: count("leased")?,
-        waiting: count("waiting")?,
-        dead: count("dead")?,
-        oldest_pending_age: oldest
-            .map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64)),
-    })
+    let oldest =
+        oldest.map(|created| Duration::from_millis(now.saturating_sub(created).max(0) as u64));
+    sql_common::topic_stats(row, row.try_get("topic")?, oldest)
 }
 
 #[cfg(test)]

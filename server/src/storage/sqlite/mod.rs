@@ -161,7 +161,7 @@ impl fmt::Debug for SqliteStorage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStorage")
             .field("file", &self.pools.file)
-            .field("table", &self.sql.display_table)
+            .field("table", &self.sql.table.display)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -191,7 +191,7 @@ impl SqliteStorage {
             max_row_bytes: options.max_row_bytes,
         });
         let place = Place {
-            table: sql.display_table.clone(),
+            table: sql.table.display.clone(),
             file: pools.file.display().to_string(),
             busy_timeout: BUSY_TIMEOUT,
         };
@@ -245,7 +245,7 @@ impl Storage for SqliteStorage {
     }
 
     fn table_name(&self) -> &str {
-        &self.sql.display_table
+        &self.sql.table.display
     }
 
     async fn claim(&self, request: ClaimRequest<'_>) -> StorageResult<Claimed> {
@@ -377,6 +377,7 @@ impl Storage for SqliteStorage {
 #[cfg(test)]
 mod unit {
     use super::*;
+    use crate::storage::sql_common::assert_names_invalid_identifier;
 
     #[test]
     fn urls_name_a_file() {
@@ -410,12 +411,7 @@ mod unit {
         };
         let err = SqliteStorage::connect("sqlite://x.db", 1, options)
             .await
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`table`"), "{err}");
-        assert!(
-            err.contains("ASCII letters, digits and underscores"),
-            "{err}"
-        );
+            .unwrap_err();
+        assert_names_invalid_identifier(&err, "`table`");
     }
 }

@@ -85,23 +85,19 @@ impl Schema {
             lines.join(",\n")
         );
         let index = |suffix: &str| ident::quote(&format!("{table}{suffix}"));
-        let Names {
-            id,
-            key,
-            status,
-            processed_at,
-            ..
-        } = c;
-        let indexes = format!(
+        let indexes = c.fill(
             "CREATE INDEX IF NOT EXISTS {pending} ON {t} ({id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {key_pending} ON {t} ({key}, {id}) WHERE {status} = 'pending';
 CREATE INDEX IF NOT EXISTS {processed} ON {t} ({processed_at}) WHERE {status} = 'done';
 CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
 ",
-            pending = index("_pending_idx"),
-            key_pending = index("_key_pending_idx"),
-            processed = index("_processed_idx"),
-            dead = index("_dead_idx"),
+            &[
+                ("t", &t),
+                ("pending", &index("_pending_idx")),
+                ("key_pending", &index("_key_pending_idx")),
+                ("processed", &index("_processed_idx")),
+                ("dead", &index("_dead_idx")),
+            ],
         );
         // The outbox's pause (see `Storage::paused_since`): a row whose `target` is empty
         // pauses the whole outbox. Times in epoch milliseconds, as the outbox's.
@@ -117,9 +113,10 @@ CREATE INDEX IF NOT EXISTS {dead} ON {t} ({id}) WHERE {status} = 'dead';
             pauses,
             table: table.to_string(),
             own_names: columns.is_default(),
-            skip_existing: format!(
-                "UPDATE {t} SET {status} = 'done', {processed_at} = {NOW_MS} \
-                 WHERE {status} = 'pending'"
+            skip_existing: c.fill(
+                "UPDATE {t} SET {status} = 'done', {processed_at} = {now} \
+                 WHERE {status} = 'pending'",
+                &[("t", &t), ("now", &NOW_MS)],
             ),
         }
     }
@@ -294,11 +291,11 @@ const LIVE_COLUMNS: &str = "SELECT name, type, \"notnull\", dflt_value IS NOT NU
 impl SqliteStorage {
     /// The table's DDL (rendered when asked for: at start and by `txoutboxd schema`).
     pub(super) fn schema(&self) -> Schema {
-        let (t, c) = (&self.sql.table, &self.sql.names);
+        let (t, c) = (&self.sql.table.quoted, &self.sql.table.names);
         dead_holds_schema(
             Schema::render(t, &self.table, &self.options.columns, c),
             self.sql.dead_holds_key,
-            &self.sql.display_table,
+            &self.sql.table.display,
             t,
             c,
         )
@@ -306,8 +303,8 @@ impl SqliteStorage {
 
     /// A write that changes nothing: fails with SQLITE_READONLY on a read-only file.
     fn write_probe(&self) -> String {
-        let id = &self.sql.names.id;
-        format!("UPDATE {} SET {id} = {id} WHERE 0", self.sql.table)
+        let id = &self.sql.table.names.id;
+        format!("UPDATE {} SET {id} = {id} WHERE 0", self.sql.table.quoted)
     }
 
     /// The live table's columns, as `conn` sees them; none when there is no table.
@@ -317,7 +314,7 @@ impl SqliteStorage {
         action: &'static str,
     ) -> StorageResult<Vec<LiveColumn>> {
         let rows = sqlx::query_as(LIVE_COLUMNS)
-            .bind(&self.sql.display_table)
+            .bind(&self.sql.table.display)
             .fetch_all(conn)
             .await
             .map_err(self.error(action))?;
@@ -353,13 +350,13 @@ impl SqliteStorage {
     /// a read-only file ([`StorageError::ReadOnly`]). The file being locked by another
     /// writer proves nothing either way, and is left to the relay's own writes.
     pub(super) async fn check_table(&self) -> StorageResult<()> {
-        sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.sql.table))
+        sqlx::query(&format!("SELECT 1 FROM {} LIMIT 0", self.sql.table.quoted))
             .execute(&self.pools.reader)
             .await
             .map_err(self.error("ping"))?;
         let live = self.live_columns(&self.pools.reader, "ping").await?;
         let problems = check_live_columns(&self.options.columns, &live, true, accepts);
-        StorageError::unless_problems(&self.sql.display_table, problems)?;
+        StorageError::unless_problems(&self.sql.table.display, problems)?;
         let probe = sqlx::query(&self.write_probe())
             .execute(&self.pools.writer)
             .await
@@ -396,6 +393,7 @@ fn dead_holds_schema(
 mod tests {
     use super::*;
     use crate::storage::columns::ColumnMapping;
+    use crate::storage::sql_common::events_mapping;
 
     fn schema(table: &str, columns: &Columns) -> Schema {
         let ident = Ident::new(table).unwrap();
@@ -448,14 +446,12 @@ CREATE TABLE IF NOT EXISTS \"Outbox_pauses\" (
     #[test]
     fn a_mapped_table_gets_its_names_and_the_columns_to_add_as_comments() {
         let columns = columns(ColumnMapping {
-            id: "event_id".into(),
+            topic: None,
             fixed_topic: Some("orders".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
             payload_format: PayloadFormat::Json,
             headers: String::new(),
             status: "relay_status".into(),
-            ..ColumnMapping::default()
+            ..events_mapping()
         });
         let schema = schema("events", &columns);
         let text = schema.text();

@@ -18,11 +18,13 @@
 //! every statement has a fixed text (and a cached prepared statement) for any list length:
 //! rendered per call, it is the same text each time.
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use crate::storage::columns::Columns;
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::{Dialect, Names};
+use crate::storage::sql_common::TableSql;
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -33,14 +35,10 @@ pub(super) const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 
 /// The names every statement of one outbox table is rendered from, and what shapes them.
 #[derive(Debug)]
 pub(super) struct Statements {
-    /// The table name unquoted, for messages.
-    pub display_table: String,
-    /// The table, quoted.
-    pub table: String,
-    /// The outbox's pauses table, quoted.
-    pub pauses: String,
-    /// The columns as they appear in SQL.
-    pub names: Names,
+    /// The table, its pauses table and its columns.
+    pub table: TableSql,
+    /// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
+    pub held: String,
     /// See [`Shape::max_row_bytes`].
     pub max_row_bytes: u64,
     pub strict_ordering: bool,
@@ -52,11 +50,19 @@ pub(super) struct Statements {
 
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
+        let names = Names::new(shape.columns, &DIALECT);
         Self {
-            display_table: shape.table.to_string(),
-            table: shape.table.quoted(),
-            pauses: pauses_table(shape.table),
-            names: Names::new(shape.columns, &DIALECT),
+            held: names.fill(
+                "WHERE {id} IN (SELECT value FROM json_each(?1)) AND {leased_by} = ?2 \
+                 AND {status} = 'pending'",
+                &[],
+            ),
+            table: TableSql {
+                display: shape.table.to_string(),
+                quoted: shape.table.quoted(),
+                pauses: pauses_table(shape.table),
+                names,
+            },
             max_row_bytes: shape.max_row_bytes,
             strict_ordering: shape.strict_ordering,
             dead_holds_key: shape.dead_holds_key,
@@ -64,13 +70,12 @@ impl Statements {
         }
     }
 
-    /// Fence of every write-back: `?1` ids (a JSON array), `?2` owner.
-    pub fn held(&self) -> String {
-        let c = &self.names;
-        format!(
-            "WHERE {} IN (SELECT value FROM json_each(?1)) AND {} = ?2 AND {} = 'pending'",
-            c.id, c.leased_by, c.status
-        )
+    /// A statement from `template` (see [`TableSql::fill`]), `{held}` in it the fence of
+    /// a write-back.
+    pub fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> = vec![("held", &self.held)];
+        all.extend_from_slice(values);
+        self.table.fill(template, &all)
     }
 }
 

@@ -4,8 +4,6 @@
 //! module docs of the backend).
 
 use super::shape::Statements;
-use crate::storage::blocked;
-use crate::storage::names::Names;
 
 impl Statements {
     /// The filter of a claim's candidates under strict ordering, with the parameters of
@@ -20,37 +18,16 @@ impl Statements {
         topics_param: Option<&str>,
         except: bool,
     ) -> String {
-        let (t, c) = (&self.table, &self.names);
-        let Names {
-            id,
-            key,
-            status,
-            available_at,
-            created_at,
-            ..
-        } = c;
-        let topic = c.topic("");
-        let mut blocked = format!("p.{available_at} > ?1");
+        let topic = self.table.names.topic("");
+        let mut blocked = self.fill("p.{available_at} > ?1", &[]);
         if let Some(p) = cutoff_param {
-            blocked += &format!(" OR p.{created_at} > {p}");
+            blocked += &self.fill(" OR p.{created_at} > {p}", &[("p", &p)]);
         }
         if let Some(p) = topics_param {
             let not = if except { "" } else { "NOT " };
             blocked += &format!(" OR p.{topic} {not}IN (SELECT value FROM json_each({p}))");
         }
-        let mut filters = format!(
-            " AND (o.{key} IS NULL OR NOT EXISTS (SELECT 1 FROM {t} p \
-         WHERE p.{key} = o.{key} AND p.{id} < o.{id} AND p.{status} = 'pending' \
-         AND ({blocked})))"
-        );
-        if self.dead_holds_key {
-            // `dead_letter_holds_key`: an earlier dead row of the key holds it back too,
-            // found through the `(key, id)` index of dead rows.
-            filters += &format!(
-                " AND (o.{key} IS NULL OR NOT {})",
-                blocked::dead_before(t, c, &format!("o.{key}"), &format!("o.{id}"))
-            );
-        }
-        filters
+        self.table
+            .no_earlier_blocking(&blocked, self.dead_holds_key)
     }
 }

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use super::shape::{Shape, Statements};
-use crate::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident::Ident;
+use crate::storage::sql_common::events_mapping;
 use crate::storage::TopicClause;
 
 fn render(table: &str, columns: &Columns, visibility_delay: Duration) -> Statements {
@@ -20,15 +21,9 @@ fn render(table: &str, columns: &Columns, visibility_delay: Duration) -> Stateme
 
 fn mapped() -> Columns {
     Columns::from_mapping(&ColumnMapping {
-        id: "event_id".into(),
-        topic: Some("event_type".into()),
-        key: "aggregate_id".into(),
-        payload: "body".into(),
-        payload_format: PayloadFormat::Text,
-        headers: "meta".into(),
         created_at: "occurred_at".into(),
         status: "relay_status".into(),
-        ..ColumnMapping::default()
+        ..events_mapping()
     })
     .unwrap()
 }

@@ -4,6 +4,7 @@
 mod locks;
 mod sql;
 use super::*;
+use crate::storage::sql_common::assert_names_invalid_identifier;
 
 #[tokio::test]
 async fn identifiers_are_checked_and_named() {
@@ -19,14 +20,8 @@ async fn identifiers_are_checked_and_named() {
         ),
         (TableOptions::default(), Some("1st".into()), "`schema`"),
     ] {
-        let err = MySqlStorage::connect(url, 1, options, database)
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains(named), "{err}");
-        assert!(
-            err.contains("ASCII letters, digits and underscores"),
-            "{err}"
-        );
+        let err = MySqlStorage::connect(url, 1, options, database).unwrap_err();
+        assert_names_invalid_identifier(&err, named);
     }
 }
 

@@ -1,10 +1,11 @@
 //! The rendering of the statements: quoting, placeholders, names.
 
-use crate::storage::columns::{ColumnMapping, Columns, PayloadFormat};
+use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident::Ident;
 use crate::storage::mysql::claim::ClaimShape;
 use crate::storage::mysql::schema::Schema;
 use crate::storage::mysql::shape::{derived_name, quote, Shape, Statements};
+use crate::storage::sql_common::events_mapping;
 
 fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
     let database = database.map(|d| Ident::new(d).unwrap());
@@ -20,8 +21,8 @@ fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements 
 #[test]
 fn identifiers_are_backtick_quoted_and_qualified() {
     let sql = render(Some("app"), "Outbox", &Columns::default());
-    assert_eq!(sql.table, "`app`.`Outbox`");
-    assert_eq!(sql.display_table, "app.Outbox");
+    assert_eq!(sql.table.quoted, "`app`.`Outbox`");
+    assert_eq!(sql.table.display, "app.Outbox");
     let database = Ident::new("app").unwrap();
     let shape = Shape {
         database: Some(&database),
@@ -30,7 +31,12 @@ fn identifiers_are_backtick_quoted_and_qualified() {
         dead_holds_key: false,
         max_row_bytes: 1 << 22,
     };
-    let schema = Schema::render(&sql.table, &sql.display_table, &shape, &sql.names);
+    let schema = Schema::render(
+        &sql.table.quoted,
+        &sql.table.display,
+        &shape,
+        &sql.table.names,
+    );
     assert_eq!(schema.create[0], "CREATE DATABASE IF NOT EXISTS `app`");
     assert!(schema.create[1].contains("KEY `Outbox_pending_idx` (status, id)"));
     assert_eq!(quote("a`b"), "`a``b`");
@@ -71,14 +77,8 @@ fn claim_placeholders_follow_the_shape() {
 #[test]
 fn mapped_names_are_quoted_and_read_under_the_relays_names() {
     let columns = Columns::from_mapping(&ColumnMapping {
-        id: "event_id".into(),
-        topic: Some("event_type".into()),
-        key: "aggregate_id".into(),
-        payload: "body".into(),
-        payload_format: PayloadFormat::Text,
-        headers: "meta".into(),
         status: "state".into(),
-        ..ColumnMapping::default()
+        ..events_mapping()
     })
     .unwrap();
     let sql = render(None, "events", &columns);
