@@ -9,7 +9,8 @@
 //!   [`storage::columns`], [`storage::rows`], [`storage::SortedIds`] (the ids a
 //!   write-back takes and returns, sorted once by the relay), [`storage::nack`], the
 //!   operator's [`storage::dead`], [`storage::pauses`] and [`storage::blocked`], the
-//!   purge loop), then one module per backend with the same files (see [`storage`]):
+//!   purge loop, [`storage::sql_common`] what MySQL and SQLite share), then one module
+//!   per backend with the same files (see [`storage`]):
 //!   `mod.rs` the trait, each method a call into the file doing the work, `shape.rs` the
 //!   table's names, `schema.rs` DDL and the check of a live table, `claim.rs`,
 //!   `strict.rs`, `answers.rs`, `admin.rs`, and `convert.rs` errors and rows;

@@ -48,7 +48,14 @@
 //! dead-letter selector ([`dead`]), blocked keys ([`blocked`]), pauses ([`pauses`]), a
 //! batch of nacks planned ([`nack`]), row values ([`rows`]), the column mapping
 //! ([`columns`], [`names`]); and [`timed`], which wraps every backend: the deadline of
-//! each call and its tracing span.
+//! each call and its tracing span, written as one table of the trait's calls. What MySQL
+//! and SQLite write and run alike (their placeholders and stored times aside) is in
+//! [`sql_common`], generic over [`sqlx::Database`] where it runs; the two group stores'
+//! alike in `groups/sql.rs`.
+//!
+//! Statements are templates written with the columns' roles (`{status}`, `{leased_by}`)
+//! and filled by [`names::Names::fill`] with the table's names for them: a mapped table's
+//! statements read as the relay's own, and a statement names only what it uses.
 
 pub mod blocked;
 pub mod columns;
