@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use super::Timed;
 use crate::config::GroupStart;
 use crate::storage::groups::{
-    Flush, GroupDead, GroupStats, GroupStore, Heartbeat, PartitionLease, Position, Read,
-    SeekOutcome, SeekTarget, StateRow,
+    DeadChange, DeadRows, Flush, GroupDead, GroupStats, GroupStore, Heartbeat, PartitionLease,
+    Position, Read, SeekOutcome, SeekTarget, StateRow,
 };
 use crate::storage::{BlockedKey, MessageId, StorageResult};
 
@@ -156,23 +156,16 @@ impl GroupStore for Timed<dyn GroupStore> {
         self.within("list group dead letters", call).await
     }
 
-    async fn redrive_dead(
+    async fn change_dead(
         &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
+        rows: DeadRows<'_>,
+        change: DeadChange,
     ) -> StorageResult<Vec<MessageId>> {
-        let call = self.inner.redrive_dead(group, ids, limit);
-        self.within("re-drive group dead letters", call).await
-    }
-
-    async fn discard_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        let call = self.inner.discard_dead(group, ids, limit);
-        self.within("discard group dead letters", call).await
+        let action = match change {
+            DeadChange::Redrive => "re-drive group dead letters",
+            DeadChange::Discard => "discard group dead letters",
+        };
+        self.within(action, self.inner.change_dead(rows, change))
+            .await
     }
 }

@@ -4,19 +4,21 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use sqlx::Postgres;
 
 use super::super::convert::interval;
 use super::PostgresGroups;
-use crate::storage::groups::{Flush, SeekOutcome, SeekTarget, StateRow};
-use crate::storage::{StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::groups::sql::{unknown_group, GroupDb};
+use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget, StateRow};
+use crate::storage::{StorageResult, PURGE_BATCH};
 
 impl PostgresGroups {
     pub(super) async fn flush(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         flushes: &[Flush],
     ) -> StorageResult<Vec<u32>> {
+        let Member { group, id: member } = member;
         let s = &self.sql;
         let parts: Vec<i32> = flushes.iter().map(|f| f.partition as i32).collect();
         let epochs: Vec<i64> = flushes.iter().map(|f| f.epoch).collect();
@@ -114,50 +116,34 @@ impl PostgresGroups {
                 .await
                 .map_err(self.error("seek group"))?;
         if known.is_none() {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
         let positions = self.positions_for(group, target).await?;
-        let parts: Vec<i32> = positions.iter().map(|p| p.0).collect();
-        let txids: Vec<i64> = positions.iter().map(|p| p.1).collect();
-        let ids: Vec<i64> = positions.iter().map(|p| p.2).collect();
-        let rows_ahead: i64 = sqlx::query_scalar(&format!(
+        let rows_ahead: i64 = sqlx::query_scalar_with(&format!(
             "SELECT coalesce(sum(n), 0)::int8 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL (SELECT count(*) AS n FROM {t} o \
                 WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i)) r",
             t = s.table,
             part = s.part
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
+        ), positions.arguments())
         .fetch_one(&self.pool)
         .await
         .map_err(self.error("seek group"))?;
         if !dry_run {
             let mut tx = self.pool.begin().await.map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
+            sqlx::query_with(&format!(
                 "UPDATE {p} AS p SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
-                 FROM unnest($2::int4[], $3::int8[], $4::int8[]) AS u(part, tx, i) \
-                 WHERE p.group_name = $1 AND p.partition = u.part",
+                 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS u(part, tx, i) \
+                 WHERE p.group_name = $4 AND p.partition = u.part",
                 p = s.partitions
-            ))
-            .bind(group)
-            .bind(&parts)
-            .bind(&txids)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "DELETE FROM {m} WHERE group_name = $1 AND kind <> 'dead'",
-                m = s.messages
-            ))
+            ), positions.arguments())
             .bind(group)
             .execute(&mut *tx)
             .await
             .map_err(self.error("seek group"))?;
+            Postgres::drop_pending(&mut *tx, &s.messages, group)
+                .await
+                .map_err(self.error("seek group"))?;
             tx.commit().await.map_err(self.error("seek group"))?;
         }
         Ok(SeekOutcome {

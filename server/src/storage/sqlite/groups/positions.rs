@@ -3,18 +3,21 @@
 
 use std::time::Duration;
 
+use sqlx::Sqlite;
+
 use super::super::convert::now_ms;
 use super::{ms, SqliteGroups};
-use crate::storage::groups::{Flush, SeekOutcome, SeekTarget};
-use crate::storage::{StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::groups::sql::{unknown_group, GroupDb};
+use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget};
+use crate::storage::{StorageResult, PURGE_BATCH};
 
 impl SqliteGroups {
     pub(super) async fn flush(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         flushes: &[Flush],
     ) -> StorageResult<Vec<u32>> {
+        let Member { group, id: member } = member;
         let mut lost = Vec::new();
         let mut tx = self
             .pools
@@ -89,9 +92,7 @@ impl SqliteGroups {
     ) -> StorageResult<SeekOutcome> {
         let known = self.partitions_of(group).await?;
         if known.is_empty() {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
         let to: i64 = match target {
             SeekTarget::Oldest => 0,
@@ -129,14 +130,9 @@ impl SqliteGroups {
             .execute(&mut *tx)
             .await
             .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "DELETE FROM {} WHERE group_name = ? AND kind <> 'dead'",
-                self.messages
-            ))
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
+            Sqlite::drop_pending(&mut *tx, &self.messages, group)
+                .await
+                .map_err(self.error("seek group"))?;
             tx.commit().await.map_err(self.error("seek group"))?;
         }
         Ok(SeekOutcome {
