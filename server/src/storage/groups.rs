@@ -186,6 +186,14 @@ pub struct GroupDead {
     pub dead_at: DateTime<Utc>,
 }
 
+/// The groups of one outbox as configured, each with where it starts once created, and
+/// the partitions every one of them has.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxGroups<'a> {
+    pub groups: &'a [(String, GroupStart)],
+    pub partitions: u32,
+}
+
 /// A member of a group: who owns partitions, and whose writes their epochs fence.
 #[derive(Debug, Clone, Copy)]
 pub struct Member<'a> {
@@ -351,8 +359,8 @@ pub trait GroupStore: Send + Sync + 'static {
         ids: &[MessageId],
         limit: u32,
     ) -> StorageResult<Vec<MessageId>> {
-        let rows = DeadRows { group, ids, limit };
-        self.change_dead(rows, DeadChange::Redrive).await
+        self.change_dead(DeadRows { group, ids, limit }, DeadChange::Redrive)
+            .await
     }
 
     /// Dead rows of `group` dropped for good; returns their ids.
@@ -362,15 +370,16 @@ pub trait GroupStore: Send + Sync + 'static {
         ids: &[MessageId],
         limit: u32,
     ) -> StorageResult<Vec<MessageId>> {
-        let rows = DeadRows { group, ids, limit };
-        self.change_dead(rows, DeadChange::Discard).await
+        self.change_dead(DeadRows { group, ids, limit }, DeadChange::Discard)
+            .await
     }
 }
 
 /// The [`GroupStore`] impl of a backend's group store whose inherent methods (one file
 /// each per concern) do the work: each of the trait's methods calls the inherent one of the
 /// same name, which Rust picks before the trait's, with the trait's arguments grouped as
-/// what the call is about ([`Lease`], [`Member`], [`Holds`], [`Page`], [`DeadRows`]).
+/// what the call is about ([`OutboxGroups`], [`Lease`], [`Member`], [`Holds`], [`Page`],
+/// [`DeadRows`]).
 /// Written once, since every backend's store answers the same calls the same way; what
 /// the trait promises on top of a backend's answer (a pause returns the pauses after it)
 /// is written here too.
@@ -391,7 +400,8 @@ macro_rules! group_store_calls {
                 <$store>::read,
                 <$store>::load_state,
                 <$store>::fetch,
-                <$store>::seek,
+                <$store>::plan_seek,
+                <$store>::move_to,
                 <$store>::purge,
                 <$store>::stats,
                 <$store>::blocked_keys_of,
@@ -414,7 +424,8 @@ macro_rules! group_store_calls {
                 partitions: u32,
                 create: bool,
             ) -> $crate::storage::StorageResult<()> {
-                self.ensure(groups, partitions, create).await
+                let outbox = $crate::storage::groups::OutboxGroups { groups, partitions };
+                self.ensure(outbox, create).await
             }
 
             async fn heartbeat(
@@ -501,7 +512,11 @@ macro_rules! group_store_calls {
                 target: $crate::storage::groups::SeekTarget,
                 dry_run: bool,
             ) -> $crate::storage::StorageResult<$crate::storage::groups::SeekOutcome> {
-                self.seek(group, target, dry_run).await
+                let (outcome, to) = self.plan_seek(group, target).await?;
+                if !dry_run {
+                    self.move_to(group, to).await?;
+                }
+                Ok(outcome)
             }
 
             async fn purge(

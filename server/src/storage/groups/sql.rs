@@ -235,20 +235,4 @@ where
         .await?;
         Ok(())
     }
-
-    /// Drops the group's retry and held rows from the messages table `messages` (a seek
-    /// delivers them again from the new positions); dead rows stay.
-    async fn drop_pending<'e>(
-        executor: impl Executor<'e, Database = Self>,
-        messages: &str,
-        group: &str,
-    ) -> Result<(), sqlx::Error> {
-        sqlx::query(&format!(
-            "DELETE FROM {messages} WHERE group_name = $1 AND kind <> 'dead'"
-        ))
-        .bind(group)
-        .execute(executor)
-        .await?;
-        Ok(())
-    }
 }

@@ -38,20 +38,14 @@ impl PostgresGroups {
         .map_err(self.error("list group dead letters"))
     }
 
-    /// Changes dead rows and takes the partitions they are in from their owners, which
-    /// reload their state when they take them again: the state an owner keeps in memory
-    /// must not outlive the change.
+    /// Changes dead rows and takes the partitions they are in from their owners (see
+    /// [`crate::storage::groups::GroupStore::change_dead`]), in one statement.
     pub(super) async fn change_dead(
         &self,
         rows: DeadRows<'_>,
         change: DeadChange,
     ) -> StorageResult<Vec<MessageId>> {
         let s = &self.sql;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(self.error("change dead letters"))?;
         let m = &s.messages;
         let change = match change {
             DeadChange::Redrive => format!(
@@ -59,33 +53,21 @@ impl PostgresGroups {
             ),
             DeadChange::Discard => format!("DELETE FROM {m}"),
         };
-        let changed: Vec<(i64, i32)> = sqlx::query_as(&format!(
-            "{change} WHERE group_name = $1 AND id IN (SELECT id FROM {m} WHERE group_name = $1 \
-                AND kind = 'dead' AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
-             RETURNING id, partition"
+        sqlx::query_scalar(&format!(
+            "WITH changed AS ({change} WHERE group_name = $1 AND id IN (SELECT id FROM {m} \
+                WHERE group_name = $1 AND kind = 'dead' \
+                  AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
+                RETURNING id, partition), \
+             fenced AS (UPDATE {p} SET owner = NULL, epoch = epoch + 1 \
+                WHERE group_name = $1 AND partition IN (SELECT partition FROM changed)) \
+             SELECT id FROM changed ORDER BY id",
+            p = s.partitions
         ))
         .bind(rows.group)
         .bind(rows.ids)
         .bind(i64::from(rows.limit))
-        .fetch_all(&mut *tx)
+        .fetch_all(&self.pool)
         .await
-        .map_err(self.error("change dead letters"))?;
-        let partitions: Vec<i32> = changed.iter().map(|(_, p)| *p).collect();
-        sqlx::query(&format!(
-            "UPDATE {p} SET owner = NULL, epoch = epoch + 1 \
-             WHERE group_name = $1 AND partition = ANY($2)",
-            p = s.partitions
-        ))
-        .bind(rows.group)
-        .bind(&partitions)
-        .execute(&mut *tx)
-        .await
-        .map_err(self.error("change dead letters"))?;
-        tx.commit()
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let mut ids: Vec<i64> = changed.into_iter().map(|(id, _)| id).collect();
-        ids.sort_unstable();
-        Ok(ids)
+        .map_err(self.error("change dead letters"))
     }
 }

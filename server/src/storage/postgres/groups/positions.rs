@@ -4,12 +4,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::Postgres;
 
 use super::super::convert::interval;
-use super::PostgresGroups;
-use crate::storage::groups::sql::{unknown_group, GroupDb};
+use super::{Positions, PostgresGroups};
+use crate::storage::groups::sql::unknown_group;
 use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget, StateRow};
+use crate::storage::rows::count;
 use crate::storage::{StorageResult, PURGE_BATCH};
 
 impl PostgresGroups {
@@ -18,7 +18,6 @@ impl PostgresGroups {
         member: Member<'_>,
         flushes: &[Flush],
     ) -> StorageResult<Vec<u32>> {
-        let Member { group, id: member } = member;
         let s = &self.sql;
         let parts: Vec<i32> = flushes.iter().map(|f| f.partition as i32).collect();
         let epochs: Vec<i64> = flushes.iter().map(|f| f.epoch).collect();
@@ -32,8 +31,8 @@ impl PostgresGroups {
              RETURNING p.partition",
             p = s.partitions
         ))
-        .bind(group)
-        .bind(member)
+        .bind(member.group)
+        .bind(member.id)
         .bind(&parts)
         .bind(&epochs)
         .bind(&txids)
@@ -65,7 +64,7 @@ impl PostgresGroups {
                     error = coalesce(EXCLUDED.error, {m}.error), updated_at = now()",
                 m = s.messages
             ))
-            .bind(group)
+            .bind(member.group)
             .bind(&ids)
             .bind(&partitions)
             .bind(&keys)
@@ -88,7 +87,7 @@ impl PostgresGroups {
                 "DELETE FROM {m} WHERE group_name = $1 AND id = ANY($2)",
                 m = s.messages
             ))
-            .bind(group)
+            .bind(member.group)
             .bind(&deletes)
             .execute(&mut *tx)
             .await
@@ -102,12 +101,12 @@ impl PostgresGroups {
             .collect())
     }
 
-    pub(super) async fn seek(
+    /// What a seek of `group` to `target` does, and the positions it moves to.
+    pub(super) async fn plan_seek(
         &self,
         group: &str,
         target: SeekTarget,
-        dry_run: bool,
-    ) -> StorageResult<SeekOutcome> {
+    ) -> StorageResult<(SeekOutcome, Positions)> {
         let s = &self.sql;
         let known: Option<String> =
             sqlx::query_scalar(&format!("SELECT name FROM {} WHERE name = $1", s.groups))
@@ -129,27 +128,34 @@ impl PostgresGroups {
         .fetch_one(&self.pool)
         .await
         .map_err(self.error("seek group"))?;
-        if !dry_run {
-            let mut tx = self.pool.begin().await.map_err(self.error("seek group"))?;
-            sqlx::query_with(&format!(
-                "UPDATE {p} AS p SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
-                 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS u(part, tx, i) \
-                 WHERE p.group_name = $4 AND p.partition = u.part",
-                p = s.partitions
-            ), positions.arguments())
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            Postgres::drop_pending(&mut *tx, &s.messages, group)
-                .await
-                .map_err(self.error("seek group"))?;
-            tx.commit().await.map_err(self.error("seek group"))?;
-        }
-        Ok(SeekOutcome {
-            rows_ahead: rows_ahead.max(0) as u64,
+        let outcome = SeekOutcome {
+            rows_ahead: count(rows_ahead),
             partitions: positions.len() as u32,
-        })
+        };
+        Ok((outcome, positions))
+    }
+
+    /// Moves the group's partitions to `positions`, takes them from their owners (a new
+    /// epoch) and drops its retry and held rows, in one statement.
+    pub(super) async fn move_to(&self, group: &str, positions: Positions) -> StorageResult<()> {
+        let s = &self.sql;
+        sqlx::query_with(
+            &format!(
+                "WITH moved AS (UPDATE {p} AS p \
+                SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
+                FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS u(part, tx, i) \
+                WHERE p.group_name = $4 AND p.partition = u.part) \
+             DELETE FROM {m} WHERE group_name = $4 AND kind <> 'dead'",
+                p = s.partitions,
+                m = s.messages
+            ),
+            positions.arguments(),
+        )
+        .bind(group)
+        .execute(&self.pool)
+        .await
+        .map_err(self.error("seek group"))?;
+        Ok(())
     }
 
     pub(super) async fn purge(&self, retention: Duration) -> StorageResult<u64> {

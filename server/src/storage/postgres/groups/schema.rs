@@ -6,6 +6,7 @@ use sqlx::{Executor, Postgres};
 use super::{GroupSql, PostgresGroups, LOCK_CLASS_GROUPS};
 use crate::config::GroupStart;
 use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::OutboxGroups;
 use crate::storage::ident::quote;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
@@ -16,12 +17,8 @@ impl PostgresGroups {
         self.sql.ddl.clone()
     }
 
-    pub(super) async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
+    pub(super) async fn ensure(&self, outbox: OutboxGroups<'_>, create: bool) -> StorageResult<()> {
+        let OutboxGroups { groups, partitions } = outbox;
         let s = &self.sql;
         if create {
             // One simple query, one transaction; servers starting together wait for each

@@ -6,6 +6,7 @@ use sqlx::{Executor, Sqlite};
 use super::SqliteGroups;
 use crate::config::GroupStart;
 use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::OutboxGroups;
 use crate::storage::StorageResult;
 
 impl SqliteGroups {
@@ -14,12 +15,8 @@ impl SqliteGroups {
         self.ddl.clone()
     }
 
-    pub(super) async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
+    pub(super) async fn ensure(&self, outbox: OutboxGroups<'_>, create: bool) -> StorageResult<()> {
+        let OutboxGroups { groups, partitions } = outbox;
         if create {
             self.pools
                 .writer
