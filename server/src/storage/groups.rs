@@ -377,12 +377,12 @@ pub trait GroupStore: Send + Sync + 'static {
 
 /// The [`GroupStore`] impl of a backend's group store whose inherent methods (one file
 /// each per concern) do the work: each of the trait's methods calls the inherent one of the
-/// same name, which Rust picks before the trait's, with the trait's arguments grouped as
-/// what the call is about ([`OutboxGroups`], [`Lease`], [`Member`], [`Holds`], [`Page`],
-/// [`DeadRows`]).
-/// Written once, since every backend's store answers the same calls the same way; what
-/// the trait promises on top of a backend's answer (a pause returns the pauses after it)
-/// is written here too.
+/// same name, which Rust picks before the trait's. The inherent methods take a call's
+/// arguments grouped by what they are about ([`OutboxGroups`], [`Lease`], [`Member`],
+/// [`Holds`], [`Page`], [`DeadRows`]), built here from the trait's. Written once, since
+/// every backend's store answers the same calls the same way; so is what the trait
+/// promises on top of a backend's answer: a seek with `dry_run` is only planned, a pause
+/// returns the pauses after it.
 macro_rules! group_store_calls {
     ($store:ty) => {
         // Each call below must find the inherent method: were one missing, it would find

@@ -38,7 +38,7 @@ impl SqliteGroups {
     }
 
     /// Changes dead rows and takes the partitions they are in from their owners (see
-    /// PostgreSQL's).
+    /// [`crate::storage::groups::GroupStore::change_dead`]), in one transaction.
     pub(super) async fn change_dead(
         &self,
         rows: DeadRows<'_>,
