@@ -79,7 +79,7 @@ where
         + Send
         + 'static;
 
-    /// A partition number as the backend binds it.
+    /// A partition number or count as the backend binds it.
     fn int4(value: u32) -> Self::Int4;
 
     /// A time column: PostgreSQL's `TIMESTAMPTZ`, SQLite's epoch milliseconds.
@@ -89,7 +89,7 @@ where
     fn state_position(row: &Self::Row) -> Result<Position, sqlx::Error>;
 
     /// An integer column of [`GroupDb::Int4`] as an `i64`.
-    fn small(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error> {
+    fn get_int4(row: &Self::Row, column: &str) -> Result<i64, sqlx::Error> {
         Ok(row.try_get::<Self::Int4, _>(column)?.into())
     }
 
@@ -99,11 +99,11 @@ where
         let kind: String = row.try_get("kind")?;
         Ok(StateRow {
             id: row.try_get("id")?,
-            partition: Self::small(row, "partition")? as u32,
+            partition: Self::get_int4(row, "partition")? as u32,
             key: row.try_get("key")?,
             position: Self::state_position(row)?,
             kind: StateKind::parse(&kind).unwrap_or(StateKind::Retry),
-            attempts: Self::small(row, "attempts")?.max(0) as u32,
+            attempts: Self::get_int4(row, "attempts")?.max(0) as u32,
             due_at: Self::time(row, "due_at")?,
             error: row.try_get("error")?,
         })
@@ -150,11 +150,11 @@ where
                     head_id: row.try_get("id")?,
                     state: HeadState::of(dead, None),
                     owner: None,
-                    attempts: Self::small(row, "attempts")?.max(0) as u32,
+                    attempts: Self::get_int4(row, "attempts")?.max(0) as u32,
                     last_error: row.try_get("error")?,
                     head_created_at: Self::time(row, "created_at")?,
                     until: Self::time(row, if dead { "updated_at" } else { "due_at" })?,
-                    waiting_behind: row.try_get::<i64, _>("behind")?.max(0) as u64,
+                    waiting_behind: count(row.try_get("behind")?),
                 })
             })
             .collect()
@@ -188,7 +188,7 @@ where
         .bind(Self::int4(partitions))
         .fetch_optional(executor)
         .await?;
-        row.map(|row| Ok((row.try_get("name")?, Self::small(&row, "partitions")?)))
+        row.map(|row| Ok((row.try_get("name")?, Self::get_int4(&row, "partitions")?)))
             .transpose()
     }
 
