@@ -21,6 +21,8 @@ use super::blocked::BlockedKey;
 use super::{MessageId, OutboxMessage, StorageResult};
 use crate::config::GroupStart;
 
+pub(super) mod sql;
+
 /// Where a row sits in the log: rows are delivered in this order, per partition.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position {
@@ -184,6 +186,61 @@ pub struct GroupDead {
     pub dead_at: DateTime<Utc>,
 }
 
+/// The groups of one outbox as configured, each with where it starts once created, and
+/// the partitions every one of them has.
+#[derive(Debug, Clone, Copy)]
+pub struct OutboxGroups<'a> {
+    pub groups: &'a [(String, GroupStart)],
+    pub partitions: u32,
+}
+
+/// A member of a group: who owns partitions, and whose writes their epochs fence.
+#[derive(Debug, Clone, Copy)]
+pub struct Member<'a> {
+    pub group: &'a str,
+    pub id: &'a str,
+}
+
+/// A member's lease: renewed by its heartbeats, and what it takes partitions on.
+#[derive(Debug, Clone, Copy)]
+pub struct Lease<'a> {
+    pub member: Member<'a>,
+    pub duration: Duration,
+}
+
+/// A group with its `dead_letter_holds_key`, which together say which failed rows hold
+/// their keys (what [`GroupStats::held_keys`] counts and [`GroupStore::blocked_keys`] lists).
+#[derive(Debug, Clone, Copy)]
+pub struct Holds<'a> {
+    pub group: &'a str,
+    pub dead_holds_key: bool,
+}
+
+/// A page of rows in id order: those above `after_id`, at most `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct Page {
+    pub after_id: MessageId,
+    pub limit: u32,
+}
+
+/// Dead rows of a group an operator acts on: these `ids`, or all with `ids` empty, at most
+/// `limit`.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadRows<'a> {
+    pub group: &'a str,
+    pub ids: &'a [MessageId],
+    pub limit: u32,
+}
+
+/// What an operator does to dead rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadChange {
+    /// Made due now, as retries.
+    Redrive,
+    /// Dropped for good.
+    Discard,
+}
+
 /// The group tables of one outbox table.
 #[async_trait]
 pub trait GroupStore: Send + Sync + 'static {
@@ -285,6 +342,15 @@ pub trait GroupStore: Send + Sync + 'static {
         limit: u32,
     ) -> StorageResult<Vec<GroupDead>>;
 
+    /// Re-drives or discards dead rows; returns their ids. The partitions they are in are
+    /// taken from their owners, which reload their state when they take them again: the
+    /// state an owner keeps in memory must not outlive the change.
+    async fn change_dead(
+        &self,
+        rows: DeadRows<'_>,
+        change: DeadChange,
+    ) -> StorageResult<Vec<MessageId>>;
+
     /// Dead rows of `group` (these ids, or all with `ids` empty, up to `limit`) made due
     /// now, as retries; returns their ids.
     async fn redrive_dead(
@@ -292,7 +358,10 @@ pub trait GroupStore: Send + Sync + 'static {
         group: &str,
         ids: &[MessageId],
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>>;
+    ) -> StorageResult<Vec<MessageId>> {
+        self.change_dead(DeadRows { group, ids, limit }, DeadChange::Redrive)
+            .await
+    }
 
     /// Dead rows of `group` dropped for good; returns their ids.
     async fn discard_dead(
@@ -300,13 +369,20 @@ pub trait GroupStore: Send + Sync + 'static {
         group: &str,
         ids: &[MessageId],
         limit: u32,
-    ) -> StorageResult<Vec<MessageId>>;
+    ) -> StorageResult<Vec<MessageId>> {
+        self.change_dead(DeadRows { group, ids, limit }, DeadChange::Discard)
+            .await
+    }
 }
 
 /// The [`GroupStore`] impl of a backend's group store whose inherent methods (one file
 /// each per concern) do the work: each of the trait's methods calls the inherent one of the
-/// same name, which Rust picks before the trait's. Written once, since every backend's
-/// store answers the same calls the same way.
+/// same name, which Rust picks before the trait's. The inherent methods take a call's
+/// arguments grouped by what they are about ([`OutboxGroups`], [`Lease`], [`Member`],
+/// [`Holds`], [`Page`], [`DeadRows`]), built here from the trait's. Written once, since
+/// every backend's store answers the same calls the same way; so is what the trait
+/// promises on top of a backend's answer: a seek with `dry_run` is only planned, a pause
+/// returns the pauses after it.
 macro_rules! group_store_calls {
     ($store:ty) => {
         // Each call below must find the inherent method: were one missing, it would find
@@ -324,7 +400,8 @@ macro_rules! group_store_calls {
                 <$store>::read,
                 <$store>::load_state,
                 <$store>::fetch,
-                <$store>::seek,
+                <$store>::plan_seek,
+                <$store>::move_to,
                 <$store>::purge,
                 <$store>::stats,
                 <$store>::blocked_keys_of,
@@ -332,8 +409,7 @@ macro_rules! group_store_calls {
                 <$store>::set_group_paused,
                 <$store>::frontier_delay,
                 <$store>::list_dead,
-                <$store>::redrive_dead,
-                <$store>::discard_dead,
+                <$store>::change_dead,
             );
         };
         #[async_trait::async_trait]
@@ -348,7 +424,8 @@ macro_rules! group_store_calls {
                 partitions: u32,
                 create: bool,
             ) -> $crate::storage::StorageResult<()> {
-                self.ensure(groups, partitions, create).await
+                let outbox = $crate::storage::groups::OutboxGroups { groups, partitions };
+                self.ensure(outbox, create).await
             }
 
             async fn heartbeat(
@@ -357,7 +434,12 @@ macro_rules! group_store_calls {
                 member: &str,
                 lease: std::time::Duration,
             ) -> $crate::storage::StorageResult<$crate::storage::groups::Heartbeat> {
-                self.heartbeat(group, member, lease).await
+                let member = $crate::storage::groups::Member { group, id: member };
+                self.heartbeat($crate::storage::groups::Lease {
+                    member,
+                    duration: lease,
+                })
+                .await
             }
 
             async fn acquire(
@@ -368,7 +450,12 @@ macro_rules! group_store_calls {
                 lease: std::time::Duration,
             ) -> $crate::storage::StorageResult<Option<$crate::storage::groups::PartitionLease>>
             {
-                self.acquire(group, member, partition, lease).await
+                let member = $crate::storage::groups::Member { group, id: member };
+                let lease = $crate::storage::groups::Lease {
+                    member,
+                    duration: lease,
+                };
+                self.acquire(lease, partition).await
             }
 
             async fn release(
@@ -377,11 +464,13 @@ macro_rules! group_store_calls {
                 member: &str,
                 partitions: &[u32],
             ) -> $crate::storage::StorageResult<()> {
-                self.release(group, member, partitions).await
+                let member = $crate::storage::groups::Member { group, id: member };
+                self.release(member, partitions).await
             }
 
             async fn leave(&self, group: &str, member: &str) -> $crate::storage::StorageResult<()> {
-                self.leave(group, member).await
+                self.leave($crate::storage::groups::Member { group, id: member })
+                    .await
             }
 
             async fn flush(
@@ -390,7 +479,8 @@ macro_rules! group_store_calls {
                 member: &str,
                 flushes: &[$crate::storage::groups::Flush],
             ) -> $crate::storage::StorageResult<Vec<u32>> {
-                self.flush(group, member, flushes).await
+                let member = $crate::storage::groups::Member { group, id: member };
+                self.flush(member, flushes).await
             }
 
             async fn read(
@@ -422,7 +512,11 @@ macro_rules! group_store_calls {
                 target: $crate::storage::groups::SeekTarget,
                 dry_run: bool,
             ) -> $crate::storage::StorageResult<$crate::storage::groups::SeekOutcome> {
-                self.seek(group, target, dry_run).await
+                let (outcome, to) = self.plan_seek(group, target).await?;
+                if !dry_run {
+                    self.move_to(group, to).await?;
+                }
+                Ok(outcome)
             }
 
             async fn purge(
@@ -437,7 +531,11 @@ macro_rules! group_store_calls {
                 group: &str,
                 dead_holds_key: bool,
             ) -> $crate::storage::StorageResult<$crate::storage::groups::GroupStats> {
-                self.stats(group, dead_holds_key).await
+                self.stats($crate::storage::groups::Holds {
+                    group,
+                    dead_holds_key,
+                })
+                .await
             }
 
             async fn blocked_keys(
@@ -447,8 +545,12 @@ macro_rules! group_store_calls {
                 after_id: $crate::storage::MessageId,
                 limit: u32,
             ) -> $crate::storage::StorageResult<Vec<$crate::storage::BlockedKey>> {
-                self.blocked_keys_of(group, dead_holds_key, after_id, limit)
-                    .await
+                let holds = $crate::storage::groups::Holds {
+                    group,
+                    dead_holds_key,
+                };
+                let page = $crate::storage::groups::Page { after_id, limit };
+                self.blocked_keys_of(holds, page).await
             }
 
             async fn paused(
@@ -466,7 +568,8 @@ macro_rules! group_store_calls {
             ) -> $crate::storage::StorageResult<
                 std::collections::BTreeMap<String, chrono::DateTime<chrono::Utc>>,
             > {
-                self.set_group_paused(group, paused).await
+                self.set_group_paused(group, paused).await?;
+                self.paused_groups().await
             }
 
             async fn frontier_delay(&self) -> $crate::storage::StorageResult<std::time::Duration> {
@@ -479,25 +582,16 @@ macro_rules! group_store_calls {
                 after_id: $crate::storage::MessageId,
                 limit: u32,
             ) -> $crate::storage::StorageResult<Vec<$crate::storage::groups::GroupDead>> {
-                self.list_dead(group, after_id, limit).await
+                self.list_dead(group, $crate::storage::groups::Page { after_id, limit })
+                    .await
             }
 
-            async fn redrive_dead(
+            async fn change_dead(
                 &self,
-                group: &str,
-                ids: &[$crate::storage::MessageId],
-                limit: u32,
+                rows: $crate::storage::groups::DeadRows<'_>,
+                change: $crate::storage::groups::DeadChange,
             ) -> $crate::storage::StorageResult<Vec<$crate::storage::MessageId>> {
-                self.redrive_dead(group, ids, limit).await
-            }
-
-            async fn discard_dead(
-                &self,
-                group: &str,
-                ids: &[$crate::storage::MessageId],
-                limit: u32,
-            ) -> $crate::storage::StorageResult<Vec<$crate::storage::MessageId>> {
-                self.discard_dead(group, ids, limit).await
+                self.change_dead(rows, change).await
             }
         }
     };

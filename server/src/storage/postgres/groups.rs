@@ -17,13 +17,15 @@
 //! `positions.rs` (flushes, seeks, the purge), `stats.rs`, `dead.rs` (dead letters) and
 //! `admin.rs` (blocked keys, pauses).
 
-use sqlx::postgres::{PgPool, PgRow};
-use sqlx::Row;
+use chrono::{DateTime, Utc};
+use sqlx::postgres::{PgArguments, PgPool, PgRow};
+use sqlx::{Arguments, Postgres, Row};
 
 use super::convert::{classify, decode_message};
 use super::shape::{message, DIALECT};
 use crate::storage::columns::Columns;
-use crate::storage::groups::{GroupRow, PartitionView, Position, SeekTarget, StateKind, StateRow};
+use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::{GroupRow, PartitionView, Position, SeekTarget};
 use crate::storage::ident::{quote, Ident};
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
@@ -116,15 +118,11 @@ impl PostgresGroups {
         move |err| classify(err, &self.display_table, action)
     }
 
-    /// Each partition's position, as `(partition, txid, id)` arrays for `unnest`.
-    async fn positions_for(
-        &self,
-        group: &str,
-        target: SeekTarget,
-    ) -> StorageResult<Vec<(i32, i64, i64)>> {
+    /// Each partition's position after a seek to `target`.
+    async fn positions_for(&self, group: &str, target: SeekTarget) -> StorageResult<Positions> {
         let s = &self.sql;
         let parts: Vec<i32> = (0..self.partitions as i32).collect();
-        let rows: Vec<(i32, i64, i64)> = match target {
+        let rows: Positions = match target {
             SeekTarget::Oldest => parts.iter().map(|p| (*p, 0, 0)).collect(),
             SeekTarget::Now => {
                 let xmin: i64 = sqlx::query_scalar(
@@ -155,7 +153,7 @@ impl PostgresGroups {
             SeekTarget::Time(at) => {
                 // Per partition, just before its first row created at or after `at`; a
                 // partition with none is moved to the frontier.
-                sqlx::query_as(&format!(
+                sqlx::query_as::<_, (i32, i64, i64)>(&format!(
                     "SELECT c.p, coalesce(f.txid, x.xmin - 1), coalesce(f.id - 1, {max}) \
                      FROM unnest($1::int4[]) AS c(p) \
                      CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin) x \
@@ -170,10 +168,56 @@ impl PostgresGroups {
                 .fetch_all(&self.pool)
                 .await
                 .map_err(self.error("seek group"))?
+                .into_iter()
+                .collect()
             }
         };
         let _ = group;
         Ok(rows)
+    }
+}
+
+/// Partitions with a position each, as the three arrays a statement takes first and
+/// unnests: `unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i)`.
+struct Positions {
+    parts: Vec<i32>,
+    txids: Vec<i64>,
+    ids: Vec<i64>,
+}
+
+impl FromIterator<(i32, i64, i64)> for Positions {
+    fn from_iter<I: IntoIterator<Item = (i32, i64, i64)>>(rows: I) -> Self {
+        let (mut parts, mut txids, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+        for (partition, txid, id) in rows {
+            parts.push(partition);
+            txids.push(txid);
+            ids.push(id);
+        }
+        Positions { parts, txids, ids }
+    }
+}
+
+impl<'a> FromIterator<(u32, &'a Position)> for Positions {
+    fn from_iter<I: IntoIterator<Item = (u32, &'a Position)>>(rows: I) -> Self {
+        rows.into_iter()
+            .map(|(partition, at)| (partition as i32, at.txid, at.id))
+            .collect()
+    }
+}
+
+impl Positions {
+    fn len(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// The three arrays as a statement's `$1, $2, $3`; its later arguments are bound after.
+    fn arguments(&self) -> PgArguments {
+        const ENCODES: &str = "an array of integers encodes";
+        let mut arguments = PgArguments::default();
+        arguments.add(&self.parts).expect(ENCODES);
+        arguments.add(&self.txids).expect(ENCODES);
+        arguments.add(&self.ids).expect(ENCODES);
+        arguments
     }
 }
 
@@ -199,18 +243,22 @@ fn decode_partition(row: &PgRow) -> Result<PartitionView, sqlx::Error> {
     })
 }
 
-fn decode_state(row: &PgRow) -> Result<StateRow, sqlx::Error> {
-    let kind: String = row.try_get("kind")?;
-    Ok(StateRow {
-        id: row.try_get("id")?,
-        partition: row.try_get::<i32, _>("partition")? as u32,
-        key: row.try_get("key")?,
-        position: position(row.try_get("pos_txid")?, row.try_get("id")?),
-        kind: StateKind::parse(&kind).unwrap_or(StateKind::Retry),
-        attempts: row.try_get::<i32, _>("attempts")?.max(0) as u32,
-        due_at: row.try_get("due_at")?,
-        error: row.try_get("error")?,
-    })
+/// PostgreSQL's group tables: `INT4` partitions and attempts, `TIMESTAMPTZ` times, state
+/// rows at `(pos_txid, id)`.
+impl GroupDb for Postgres {
+    type Int4 = i32;
+
+    fn int4(value: u32) -> i32 {
+        value as i32
+    }
+
+    fn time(row: &PgRow, column: &str) -> Result<DateTime<Utc>, sqlx::Error> {
+        row.try_get(column)
+    }
+
+    fn state_position(row: &PgRow) -> Result<Position, sqlx::Error> {
+        Ok(position(row.try_get("pos_txid")?, row.try_get("id")?))
+    }
 }
 
 crate::storage::groups::group_store_calls!(PostgresGroups);

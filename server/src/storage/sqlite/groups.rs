@@ -15,16 +15,16 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use sqlx::sqlite::SqliteRow;
-use sqlx::Row;
+use sqlx::{Row, Sqlite};
 
 use super::convert::{classify, datetime, decode_messages, now_ms, Place};
 use super::shape::{message, DIALECT};
 use super::{SqlitePools, BUSY_TIMEOUT};
 use crate::storage::columns::Columns;
-use crate::storage::groups::{
-    partition_of, GroupRow, PartitionView, Position, StateKind, StateRow,
-};
+use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::{partition_of, GroupRow, PartitionView, Position};
 use crate::storage::ident::quote;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
@@ -177,19 +177,22 @@ CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
     }
 }
 
-fn decode_state(row: &SqliteRow) -> Result<StateRow, sqlx::Error> {
-    let kind: String = row.try_get("kind")?;
-    let id: i64 = row.try_get("id")?;
-    Ok(StateRow {
-        id,
-        partition: row.try_get::<i64, _>("partition")? as u32,
-        key: row.try_get("key")?,
-        position: pos(id),
-        kind: StateKind::parse(&kind).unwrap_or(StateKind::Retry),
-        attempts: row.try_get::<i64, _>("attempts")?.max(0) as u32,
-        due_at: datetime(row.try_get("due_at")?)?,
-        error: row.try_get("error")?,
-    })
+/// SQLite's group tables: `INTEGER` partitions and attempts, times in epoch milliseconds,
+/// state rows at their id (log order is id order).
+impl GroupDb for Sqlite {
+    type Int4 = i64;
+
+    fn int4(value: u32) -> i64 {
+        i64::from(value)
+    }
+
+    fn time(row: &SqliteRow, column: &str) -> Result<DateTime<Utc>, sqlx::Error> {
+        datetime(row.try_get(column)?)
+    }
+
+    fn state_position(row: &SqliteRow) -> Result<Position, sqlx::Error> {
+        Ok(pos(row.try_get("id")?))
+    }
 }
 
 crate::storage::groups::group_store_calls!(SqliteGroups);

@@ -12,8 +12,8 @@ use chrono::{DateTime, Utc};
 use super::Timed;
 use crate::config::GroupStart;
 use crate::storage::groups::{
-    Flush, GroupDead, GroupStats, GroupStore, Heartbeat, PartitionLease, Position, Read,
-    SeekOutcome, SeekTarget, StateRow,
+    DeadChange, DeadRows, Flush, GroupDead, GroupRow, GroupStats, GroupStore, Heartbeat,
+    PartitionLease, Position, Read, SeekOutcome, SeekTarget, StateRow,
 };
 use crate::storage::{BlockedKey, MessageId, StorageResult};
 
@@ -23,156 +23,76 @@ impl Timed<dyn GroupStore> {
     }
 }
 
-#[async_trait]
-impl GroupStore for Timed<dyn GroupStore> {
-    fn schema_sql(&self) -> String {
-        self.inner.schema_sql()
-    }
+/// The [`GroupStore`] impl of [`Timed`], written as a table like the per-row store's:
+/// each `name(arguments) -> T, "action";` runs the inner store's call of that name within
+/// the deadline, a timeout naming `action`. The calls bounded otherwise, or not at all,
+/// come first, in braces, as written.
+macro_rules! timed_groups {
+    (
+        { $($other:item)* }
+        $( $name:ident($($arg:ident: $ty:ty),*) -> $out:ty, $action:literal; )*
+    ) => {
+        #[async_trait]
+        impl GroupStore for Timed<dyn GroupStore> {
+            $($other)*
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> StorageResult<$out> {
+                    self.within($action, self.inner.$name($($arg),*)).await
+                }
+            )*
+        }
+    };
+}
 
-    /// DDL: adding the log-order column and its index may rewrite a large table.
-    async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
-        self.within_ddl(self.inner.ensure(groups, partitions, create))
-            .await
-    }
+timed_groups! {
+    {
+        fn schema_sql(&self) -> String {
+            self.inner.schema_sql()
+        }
 
-    async fn heartbeat(
-        &self,
-        group: &str,
-        member: &str,
-        lease: Duration,
-    ) -> StorageResult<Heartbeat> {
-        let call = self.inner.heartbeat(group, member, lease);
-        self.within("group heartbeat", call).await
-    }
+        /// DDL: adding the log-order column and its index may rewrite a large table.
+        async fn ensure(
+            &self,
+            groups: &[(String, GroupStart)],
+            partitions: u32,
+            create: bool,
+        ) -> StorageResult<()> {
+            self.within_ddl(self.inner.ensure(groups, partitions, create))
+                .await
+        }
 
-    async fn acquire(
-        &self,
-        group: &str,
-        member: &str,
-        partition: u32,
-        lease: Duration,
-    ) -> StorageResult<Option<PartitionLease>> {
-        let call = self.inner.acquire(group, member, partition, lease);
-        self.within("take group partition", call).await
+        async fn change_dead(
+            &self,
+            rows: DeadRows<'_>,
+            change: DeadChange,
+        ) -> StorageResult<Vec<MessageId>> {
+            let action = match change {
+                DeadChange::Redrive => "re-drive group dead letters",
+                DeadChange::Discard => "discard group dead letters",
+            };
+            self.within(action, self.inner.change_dead(rows, change))
+                .await
+        }
     }
-
-    async fn release(&self, group: &str, member: &str, partitions: &[u32]) -> StorageResult<()> {
-        let call = self.inner.release(group, member, partitions);
-        self.within("give up group partitions", call).await
-    }
-
-    async fn leave(&self, group: &str, member: &str) -> StorageResult<()> {
-        self.within("leave group", self.inner.leave(group, member))
-            .await
-    }
-
-    async fn flush(&self, group: &str, member: &str, flushes: &[Flush]) -> StorageResult<Vec<u32>> {
-        let call = self.inner.flush(group, member, flushes);
-        self.within("group flush", call).await
-    }
-
-    async fn read(&self, cursors: &[(u32, Position)], limit: u32) -> StorageResult<Read> {
-        self.within("group read", self.inner.read(cursors, limit))
-            .await
-    }
-
-    async fn load_state(&self, group: &str, partition: u32) -> StorageResult<Vec<StateRow>> {
-        let call = self.inner.load_state(group, partition);
-        self.within("group state", call).await
-    }
-
-    async fn fetch(
-        &self,
-        ids: &[MessageId],
-    ) -> StorageResult<Vec<crate::storage::groups::GroupRow>> {
-        self.within("group fetch", self.inner.fetch(ids)).await
-    }
-
-    async fn seek(
-        &self,
-        group: &str,
-        target: SeekTarget,
-        dry_run: bool,
-    ) -> StorageResult<SeekOutcome> {
-        let call = self.inner.seek(group, target, dry_run);
-        self.within("seek group", call).await
-    }
-
-    /// Bounded like every call: a purge cut short has deleted its first batches, and the
-    /// next one goes on from there.
-    async fn purge(&self, retention: Duration) -> StorageResult<u64> {
-        self.within("purge passed rows", self.inner.purge(retention))
-            .await
-    }
-
-    async fn stats(&self, group: &str, dead_holds_key: bool) -> StorageResult<GroupStats> {
-        let call = self.inner.stats(group, dead_holds_key);
-        self.within("group stats", call).await
-    }
-
-    async fn blocked_keys(
-        &self,
-        group: &str,
-        dead_holds_key: bool,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<BlockedKey>> {
-        let call = self
-            .inner
-            .blocked_keys(group, dead_holds_key, after_id, limit);
-        self.within("group blocked keys", call).await
-    }
-
-    async fn paused(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        self.within("group pauses", self.inner.paused()).await
-    }
-
-    async fn set_paused(
-        &self,
-        group: &str,
-        paused: bool,
-    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        let call = self.inner.set_paused(group, paused);
-        self.within("pause group", call).await
-    }
-
-    async fn frontier_delay(&self) -> StorageResult<Duration> {
-        self.within("frontier delay", self.inner.frontier_delay())
-            .await
-    }
-
-    async fn list_dead(
-        &self,
-        group: &str,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<GroupDead>> {
-        let call = self.inner.list_dead(group, after_id, limit);
-        self.within("list group dead letters", call).await
-    }
-
-    async fn redrive_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        let call = self.inner.redrive_dead(group, ids, limit);
-        self.within("re-drive group dead letters", call).await
-    }
-
-    async fn discard_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        let call = self.inner.discard_dead(group, ids, limit);
-        self.within("discard group dead letters", call).await
-    }
+    heartbeat(group: &str, member: &str, lease: Duration) -> Heartbeat, "group heartbeat";
+    acquire(group: &str, member: &str, partition: u32, lease: Duration)
+        -> Option<PartitionLease>, "take group partition";
+    release(group: &str, member: &str, partitions: &[u32]) -> (), "give up group partitions";
+    leave(group: &str, member: &str) -> (), "leave group";
+    flush(group: &str, member: &str, flushes: &[Flush]) -> Vec<u32>, "group flush";
+    read(cursors: &[(u32, Position)], limit: u32) -> Read, "group read";
+    load_state(group: &str, partition: u32) -> Vec<StateRow>, "group state";
+    fetch(ids: &[MessageId]) -> Vec<GroupRow>, "group fetch";
+    seek(group: &str, target: SeekTarget, dry_run: bool) -> SeekOutcome, "seek group";
+    // Bounded like every call: a purge cut short has deleted its first batches, and the
+    // next one goes on from there.
+    purge(retention: Duration) -> u64, "purge passed rows";
+    stats(group: &str, dead_holds_key: bool) -> GroupStats, "group stats";
+    blocked_keys(group: &str, dead_holds_key: bool, after_id: MessageId, limit: u32)
+        -> Vec<BlockedKey>, "group blocked keys";
+    paused() -> BTreeMap<String, DateTime<Utc>>, "group pauses";
+    set_paused(group: &str, paused: bool) -> BTreeMap<String, DateTime<Utc>>, "pause group";
+    frontier_delay() -> Duration, "frontier delay";
+    list_dead(group: &str, after_id: MessageId, limit: u32)
+        -> Vec<GroupDead>, "list group dead letters";
 }

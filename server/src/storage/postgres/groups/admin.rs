@@ -4,10 +4,12 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::Postgres;
 
 use super::PostgresGroups;
-use crate::storage::{BlockedKey, HeadState, MessageId, StorageError, StorageResult};
+use crate::storage::groups::sql::{unknown_group, GroupDb};
+use crate::storage::groups::{Holds, Page};
+use crate::storage::{BlockedKey, StorageResult};
 
 /// A state row `m` of `{m}` that holds its key: a retry, or (with `$2`, the group's
 /// `dead_letter_holds_key`) a dead row with rows of its key held behind it. `Stats`
@@ -20,13 +22,11 @@ impl PostgresGroups {
     /// Per key, its first holding row (a retry before a dead row), by head id.
     pub(super) async fn blocked_keys_of(
         &self,
-        group: &str,
-        dead_holds_key: bool,
-        after_id: MessageId,
-        limit: u32,
+        holds: Holds<'_>,
+        page: Page,
     ) -> StorageResult<Vec<BlockedKey>> {
         let s = &self.sql;
-        let rows = sqlx::query(&format!(
+        let statement = format!(
             "SELECT h.key, h.id, h.kind, h.attempts, h.error, h.due_at, h.updated_at, \
                     {created_at} AS created_at, \
                     (SELECT count(*) FROM {m} b WHERE b.group_name = $1 AND b.key = h.key \
@@ -40,50 +40,20 @@ impl PostgresGroups {
             m = s.messages,
             t = s.table,
             holds = HOLDS_KEY.replace("{m}", &s.messages),
-        ))
-        .bind(group)
-        .bind(dead_holds_key)
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("group blocked keys"))?;
-        rows.iter()
-            .map(|row| {
-                let dead = row.try_get::<String, _>("kind")? == "dead";
-                Ok(BlockedKey {
-                    key: row.try_get("key")?,
-                    head_id: row.try_get("id")?,
-                    state: HeadState::of(dead, None),
-                    owner: None,
-                    attempts: row.try_get::<i32, _>("attempts")?.max(0) as u32,
-                    last_error: row.try_get("error")?,
-                    head_created_at: row.try_get("created_at")?,
-                    until: row.try_get(if dead { "updated_at" } else { "due_at" })?,
-                    waiting_behind: row.try_get::<i64, _>("behind")?.max(0) as u64,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
+        );
+        Postgres::blocked_keys(&self.pool, &statement, holds, page)
+            .await
             .map_err(self.error("group blocked keys"))
     }
 
     pub(super) async fn paused_groups(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        let rows: Vec<(String, DateTime<Utc>)> = sqlx::query_as(&format!(
-            "SELECT name, paused_at FROM {} WHERE paused_at IS NOT NULL",
-            self.sql.groups
-        ))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("group pauses"))?;
-        Ok(rows.into_iter().collect())
+        Postgres::paused(&self.pool, &self.sql.groups)
+            .await
+            .map_err(self.error("group pauses"))
     }
 
     /// A pause already in place keeps its time.
-    pub(super) async fn set_group_paused(
-        &self,
-        group: &str,
-        paused: bool,
-    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+    pub(super) async fn set_group_paused(&self, group: &str, paused: bool) -> StorageResult<()> {
         let changed = sqlx::query(&format!(
             "UPDATE {} SET paused_at = CASE WHEN $2 THEN coalesce(paused_at, now()) END \
              WHERE name = $1",
@@ -95,10 +65,8 @@ impl PostgresGroups {
         .await
         .map_err(self.error("pause group"))?;
         if changed.rows_affected() == 0 {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
-        self.paused_groups().await
+        Ok(())
     }
 }

@@ -4,16 +4,11 @@ use sqlx::Row;
 
 use super::super::convert::decode_message;
 use super::PostgresGroups;
-use crate::storage::groups::GroupDead;
+use crate::storage::groups::{DeadChange, DeadRows, GroupDead, Page};
 use crate::storage::{MessageId, StorageResult};
 
 impl PostgresGroups {
-    pub(super) async fn list_dead(
-        &self,
-        group: &str,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<GroupDead>> {
+    pub(super) async fn list_dead(&self, group: &str, page: Page) -> StorageResult<Vec<GroupDead>> {
         let s = &self.sql;
         sqlx::query(&format!(
             "SELECT {row}, g.error AS group_error, g.updated_at AS dead_at, g.attempts AS group_attempts \
@@ -24,8 +19,8 @@ impl PostgresGroups {
             t = s.table
         ))
         .bind(group)
-        .bind(after_id)
-        .bind(i64::from(limit))
+        .bind(page.after_id)
+        .bind(i64::from(page.limit))
         .fetch_all(&self.pool)
         .await
         .map_err(self.error("list group dead letters"))?
@@ -43,80 +38,36 @@ impl PostgresGroups {
         .map_err(self.error("list group dead letters"))
     }
 
-    pub(super) async fn redrive_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(
-            group,
-            ids,
-            limit,
-            "UPDATE {m} SET kind = 'retry', attempts = 0, due_at = now(), updated_at = now() \
-             WHERE group_name = $1 AND id IN (SELECT id FROM {m} WHERE group_name = $1 \
-                AND kind = 'dead' AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
-             RETURNING id, partition",
-        )
-        .await
-    }
-
-    pub(super) async fn discard_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(
-            group,
-            ids,
-            limit,
-            "DELETE FROM {m} WHERE group_name = $1 AND id IN (SELECT id FROM {m} WHERE group_name = $1 \
-                AND kind = 'dead' AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
-             RETURNING id, partition",
-        )
-        .await
-    }
-
-    /// Runs a change of dead rows (`{m}` is the group messages table) and takes the
-    /// partitions they are in from their owners, which reload their state when they take
-    /// them again: the state an owner keeps in memory must not outlive the change.
+    /// Changes dead rows and takes the partitions they are in from their owners (see
+    /// [`crate::storage::groups::GroupStore::change_dead`]), in one statement.
     pub(super) async fn change_dead(
         &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-        statement: &str,
+        rows: DeadRows<'_>,
+        change: DeadChange,
     ) -> StorageResult<Vec<MessageId>> {
         let s = &self.sql;
-        let mut tx = self
-            .pool
-            .begin()
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let changed: Vec<(i64, i32)> = sqlx::query_as(&statement.replace("{m}", &s.messages))
-            .bind(group)
-            .bind(ids)
-            .bind(i64::from(limit))
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let partitions: Vec<i32> = changed.iter().map(|(_, p)| *p).collect();
-        sqlx::query(&format!(
-            "UPDATE {p} SET owner = NULL, epoch = epoch + 1 \
-             WHERE group_name = $1 AND partition = ANY($2)",
+        let m = &s.messages;
+        let change = match change {
+            DeadChange::Redrive => format!(
+                "UPDATE {m} SET kind = 'retry', attempts = 0, due_at = now(), updated_at = now()"
+            ),
+            DeadChange::Discard => format!("DELETE FROM {m}"),
+        };
+        sqlx::query_scalar(&format!(
+            "WITH changed AS ({change} WHERE group_name = $1 AND id IN (SELECT id FROM {m} \
+                WHERE group_name = $1 AND kind = 'dead' \
+                  AND (cardinality($2::int8[]) = 0 OR id = ANY($2)) ORDER BY id LIMIT $3) \
+                RETURNING id, partition), \
+             fenced AS (UPDATE {p} SET owner = NULL, epoch = epoch + 1 \
+                WHERE group_name = $1 AND partition IN (SELECT partition FROM changed)) \
+             SELECT id FROM changed ORDER BY id",
             p = s.partitions
         ))
-        .bind(group)
-        .bind(&partitions)
-        .execute(&mut *tx)
+        .bind(rows.group)
+        .bind(rows.ids)
+        .bind(i64::from(rows.limit))
+        .fetch_all(&self.pool)
         .await
-        .map_err(self.error("change dead letters"))?;
-        tx.commit()
-            .await
-            .map_err(self.error("change dead letters"))?;
-        let mut ids: Vec<i64> = changed.into_iter().map(|(id, _)| id).collect();
-        ids.sort_unstable();
-        Ok(ids)
+        .map_err(self.error("change dead letters"))
     }
 }

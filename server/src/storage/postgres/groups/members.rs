@@ -1,45 +1,36 @@
 //! Members and partition leases: heartbeats, taking a free partition, giving partitions
 //! back, leaving.
 
-use std::time::Duration;
+use sqlx::Postgres;
 
 use super::super::convert::interval;
 use super::{decode_partition, position, PostgresGroups};
-use crate::storage::groups::{Heartbeat, PartitionLease};
+use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::{Heartbeat, Lease, Member, PartitionLease};
 use crate::storage::StorageResult;
 
 impl PostgresGroups {
-    pub(super) async fn heartbeat(
-        &self,
-        group: &str,
-        member: &str,
-        lease: Duration,
-    ) -> StorageResult<Heartbeat> {
+    pub(super) async fn heartbeat(&self, lease: Lease<'_>) -> StorageResult<Heartbeat> {
         let s = &self.sql;
+        let group = lease.member.group;
         let mut tx = self
             .pool
             .begin()
             .await
             .map_err(self.error("group heartbeat"))?;
+        // The member's row and its partitions' leases, in one statement.
         sqlx::query(&format!(
-            "INSERT INTO {m} (group_name, member, expires_at) VALUES ($1, $2, now() + $3) \
-             ON CONFLICT (group_name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at",
-            m = s.members
-        ))
-        .bind(group)
-        .bind(member)
-        .bind(interval(lease))
-        .execute(&mut *tx)
-        .await
-        .map_err(self.error("group heartbeat"))?;
-        sqlx::query(&format!(
-            "UPDATE {p} SET lease_expires_at = now() + $3 \
+            "WITH alive AS (INSERT INTO {m} (group_name, member, expires_at) \
+                VALUES ($1, $2, now() + $3) \
+                ON CONFLICT (group_name, member) DO UPDATE SET expires_at = EXCLUDED.expires_at) \
+             UPDATE {p} SET lease_expires_at = now() + $3 \
              WHERE group_name = $1 AND owner = $2 AND lease_expires_at >= now()",
+            m = s.members,
             p = s.partitions
         ))
         .bind(group)
-        .bind(member)
-        .bind(interval(lease))
+        .bind(lease.member.id)
+        .bind(interval(lease.duration))
         .execute(&mut *tx)
         .await
         .map_err(self.error("group heartbeat"))?;
@@ -73,10 +64,8 @@ impl PostgresGroups {
 
     pub(super) async fn acquire(
         &self,
-        group: &str,
-        member: &str,
+        lease: Lease<'_>,
         partition: u32,
-        lease: Duration,
     ) -> StorageResult<Option<PartitionLease>> {
         let row: Option<(i64, i64, i64)> = sqlx::query_as(&format!(
             "UPDATE {p} SET owner = $2, epoch = epoch + 1, lease_expires_at = now() + $4 \
@@ -85,10 +74,10 @@ impl PostgresGroups {
              RETURNING epoch, pos_txid, pos_id",
             p = self.sql.partitions
         ))
-        .bind(group)
-        .bind(member)
+        .bind(lease.member.group)
+        .bind(lease.member.id)
         .bind(partition as i32)
-        .bind(interval(lease))
+        .bind(interval(lease.duration))
         .fetch_optional(&self.pool)
         .await
         .map_err(self.error("take partition"))?;
@@ -101,8 +90,7 @@ impl PostgresGroups {
 
     pub(super) async fn release(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         partitions: &[u32],
     ) -> StorageResult<()> {
         let partitions: Vec<i32> = partitions.iter().map(|p| *p as i32).collect();
@@ -111,8 +99,8 @@ impl PostgresGroups {
                AND (cardinality($3::int4[]) = 0 OR partition = ANY($3))",
             p = self.sql.partitions
         ))
-        .bind(group)
-        .bind(member)
+        .bind(member.group)
+        .bind(member.id)
         .bind(&partitions)
         .execute(&self.pool)
         .await
@@ -120,17 +108,10 @@ impl PostgresGroups {
         Ok(())
     }
 
-    pub(super) async fn leave(&self, group: &str, member: &str) -> StorageResult<()> {
-        self.release(group, member, &[]).await?;
-        sqlx::query(&format!(
-            "DELETE FROM {m} WHERE group_name = $1 AND member = $2",
-            m = self.sql.members
-        ))
-        .bind(group)
-        .bind(member)
-        .execute(&self.pool)
-        .await
-        .map_err(self.error("leave group"))?;
-        Ok(())
+    pub(super) async fn leave(&self, member: Member<'_>) -> StorageResult<()> {
+        self.release(member, &[]).await?;
+        Postgres::forget_member(&self.pool, &self.sql.members, member)
+            .await
+            .map_err(self.error("leave group"))
     }
 }

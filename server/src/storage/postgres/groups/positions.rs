@@ -6,15 +6,16 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::super::convert::interval;
-use super::PostgresGroups;
-use crate::storage::groups::{Flush, SeekOutcome, SeekTarget, StateRow};
-use crate::storage::{StorageError, StorageResult, PURGE_BATCH};
+use super::{Positions, PostgresGroups};
+use crate::storage::groups::sql::unknown_group;
+use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget, StateRow};
+use crate::storage::rows::count;
+use crate::storage::{StorageResult, PURGE_BATCH};
 
 impl PostgresGroups {
     pub(super) async fn flush(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         flushes: &[Flush],
     ) -> StorageResult<Vec<u32>> {
         let s = &self.sql;
@@ -30,8 +31,8 @@ impl PostgresGroups {
              RETURNING p.partition",
             p = s.partitions
         ))
-        .bind(group)
-        .bind(member)
+        .bind(member.group)
+        .bind(member.id)
         .bind(&parts)
         .bind(&epochs)
         .bind(&txids)
@@ -63,7 +64,7 @@ impl PostgresGroups {
                     error = coalesce(EXCLUDED.error, {m}.error), updated_at = now()",
                 m = s.messages
             ))
-            .bind(group)
+            .bind(member.group)
             .bind(&ids)
             .bind(&partitions)
             .bind(&keys)
@@ -86,7 +87,7 @@ impl PostgresGroups {
                 "DELETE FROM {m} WHERE group_name = $1 AND id = ANY($2)",
                 m = s.messages
             ))
-            .bind(group)
+            .bind(member.group)
             .bind(&deletes)
             .execute(&mut *tx)
             .await
@@ -100,12 +101,12 @@ impl PostgresGroups {
             .collect())
     }
 
-    pub(super) async fn seek(
+    /// What a seek of `group` to `target` does, and the positions it moves to.
+    pub(super) async fn plan_seek(
         &self,
         group: &str,
         target: SeekTarget,
-        dry_run: bool,
-    ) -> StorageResult<SeekOutcome> {
+    ) -> StorageResult<(SeekOutcome, Positions)> {
         let s = &self.sql;
         let known: Option<String> =
             sqlx::query_scalar(&format!("SELECT name FROM {} WHERE name = $1", s.groups))
@@ -114,56 +115,47 @@ impl PostgresGroups {
                 .await
                 .map_err(self.error("seek group"))?;
         if known.is_none() {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
         let positions = self.positions_for(group, target).await?;
-        let parts: Vec<i32> = positions.iter().map(|p| p.0).collect();
-        let txids: Vec<i64> = positions.iter().map(|p| p.1).collect();
-        let ids: Vec<i64> = positions.iter().map(|p| p.2).collect();
-        let rows_ahead: i64 = sqlx::query_scalar(&format!(
+        let rows_ahead: i64 = sqlx::query_scalar_with(&format!(
             "SELECT coalesce(sum(n), 0)::int8 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL (SELECT count(*) AS n FROM {t} o \
                 WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i)) r",
             t = s.table,
             part = s.part
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
+        ), positions.arguments())
         .fetch_one(&self.pool)
         .await
         .map_err(self.error("seek group"))?;
-        if !dry_run {
-            let mut tx = self.pool.begin().await.map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "UPDATE {p} AS p SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
-                 FROM unnest($2::int4[], $3::int8[], $4::int8[]) AS u(part, tx, i) \
-                 WHERE p.group_name = $1 AND p.partition = u.part",
-                p = s.partitions
-            ))
-            .bind(group)
-            .bind(&parts)
-            .bind(&txids)
-            .bind(&ids)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "DELETE FROM {m} WHERE group_name = $1 AND kind <> 'dead'",
-                m = s.messages
-            ))
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            tx.commit().await.map_err(self.error("seek group"))?;
-        }
-        Ok(SeekOutcome {
-            rows_ahead: rows_ahead.max(0) as u64,
+        let outcome = SeekOutcome {
+            rows_ahead: count(rows_ahead),
             partitions: positions.len() as u32,
-        })
+        };
+        Ok((outcome, positions))
+    }
+
+    /// Moves the group's partitions to `positions`, takes them from their owners (a new
+    /// epoch) and drops its retry and held rows, in one statement.
+    pub(super) async fn move_to(&self, group: &str, positions: Positions) -> StorageResult<()> {
+        let s = &self.sql;
+        sqlx::query_with(
+            &format!(
+                "WITH moved AS (UPDATE {p} AS p \
+                SET pos_txid = u.tx, pos_id = u.i, owner = NULL, epoch = p.epoch + 1 \
+                FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS u(part, tx, i) \
+                WHERE p.group_name = $4 AND p.partition = u.part) \
+             DELETE FROM {m} WHERE group_name = $4 AND kind <> 'dead'",
+                p = s.partitions,
+                m = s.messages
+            ),
+            positions.arguments(),
+        )
+        .bind(group)
+        .execute(&self.pool)
+        .await
+        .map_err(self.error("seek group"))?;
+        Ok(())
     }
 
     pub(super) async fn purge(&self, retention: Duration) -> StorageResult<u64> {

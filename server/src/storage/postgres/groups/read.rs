@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{decode_group_row, decode_state, PostgresGroups};
+use sqlx::Postgres;
+
+use super::{decode_group_row, Positions, PostgresGroups};
+use crate::storage::groups::sql::GroupDb;
 use crate::storage::groups::{GroupRow, Position, Read, StateRow};
 use crate::storage::{MessageId, StorageResult};
 
@@ -17,23 +20,21 @@ impl PostgresGroups {
             return Ok(Read::default());
         }
         let s = &self.sql;
-        let parts: Vec<i32> = cursors.iter().map(|(p, _)| *p as i32).collect();
-        let txids: Vec<i64> = cursors.iter().map(|(_, c)| c.txid).collect();
-        let ids: Vec<i64> = cursors.iter().map(|(_, c)| c.id).collect();
-        let rows = sqlx::query(&format!(
-            "SELECT r.* FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
+        let positions: Positions = cursors.iter().map(|(p, at)| (*p, at)).collect();
+        let rows = sqlx::query_with(
+            &format!(
+                "SELECT r.* FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL ( \
                 SELECT {row} FROM {t} o \
                 WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
                   AND o.txid < pg_snapshot_xmin(pg_current_snapshot()) \
                 ORDER BY o.txid, o.id LIMIT $4) r",
-            row = s.row,
-            t = s.table,
-            part = s.part,
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
+                row = s.row,
+                t = s.table,
+                part = s.part,
+            ),
+            positions.arguments(),
+        )
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
         .await
@@ -66,20 +67,14 @@ impl PostgresGroups {
         group: &str,
         partition: u32,
     ) -> StorageResult<Vec<StateRow>> {
-        sqlx::query(&format!(
+        let statement = format!(
             "SELECT id, partition, key, pos_txid, kind, attempts, due_at, error FROM {m} \
              WHERE group_name = $1 AND partition = $2 ORDER BY pos_txid, id",
             m = self.sql.messages
-        ))
-        .bind(group)
-        .bind(partition as i32)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(self.error("load group state"))?
-        .iter()
-        .map(decode_state)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("load group state"))
+        );
+        Postgres::load_state(&self.pool, &statement, group, partition)
+            .await
+            .map_err(self.error("load group state"))
     }
 
     pub(super) async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {

@@ -1,10 +1,12 @@
 //! The groups' DDL, run once per outbox by the server that starts first, and the check of
 //! what an earlier start created.
 
-use sqlx::Executor;
+use sqlx::{Executor, Postgres};
 
 use super::{GroupSql, PostgresGroups, LOCK_CLASS_GROUPS};
 use crate::config::GroupStart;
+use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::OutboxGroups;
 use crate::storage::ident::quote;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
@@ -15,12 +17,8 @@ impl PostgresGroups {
         self.sql.ddl.clone()
     }
 
-    pub(super) async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
+    pub(super) async fn ensure(&self, outbox: OutboxGroups<'_>, create: bool) -> StorageResult<()> {
+        let OutboxGroups { groups, partitions } = outbox;
         let s = &self.sql;
         if create {
             // One simple query, one transaction; servers starting together wait for each
@@ -64,23 +62,16 @@ impl PostgresGroups {
                 });
             }
         }
-        let mismatched: Vec<(String, i32)> = sqlx::query_as(&format!(
-            "SELECT name, partitions FROM {} WHERE partitions <> $1",
-            s.groups
-        ))
-        .bind(partitions as i32)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(self.error("create groups"))?;
-        if let Some((group, was)) = mismatched.first() {
-            return Err(StorageError::MismatchedTable {
-                table: self.display_table.clone(),
-                problems: vec![format!(
-                    "group {group} was created with partitions = {was}, the outbox now says \
-                     {partitions}: the partitions of an outbox's groups cannot change; set \
-                     partitions = {was} back"
-                )],
-            });
+        let mismatched = Postgres::other_partitions(&mut *tx, &s.groups, partitions)
+            .await
+            .map_err(self.error("create groups"))?;
+        if let Some((group, was)) = mismatched {
+            return Err(partitions_changed(
+                &self.display_table,
+                &group,
+                was,
+                partitions,
+            ));
         }
         self.create_groups(&mut tx, groups, partitions).await?;
         tx.commit().await.map_err(self.error("create groups"))

@@ -2,16 +2,17 @@
 
 use std::time::Duration;
 
-use super::{admin, decode_partition, PostgresGroups};
+use sqlx::Postgres;
+
+use super::{admin, decode_partition, Positions, PostgresGroups};
+use crate::storage::groups::sql::GroupDb;
 use crate::storage::groups::GroupStats;
+use crate::storage::groups::Holds;
 use crate::storage::StorageResult;
 
 impl PostgresGroups {
-    pub(super) async fn stats(
-        &self,
-        group: &str,
-        dead_holds_key: bool,
-    ) -> StorageResult<GroupStats> {
+    pub(super) async fn stats(&self, holds: Holds<'_>) -> StorageResult<GroupStats> {
+        let group = holds.group;
         let s = &self.sql;
         let partitions = sqlx::query(&format!(
             "SELECT partition, owner, epoch, lease_expires_at < now() AS expired, pos_txid, pos_id \
@@ -26,10 +27,12 @@ impl PostgresGroups {
         .map(decode_partition)
         .collect::<Result<Vec<_>, _>>()
         .map_err(self.error("group stats"))?;
-        let parts: Vec<i32> = partitions.iter().map(|p| p.partition as i32).collect();
-        let txids: Vec<i64> = partitions.iter().map(|p| p.position.txid).collect();
-        let ids: Vec<i64> = partitions.iter().map(|p| p.position.id).collect();
-        let (lag_rows, oldest): (i64, Option<f64>) = sqlx::query_as(&format!(
+        let positions: Positions = partitions
+            .iter()
+            .map(|p| (p.partition, &p.position))
+            .collect();
+        let (lag_rows, oldest): (i64, Option<f64>) = sqlx::query_as_with(
+            &format!(
             "SELECT coalesce(sum(r.n), 0)::int8, extract(epoch FROM now() - min(r.oldest))::float8 \
              FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL (SELECT count(*) AS n, min(o.created_at) AS oldest FROM {t} o \
@@ -37,26 +40,16 @@ impl PostgresGroups {
                   AND o.txid < pg_snapshot_xmin(pg_current_snapshot())) r",
             t = s.table,
             part = s.part
-        ))
-        .bind(&parts)
-        .bind(&txids)
-        .bind(&ids)
+        ),
+            positions.arguments(),
+        )
         .fetch_one(&self.pool)
         .await
         .map_err(self.error("group stats"))?;
-        let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(*) FILTER (WHERE m.kind = 'retry'), count(*) FILTER (WHERE m.kind = 'held'), \
-                    count(*) FILTER (WHERE m.kind = 'dead'), \
-                    count(DISTINCT m.key) FILTER (WHERE m.key IS NOT NULL AND {holds}) \
-             FROM {m} m WHERE m.group_name = $1",
-            m = s.messages,
-            holds = admin::HOLDS_KEY.replace("{m}", &s.messages),
-        ))
-        .bind(group)
-        .bind(dead_holds_key)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(self.error("group stats"))?;
+        let held_by = admin::HOLDS_KEY.replace("{m}", &s.messages);
+        let counts = Postgres::state_counts(&self.pool, &s.messages, &held_by, holds)
+            .await
+            .map_err(self.error("group stats"))?;
         let members: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {m} WHERE group_name = $1 AND expires_at >= now()",
             m = s.members
@@ -69,12 +62,9 @@ impl PostgresGroups {
             group: group.to_owned(),
             lag_rows: lag_rows.max(0) as u64,
             lag: oldest.map(|secs| Duration::from_secs_f64(secs.max(0.0))),
-            retrying: retrying as u64,
-            held: held as u64,
-            dead: dead as u64,
-            held_keys: held_keys as u64,
             partitions,
             members: members as u64,
+            ..counts.into()
         })
     }
 

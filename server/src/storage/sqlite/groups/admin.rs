@@ -4,11 +4,13 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use sqlx::Row;
+use sqlx::Sqlite;
 
-use super::super::convert::{datetime, now_ms};
+use super::super::convert::now_ms;
 use super::SqliteGroups;
-use crate::storage::{BlockedKey, HeadState, MessageId, StorageError, StorageResult};
+use crate::storage::groups::sql::{unknown_group, GroupDb};
+use crate::storage::groups::{Holds, Page};
+use crate::storage::{BlockedKey, StorageResult};
 
 /// A state row `m` of `{m}` that holds its key: a retry, or (with `?2`, the group's
 /// `dead_letter_holds_key`) a dead row with rows of its key held behind it. `Stats`
@@ -21,12 +23,10 @@ impl SqliteGroups {
     /// Per key, its first holding row (a retry before a dead row), by head id.
     pub(super) async fn blocked_keys_of(
         &self,
-        group: &str,
-        dead_holds_key: bool,
-        after_id: MessageId,
-        limit: u32,
+        holds: Holds<'_>,
+        page: Page,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let rows = sqlx::query(&format!(
+        let statement = format!(
             "SELECT h.key, h.id, h.kind, h.attempts, h.error, h.due_at, h.updated_at, \
                     o.created_at AS created_at, \
                     (SELECT count(*) FROM {m} b WHERE b.group_name = ?1 AND b.key = h.key \
@@ -39,53 +39,20 @@ impl SqliteGroups {
             m = self.messages,
             t = self.table,
             holds = HOLDS_KEY.replace("{m}", &self.messages),
-        ))
-        .bind(group)
-        .bind(dead_holds_key)
-        .bind(after_id)
-        .bind(i64::from(limit))
-        .fetch_all(&self.pools.reader)
-        .await
-        .map_err(self.error("group blocked keys"))?;
-        rows.iter()
-            .map(|row| {
-                let dead = row.try_get::<String, _>("kind")? == "dead";
-                Ok(BlockedKey {
-                    key: row.try_get("key")?,
-                    head_id: row.try_get("id")?,
-                    state: HeadState::of(dead, None),
-                    owner: None,
-                    attempts: row.try_get::<i64, _>("attempts")?.max(0) as u32,
-                    last_error: row.try_get("error")?,
-                    head_created_at: datetime(row.try_get("created_at")?)?,
-                    until: datetime(row.try_get(if dead { "updated_at" } else { "due_at" })?)?,
-                    waiting_behind: row.try_get::<i64, _>("behind")?.max(0) as u64,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()
+        );
+        Sqlite::blocked_keys(&self.pools.reader, &statement, holds, page)
+            .await
             .map_err(self.error("group blocked keys"))
     }
 
     pub(super) async fn paused_groups(&self) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
-        let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT name, paused_at FROM {} WHERE paused_at IS NOT NULL",
-            self.groups
-        ))
-        .fetch_all(&self.pools.reader)
-        .await
-        .map_err(self.error("group pauses"))?;
-        rows.into_iter()
-            .map(|(name, at)| Ok((name, datetime(at)?)))
-            .collect::<Result<_, sqlx::Error>>()
+        Sqlite::paused(&self.pools.reader, &self.groups)
+            .await
             .map_err(self.error("group pauses"))
     }
 
     /// A pause already in place keeps its time.
-    pub(super) async fn set_group_paused(
-        &self,
-        group: &str,
-        paused: bool,
-    ) -> StorageResult<BTreeMap<String, DateTime<Utc>>> {
+    pub(super) async fn set_group_paused(&self, group: &str, paused: bool) -> StorageResult<()> {
         let changed = sqlx::query(&format!(
             "UPDATE {} SET paused_at = CASE WHEN ?2 THEN coalesce(paused_at, ?3) END \
              WHERE name = ?1",
@@ -98,10 +65,8 @@ impl SqliteGroups {
         .await
         .map_err(self.error("pause group"))?;
         if changed.rows_affected() == 0 {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
-        self.paused_groups().await
+        Ok(())
     }
 }

@@ -4,24 +4,19 @@ use std::collections::BTreeSet;
 
 use super::super::convert::{datetime, now_ms};
 use super::SqliteGroups;
-use crate::storage::groups::GroupDead;
+use crate::storage::groups::{DeadChange, DeadRows, GroupDead, Page};
 use crate::storage::{MessageId, StorageResult};
 
 impl SqliteGroups {
-    pub(super) async fn list_dead(
-        &self,
-        group: &str,
-        after_id: MessageId,
-        limit: u32,
-    ) -> StorageResult<Vec<GroupDead>> {
+    pub(super) async fn list_dead(&self, group: &str, page: Page) -> StorageResult<Vec<GroupDead>> {
         let dead: Vec<(i64, i64, Option<String>, i64)> = sqlx::query_as(&format!(
             "SELECT id, attempts, error, updated_at FROM {} WHERE group_name = ? AND kind = 'dead' \
                AND id > ? ORDER BY id LIMIT ?",
             self.messages
         ))
         .bind(group)
-        .bind(after_id)
-        .bind(i64::from(limit))
+        .bind(page.after_id)
+        .bind(i64::from(page.limit))
         .fetch_all(&self.pools.reader)
         .await
         .map_err(self.error("list group dead letters"))?;
@@ -42,31 +37,14 @@ impl SqliteGroups {
         Ok(out)
     }
 
-    pub(super) async fn redrive_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(group, ids, limit, true).await
-    }
-
-    pub(super) async fn discard_dead(
-        &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-    ) -> StorageResult<Vec<MessageId>> {
-        self.change_dead(group, ids, limit, false).await
-    }
-
+    /// Changes dead rows and takes the partitions they are in from their owners (see
+    /// [`crate::storage::groups::GroupStore::change_dead`]), in one transaction.
     pub(super) async fn change_dead(
         &self,
-        group: &str,
-        ids: &[MessageId],
-        limit: u32,
-        redrive: bool,
+        rows: DeadRows<'_>,
+        change: DeadChange,
     ) -> StorageResult<Vec<MessageId>> {
+        let DeadRows { group, ids, limit } = rows;
         let mut tx = self
             .pools
             .writer
@@ -88,22 +66,20 @@ impl SqliteGroups {
             .collect();
         let mut partitions = BTreeSet::new();
         for (id, partition) in &chosen {
-            let sql = if redrive {
-                format!(
+            let sql = match change {
+                DeadChange::Redrive => format!(
                     "UPDATE {} SET kind = 'retry', attempts = 0, due_at = ?, updated_at = ? \
                      WHERE group_name = ? AND id = ?",
                     self.messages
-                )
-            } else {
-                format!(
+                ),
+                DeadChange::Discard => format!(
                     "DELETE FROM {} WHERE group_name = ? AND id = ?",
                     self.messages
-                )
+                ),
             };
-            let query = if redrive {
-                sqlx::query(&sql).bind(now_ms()).bind(now_ms())
-            } else {
-                sqlx::query(&sql)
+            let query = match change {
+                DeadChange::Redrive => sqlx::query(&sql).bind(now_ms()).bind(now_ms()),
+                DeadChange::Discard => sqlx::query(&sql),
             };
             query
                 .bind(group)

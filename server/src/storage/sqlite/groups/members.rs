@@ -1,22 +1,19 @@
 //! Members and partition leases: heartbeats, taking a free partition, giving partitions
 //! back, leaving.
 
-use std::time::Duration;
+use sqlx::Sqlite;
 
 use super::super::convert::now_ms;
 use super::{ms, pos, SqliteGroups};
-use crate::storage::groups::{Heartbeat, PartitionLease};
+use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::{Heartbeat, Lease, Member, PartitionLease};
 use crate::storage::StorageResult;
 
 impl SqliteGroups {
-    pub(super) async fn heartbeat(
-        &self,
-        group: &str,
-        member: &str,
-        lease: Duration,
-    ) -> StorageResult<Heartbeat> {
+    pub(super) async fn heartbeat(&self, lease: Lease<'_>) -> StorageResult<Heartbeat> {
+        let Member { group, id: member } = lease.member;
         let now = now_ms();
-        let until = now + ms(lease);
+        let until = now + ms(lease.duration);
         let mut tx = self
             .pools
             .writer
@@ -64,10 +61,8 @@ impl SqliteGroups {
 
     pub(super) async fn acquire(
         &self,
-        group: &str,
-        member: &str,
+        lease: Lease<'_>,
         partition: u32,
-        lease: Duration,
     ) -> StorageResult<Option<PartitionLease>> {
         let now = now_ms();
         let row: Option<(i64, i64)> = sqlx::query_as(&format!(
@@ -76,9 +71,9 @@ impl SqliteGroups {
              RETURNING epoch, pos_id",
             self.parts
         ))
-        .bind(member)
-        .bind(now + ms(lease))
-        .bind(group)
+        .bind(lease.member.id)
+        .bind(now + ms(lease.duration))
+        .bind(lease.member.group)
         .bind(i64::from(partition))
         .bind(now)
         .fetch_optional(&self.pools.writer)
@@ -93,8 +88,7 @@ impl SqliteGroups {
 
     pub(super) async fn release(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         partitions: &[u32],
     ) -> StorageResult<()> {
         let list = serde_json::to_string(partitions).expect("a list of numbers serialises");
@@ -103,8 +97,8 @@ impl SqliteGroups {
                AND (json_array_length(?) = 0 OR partition IN (SELECT value FROM json_each(?)))",
             self.parts
         ))
-        .bind(group)
-        .bind(member)
+        .bind(member.group)
+        .bind(member.id)
         .bind(&list)
         .bind(&list)
         .execute(&self.pools.writer)
@@ -113,17 +107,10 @@ impl SqliteGroups {
         Ok(())
     }
 
-    pub(super) async fn leave(&self, group: &str, member: &str) -> StorageResult<()> {
-        self.release(group, member, &[]).await?;
-        sqlx::query(&format!(
-            "DELETE FROM {} WHERE group_name = ? AND member = ?",
-            self.members
-        ))
-        .bind(group)
-        .bind(member)
-        .execute(&self.pools.writer)
-        .await
-        .map_err(self.error("leave group"))?;
-        Ok(())
+    pub(super) async fn leave(&self, member: Member<'_>) -> StorageResult<()> {
+        self.release(member, &[]).await?;
+        Sqlite::forget_member(&self.pools.writer, &self.members, member)
+            .await
+            .map_err(self.error("leave group"))
     }
 }

@@ -5,16 +5,18 @@ use std::time::Duration;
 
 use super::super::convert::now_ms;
 use super::{ms, SqliteGroups};
-use crate::storage::groups::{Flush, SeekOutcome, SeekTarget};
-use crate::storage::{StorageError, StorageResult, PURGE_BATCH};
+use crate::storage::groups::sql::unknown_group;
+use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget};
+use crate::storage::rows::count;
+use crate::storage::{StorageResult, PURGE_BATCH};
 
 impl SqliteGroups {
     pub(super) async fn flush(
         &self,
-        group: &str,
-        member: &str,
+        member: Member<'_>,
         flushes: &[Flush],
     ) -> StorageResult<Vec<u32>> {
+        let Member { group, id: member } = member;
         let mut lost = Vec::new();
         let mut tx = self
             .pools
@@ -81,17 +83,15 @@ impl SqliteGroups {
         Ok(lost)
     }
 
-    pub(super) async fn seek(
+    /// What a seek of `group` to `target` does, and the id it moves the partitions to.
+    pub(super) async fn plan_seek(
         &self,
         group: &str,
         target: SeekTarget,
-        dry_run: bool,
-    ) -> StorageResult<SeekOutcome> {
+    ) -> StorageResult<(SeekOutcome, i64)> {
         let known = self.partitions_of(group).await?;
         if known.is_empty() {
-            return Err(StorageError::InvalidMessage(format!(
-                "group {group} has no partitions yet: start the server with it configured first"
-            )));
+            return Err(unknown_group(group));
         }
         let to: i64 = match target {
             SeekTarget::Oldest => 0,
@@ -113,36 +113,40 @@ impl SqliteGroups {
                 .fetch_one(&self.pools.reader)
                 .await
                 .map_err(self.error("seek group"))?;
-        if !dry_run {
-            let mut tx = self
-                .pools
-                .writer
-                .begin_with("BEGIN IMMEDIATE")
-                .await
-                .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "UPDATE {} SET pos_id = ?, owner = NULL, epoch = epoch + 1 WHERE group_name = ?",
-                self.parts
-            ))
-            .bind(to)
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            sqlx::query(&format!(
-                "DELETE FROM {} WHERE group_name = ? AND kind <> 'dead'",
-                self.messages
-            ))
-            .bind(group)
-            .execute(&mut *tx)
-            .await
-            .map_err(self.error("seek group"))?;
-            tx.commit().await.map_err(self.error("seek group"))?;
-        }
-        Ok(SeekOutcome {
-            rows_ahead: rows_ahead.max(0) as u64,
+        let outcome = SeekOutcome {
+            rows_ahead: count(rows_ahead),
             partitions: known.len() as u32,
-        })
+        };
+        Ok((outcome, to))
+    }
+
+    /// Moves the group's partitions to `to`, takes them from their owners (a new epoch)
+    /// and drops its retry and held rows.
+    pub(super) async fn move_to(&self, group: &str, to: i64) -> StorageResult<()> {
+        let mut tx = self
+            .pools
+            .writer
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .map_err(self.error("seek group"))?;
+        sqlx::query(&format!(
+            "UPDATE {} SET pos_id = ?, owner = NULL, epoch = epoch + 1 WHERE group_name = ?",
+            self.parts
+        ))
+        .bind(to)
+        .bind(group)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.error("seek group"))?;
+        sqlx::query(&format!(
+            "DELETE FROM {} WHERE group_name = ? AND kind <> 'dead'",
+            self.messages
+        ))
+        .bind(group)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.error("seek group"))?;
+        tx.commit().await.map_err(self.error("seek group"))
     }
 
     pub(super) async fn purge(&self, retention: Duration) -> StorageResult<u64> {

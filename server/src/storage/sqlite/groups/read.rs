@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{decode_state, SqliteGroups};
+use sqlx::Sqlite;
+
+use super::SqliteGroups;
+use crate::storage::groups::sql::GroupDb;
 use crate::storage::groups::{GroupRow, Position, Read, StateRow};
 use crate::storage::{MessageId, StorageResult};
 
@@ -61,20 +64,14 @@ impl SqliteGroups {
         group: &str,
         partition: u32,
     ) -> StorageResult<Vec<StateRow>> {
-        sqlx::query(&format!(
+        let statement = format!(
             "SELECT id, partition, key, kind, attempts, due_at, error FROM {} \
              WHERE group_name = ? AND partition = ? ORDER BY id",
             self.messages
-        ))
-        .bind(group)
-        .bind(i64::from(partition))
-        .fetch_all(&self.pools.reader)
-        .await
-        .map_err(self.error("load group state"))?
-        .iter()
-        .map(decode_state)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(self.error("load group state"))
+        );
+        Sqlite::load_state(&self.pools.reader, &statement, group, partition)
+            .await
+            .map_err(self.error("load group state"))
     }
 
     pub(super) async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {

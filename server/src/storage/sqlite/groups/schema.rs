@@ -1,11 +1,13 @@
 //! The groups' DDL, run once per outbox by the server that starts first, and the check of
 //! what an earlier start created.
 
-use sqlx::Executor;
+use sqlx::{Executor, Sqlite};
 
 use super::SqliteGroups;
 use crate::config::GroupStart;
-use crate::storage::{StorageError, StorageResult};
+use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::OutboxGroups;
+use crate::storage::StorageResult;
 
 impl SqliteGroups {
     /// See [`crate::storage::groups::GroupStore::schema_sql`].
@@ -13,12 +15,8 @@ impl SqliteGroups {
         self.ddl.clone()
     }
 
-    pub(super) async fn ensure(
-        &self,
-        groups: &[(String, GroupStart)],
-        partitions: u32,
-        create: bool,
-    ) -> StorageResult<()> {
+    pub(super) async fn ensure(&self, outbox: OutboxGroups<'_>, create: bool) -> StorageResult<()> {
+        let OutboxGroups { groups, partitions } = outbox;
         if create {
             self.pools
                 .writer
@@ -32,23 +30,16 @@ impl SqliteGroups {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.error("create groups"))?;
-        let mismatched: Option<(String, i64)> = sqlx::query_as(&format!(
-            "SELECT name, partitions FROM {} WHERE partitions <> ? LIMIT 1",
-            self.groups
-        ))
-        .bind(i64::from(partitions))
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(self.error("check groups"))?;
+        let mismatched = Sqlite::other_partitions(&mut *tx, &self.groups, partitions)
+            .await
+            .map_err(self.error("check groups"))?;
         if let Some((group, was)) = mismatched {
-            return Err(StorageError::MismatchedTable {
-                table: self.place.table.clone(),
-                problems: vec![format!(
-                    "group {group} was created with partitions = {was}, the outbox now says \
-                     {partitions}: the partitions of an outbox's groups cannot change; set \
-                     partitions = {was} back"
-                )],
-            });
+            return Err(partitions_changed(
+                &self.place.table,
+                &group,
+                was,
+                partitions,
+            ));
         }
         for (group, start) in groups {
             let created = sqlx::query(&format!(

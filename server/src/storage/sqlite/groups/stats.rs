@@ -3,17 +3,18 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use sqlx::Sqlite;
+
 use super::super::convert::now_ms;
 use super::{admin, SqliteGroups};
+use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::Holds;
 use crate::storage::groups::{partition_of, GroupStats};
 use crate::storage::StorageResult;
 
 impl SqliteGroups {
-    pub(super) async fn stats(
-        &self,
-        group: &str,
-        dead_holds_key: bool,
-    ) -> StorageResult<GroupStats> {
+    pub(super) async fn stats(&self, holds: Holds<'_>) -> StorageResult<GroupStats> {
+        let group = holds.group;
         let partitions = self.partitions_of(group).await?;
         let mut lag_rows = 0u64;
         let mut oldest: Option<i64> = None;
@@ -38,19 +39,10 @@ impl SqliteGroups {
                 oldest = Some(oldest.map_or(created_at, |o| o.min(created_at)));
             }
         }
-        let (retrying, held, dead, held_keys): (i64, i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT count(CASE WHEN m.kind = 'retry' THEN 1 END), count(CASE WHEN m.kind = 'held' THEN 1 END), \
-                    count(CASE WHEN m.kind = 'dead' THEN 1 END), \
-                    count(DISTINCT CASE WHEN {holds} THEN m.key END) \
-             FROM {m} m WHERE m.group_name = ?1",
-            m = self.messages,
-            holds = admin::HOLDS_KEY.replace("{m}", &self.messages),
-        ))
-        .bind(group)
-        .bind(dead_holds_key)
-        .fetch_one(&self.pools.reader)
-        .await
-        .map_err(self.error("group stats"))?;
+        let held_by = admin::HOLDS_KEY.replace("{m}", &self.messages);
+        let counts = Sqlite::state_counts(&self.pools.reader, &self.messages, &held_by, holds)
+            .await
+            .map_err(self.error("group stats"))?;
         let members: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {} WHERE group_name = ? AND expires_at >= ?",
             self.members
@@ -64,12 +56,9 @@ impl SqliteGroups {
             group: group.to_owned(),
             lag_rows,
             lag: oldest.map(|at| Duration::from_millis((now_ms() - at).max(0) as u64)),
-            retrying: retrying as u64,
-            held: held as u64,
-            dead: dead as u64,
-            held_keys: held_keys as u64,
             partitions,
             members: members as u64,
+            ..counts.into()
         })
     }
 
