@@ -151,9 +151,7 @@ impl MySqlStorage {
         let shape = Shape {
             database: database_name.as_ref(),
             table: &table,
-            columns: &options.columns,
-            dead_holds_key: options.dead_holds_key(),
-            max_row_bytes: options.max_row_bytes,
+            options: &options,
         };
         let sql = Statements::render(&shape);
         let conn = Conn {

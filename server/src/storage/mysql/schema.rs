@@ -83,7 +83,7 @@ pub(super) fn lacking<'a>(parts: &'a [Part], live: &[&str]) -> Vec<&'a Part> {
 
 impl Schema {
     pub fn render(t: &str, display_table: &str, shape: &Shape<'_>, c: &Names) -> Self {
-        let columns = shape.columns;
+        let columns = &shape.options.columns;
         let mut lines = Vec::new();
         let mut add_columns = Vec::new();
         for needed in columns.needed() {
@@ -354,7 +354,7 @@ impl Table {
             conn,
             database: shape.database.map(|database| database.to_string()),
             name: shape.table.to_string(),
-            columns: shape.columns.clone(),
+            columns: shape.options.columns.clone(),
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
         }
     }
@@ -467,6 +467,7 @@ mod tests {
     use crate::storage::columns::ColumnMapping;
     use crate::storage::ident::Ident;
     use crate::storage::sql_common::events_mapping;
+    use crate::storage::TableOptions;
 
     fn schema(database: Option<&str>, table: &str, columns: &Columns) -> Schema {
         let database = database.map(|d| Ident::new(d).unwrap());
@@ -475,12 +476,14 @@ mod tests {
             Some(d) => format!("{}.{}", quote(d.as_str()), quote(table.as_str())),
             None => quote(table.as_str()),
         };
+        let options = TableOptions {
+            columns: columns.clone(),
+            ..TableOptions::default()
+        };
         let shape = Shape {
             database: database.as_ref(),
             table: &table,
-            columns,
-            dead_holds_key: false,
-            max_row_bytes: 1 << 22,
+            options: &options,
         };
         Schema::render(
             &t,

@@ -19,11 +19,11 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::storage::columns::Columns;
 use crate::storage::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
 use crate::storage::sql_common::TableSql;
+use crate::storage::TableOptions;
 
 /// The names every statement of one outbox table is rendered from.
 #[derive(Debug)]
@@ -46,12 +46,10 @@ pub(super) struct Shape<'a> {
     /// The database (MySQL's "schema") holding the table; `None`: the connection's.
     pub database: Option<&'a Ident>,
     pub table: &'a Ident,
-    pub columns: &'a Columns,
-    /// `dead_letter_holds_key`, under strict ordering: a dead row holds back its key's
-    /// later rows (see [`Statements::claim_candidates`]).
-    pub dead_holds_key: bool,
-    /// See [`crate::storage::TableOptions::max_row_bytes`].
-    pub max_row_bytes: u64,
+    /// Its columns, and the ordering and size rules its statements follow (with
+    /// `dead_letter_holds_key`, [`Statements::claim_candidates`] keeps a key behind its
+    /// dead row).
+    pub options: &'a TableOptions,
 }
 
 /// How MySQL writes names: the relay's own bare, as its tables always had them (but
@@ -94,11 +92,11 @@ impl Statements {
                 },
                 quoted: in_database(quote(shape.table.as_str())),
                 pauses: pauses_table(shape),
-                names: Names::new(shape.columns, &DIALECT),
+                names: Names::new(&shape.options.columns, &DIALECT),
             },
             pending_index: quote(&derived_name(shape.table.as_str(), PENDING_INDEX)),
-            dead_holds_key: shape.dead_holds_key,
-            max_row_bytes: shape.max_row_bytes,
+            dead_holds_key: shape.options.dead_holds_key(),
+            max_row_bytes: shape.options.max_row_bytes,
         }
     }
 

@@ -87,10 +87,10 @@ impl Admin {
                    AND {processed_at} < statement_timestamp() - $1::interval LIMIT $2)",
                 &table,
             ),
-            blocked_keys: match shape.strict_ordering {
+            blocked_keys: match shape.options.strict_ordering {
                 true => {
                     let heads = StrictObjects::new(shape).heads;
-                    strict_blocked_keys(&t, &heads, &n, shape.dead_holds_key)
+                    strict_blocked_keys(&t, &heads, &n, shape.options.dead_holds_key())
                 }
                 false => blocked_keys(&t, &n),
             },
@@ -109,8 +109,8 @@ impl Admin {
             ),
             resume: format!("DELETE FROM {pauses} WHERE target = ANY($1::text[])"),
             insert: insert(&n, &t),
-            columns: shape.columns.clone(),
-            max_row_bytes: shape.max_row_bytes,
+            columns: shape.options.columns.clone(),
+            max_row_bytes: shape.options.max_row_bytes,
             names: n,
             table: t,
             shared,

@@ -35,13 +35,13 @@ impl Claims {
             shared,
             fetch: format!(
                 "SELECT {message} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.{id}",
-                message = message(&n, "o", shape.max_row_bytes),
+                message = message(&n, "o", shape.options.max_row_bytes),
                 t = shape.table_sql(),
                 id = n.id,
             ),
             statements: ClaimStatements::new(shape),
-            visibility_delay: shape.visibility_delay,
-            dead_holds_key: shape.dead_holds_key,
+            visibility_delay: shape.options.visibility_delay,
+            dead_holds_key: shape.options.dead_holds_key(),
         }
     }
 
@@ -178,8 +178,8 @@ impl ClaimStatements {
             claims: Default::default(),
             table: shape.table_sql(),
             names: shape.names(),
-            max_row_bytes: shape.max_row_bytes,
-            delayed: !shape.visibility_delay.is_zero(),
+            max_row_bytes: shape.options.max_row_bytes,
+            delayed: !shape.options.visibility_delay.is_zero(),
         }
     }
 
@@ -313,6 +313,7 @@ mod tests {
     use crate::storage::columns::Columns;
     use crate::storage::ident::Ident;
     use crate::storage::postgres::shape::{test_shape as shape, DIALECT};
+    use crate::storage::TableOptions;
 
     #[test]
     fn claim_parameters_are_numbered_in_order() {
@@ -331,9 +332,11 @@ mod tests {
     #[test]
     fn a_claim_is_capped_at_the_power_of_two_at_or_above_its_batch() {
         let table = Ident::new("outbox").unwrap();
-        let columns = Columns::default();
-        let mut s = shape(&table, &columns, None);
-        s.strict_ordering = false;
+        let options = TableOptions {
+            strict_ordering: false,
+            ..TableOptions::default()
+        };
+        let s = shape(&table, &options, None);
         let statements = ClaimStatements::new(&s);
         let cap = |batch_size| {
             let sql = statements.claim(TopicClause::Any, batch_size);

@@ -210,12 +210,8 @@ impl PostgresStorage {
         let shape = Shape {
             schema: schema.as_ref(),
             table: &table,
-            columns: &options.columns,
-            strict_ordering: options.strict_ordering,
-            dead_holds_key: options.dead_holds_key(),
-            visibility_delay: options.visibility_delay,
+            options: &options,
             notify_channel: channel.as_ref(),
-            max_row_bytes: options.max_row_bytes,
         };
         let conn = Conn {
             pool,
@@ -223,6 +219,7 @@ impl PostgresStorage {
         };
         let objects = StrictObjects::new(&shape);
         let strict = shape
+            .options
             .strict_ordering
             .then(|| Arc::new(Strict::new(conn.clone(), &objects)));
         // Where this server's non-strict claims start (see `floor.rs`).

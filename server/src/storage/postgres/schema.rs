@@ -38,7 +38,7 @@ impl Schema {
         let (ddl, check) = schema(&t, shape, &n, strict);
         Self {
             conn,
-            columns: shape.columns.clone(),
+            columns: shape.options.columns.clone(),
             // One simple query: the statements run in one implicit transaction, sent at
             // once, so no lock of the DDL waits on this server between them. An index
             // build may take long; a table lock that does not come within a second is
@@ -53,7 +53,7 @@ impl Schema {
             check,
             ping: format!("SELECT 1 FROM {t} LIMIT 0"),
             table: t,
-            functions: match shape.strict_ordering {
+            functions: match shape.options.strict_ordering {
                 true => strict::functions(strict),
                 false => Vec::new(),
             },
@@ -226,7 +226,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         shape.pauses_table()
     );
     check.relations.push(shape.pauses_table());
-    if shape.dead_holds_key {
+    if shape.options.dead_holds_key() {
         // What a strict claim under `dead_letter_holds_key` looks up per key: its dead
         // rows before and after its first pending row. Only with the policy: building it
         // scans the table while producers' inserts wait.
@@ -237,7 +237,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
         );
         check.relations.push(shape.qualified(&key_dead));
     }
-    if shape.strict_ordering {
+    if shape.options.strict_ordering {
         sql += &strict::schema(strict, n);
         check.relations.push(strict.heads.clone());
         check.relations.push(shape.qualified(&strict.heads_index));
@@ -268,7 +268,7 @@ CREATE INDEX IF NOT EXISTS {keyless} ON {t} ({id}) WHERE {status} = 'pending' AN
 /// The table (and its schema) when missing; for a table made by an earlier version, its
 /// fill factor; for a team's existing table, the bookkeeping columns it lacks.
 fn create_table(t: &str, shape: &Shape<'_>, n: &Names) -> String {
-    let columns = shape.columns;
+    let columns = &shape.options.columns;
     let mut sql = String::new();
     if let Some(schema) = shape.schema {
         sql += &format!("CREATE SCHEMA IF NOT EXISTS {};\n", schema.quoted());
@@ -478,14 +478,17 @@ mod tests {
     use super::*;
     use crate::storage::columns::{ColumnMapping, Columns};
     use crate::storage::ident::Ident;
-    use crate::storage::postgres::shape::{insert, message, test_shape as shape, DIALECT};
+    use crate::storage::postgres::shape::{
+        insert, message, test_options, test_shape as shape, DIALECT,
+    };
     #[test]
     fn schema_quotes_names_and_adds_the_trigger_only_with_a_channel() {
         let table = Ident::new("Outbox").unwrap();
         let channel = Ident::new("outbox_inserted").unwrap();
         let columns = Columns::default();
         let n = Names::new(&columns, &DIALECT);
-        let s = shape(&table, &columns, None);
+        let options = test_options(&columns);
+        let s = shape(&table, &options, None);
         let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(!sql.contains("pg_notify"));
         assert!(
@@ -494,7 +497,7 @@ mod tests {
         );
         assert!(sql.contains(") WITH (fillfactor = 50);"), "{sql}");
         assert!(sql.contains("ALTER TABLE \"Outbox\" SET (fillfactor = 50);"));
-        let s = shape(&table, &columns, Some(&channel));
+        let s = shape(&table, &options, Some(&channel));
         let (sql, _) = schema("\"Outbox\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("CREATE INDEX IF NOT EXISTS \"Outbox_pending_idx\""));
         assert!(sql.contains("pg_notify('outbox_inserted', 'topic:' || topic)"));
@@ -515,7 +518,8 @@ mod tests {
         })
         .unwrap();
         let n = Names::new(&columns, &DIALECT);
-        let s = shape(&table, &columns, None);
+        let options = test_options(&columns);
+        let s = shape(&table, &options, None);
         let (sql, _) = schema("\"order_events\"", &s, &n, &StrictObjects::new(&s));
         assert!(sql.contains("\"body\"       JSONB"), "{sql}");
         assert!(

@@ -3,11 +3,12 @@
 //! every part of the backend writes alike: a row read as a message, an insert, the error
 //! of a row a claim dead-lettered. Rendered once per table; nothing here runs a statement.
 
-use std::time::Duration;
-
-use crate::storage::columns::{Columns, PayloadFormat};
+#[cfg(test)]
+use crate::storage::columns::Columns;
+use crate::storage::columns::PayloadFormat;
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::{self, Dialect, Names};
+use crate::storage::TableOptions;
 
 /// First half of the two-key advisory locks, so ours cannot collide with an
 /// application's single-key locks. ASCII "txob".
@@ -19,14 +20,10 @@ pub(super) const LOCK_CLASS_DDL: i32 = LOCK_CLASS_CLAIM + 1;
 pub(super) struct Shape<'a> {
     pub schema: Option<&'a Ident>,
     pub table: &'a Ident,
-    pub columns: &'a Columns,
-    pub strict_ordering: bool,
-    /// `dead_letter_holds_key`, under strict ordering (see `strict.rs`).
-    pub dead_holds_key: bool,
-    pub visibility_delay: Duration,
+    /// Its columns, and the ordering, delay and size rules its statements follow
+    /// (`dead_letter_holds_key` under strict ordering: `strict.rs`).
+    pub options: &'a TableOptions,
     pub notify_channel: Option<&'a Ident>,
-    /// See [`crate::storage::TableOptions::max_row_bytes`].
-    pub max_row_bytes: u64,
 }
 
 impl Shape<'_> {
@@ -58,7 +55,7 @@ impl Shape<'_> {
 
     /// The columns as this backend's SQL writes them.
     pub fn names(&self) -> Names {
-        Names::new(self.columns, &DIALECT)
+        Names::new(&self.options.columns, &DIALECT)
     }
 
     /// The outbox's pauses table, quoted and qualified.
@@ -209,22 +206,27 @@ pub(super) fn exhausted_error(n: &Names, alias: &str, max_attempts: &str) -> Str
     )
 }
 
-/// A strict table's shape with the default columns, for the backend's tests.
+/// A strict table's options with `columns`, for the backend's tests.
+#[cfg(test)]
+pub(super) fn test_options(columns: &Columns) -> TableOptions {
+    TableOptions {
+        columns: columns.clone(),
+        ..TableOptions::default()
+    }
+}
+
+/// A table's shape, for the backend's tests.
 #[cfg(test)]
 pub(super) fn test_shape<'a>(
     table: &'a Ident,
-    columns: &'a Columns,
+    options: &'a TableOptions,
     channel: Option<&'a Ident>,
 ) -> Shape<'a> {
     Shape {
         schema: None,
         table,
-        columns,
-        strict_ordering: true,
-        dead_holds_key: false,
-        visibility_delay: Duration::ZERO,
+        options,
         notify_channel: channel,
-        max_row_bytes: 1 << 22,
     }
 }
 

@@ -184,11 +184,7 @@ impl SqliteStorage {
             Ident::new(&options.table).map_err(|err| anyhow!("invalid sqlite `table`: {err}"))?;
         let sql = Statements::render(&Shape {
             table: &table,
-            columns: &options.columns,
-            strict_ordering: options.strict_ordering,
-            dead_holds_key: options.dead_holds_key(),
-            visibility_delay: options.visibility_delay,
-            max_row_bytes: options.max_row_bytes,
+            options: &options,
         });
         let place = Place {
             table: sql.table.display.clone(),

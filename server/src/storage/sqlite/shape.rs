@@ -19,12 +19,11 @@
 //! rendered per call, it is the same text each time.
 
 use std::fmt::Display;
-use std::time::Duration;
 
-use crate::storage::columns::Columns;
 use crate::storage::ident::{self, Ident};
 use crate::storage::names::{Dialect, Names};
 use crate::storage::sql_common::TableSql;
+use crate::storage::TableOptions;
 
 /// The machine clock in epoch milliseconds, as SQL, for column defaults. Truncated like
 /// [`super::convert::now_ms`], so a row inserted "now" is never ahead of the server's now.
@@ -50,7 +49,7 @@ pub(super) struct Statements {
 
 impl Statements {
     pub fn render(shape: &Shape<'_>) -> Self {
-        let names = Names::new(shape.columns, &DIALECT);
+        let names = Names::new(&shape.options.columns, &DIALECT);
         Self {
             held: names.fill(
                 "WHERE {id} IN (SELECT value FROM json_each(?1)) AND {leased_by} = ?2 \
@@ -63,10 +62,10 @@ impl Statements {
                 pauses: pauses_table(shape.table),
                 names,
             },
-            max_row_bytes: shape.max_row_bytes,
-            strict_ordering: shape.strict_ordering,
-            dead_holds_key: shape.dead_holds_key,
-            delayed: !shape.visibility_delay.is_zero(),
+            max_row_bytes: shape.options.max_row_bytes,
+            strict_ordering: shape.options.strict_ordering,
+            dead_holds_key: shape.options.dead_holds_key(),
+            delayed: !shape.options.visibility_delay.is_zero(),
         }
     }
 
@@ -82,14 +81,9 @@ impl Statements {
 /// What shapes the statements besides the table name.
 pub(super) struct Shape<'a> {
     pub table: &'a Ident,
-    pub columns: &'a Columns,
-    pub strict_ordering: bool,
-    /// `dead_letter_holds_key`, under strict ordering: a dead row holds back its key's
-    /// later rows (see `claim.rs`).
-    pub dead_holds_key: bool,
-    pub visibility_delay: Duration,
-    /// See [`crate::storage::TableOptions::max_row_bytes`].
-    pub max_row_bytes: u64,
+    /// Its columns, and the ordering, delay and size rules its statements follow (with
+    /// `dead_letter_holds_key`, a dead row holds back its key's later rows: `claim.rs`).
+    pub options: &'a TableOptions,
 }
 
 /// How SQLite writes names: the relay's own bare, as its tables always had them (none is

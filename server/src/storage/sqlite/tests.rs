@@ -6,16 +6,16 @@ use super::shape::{Shape, Statements};
 use crate::storage::columns::{ColumnMapping, Columns};
 use crate::storage::ident::Ident;
 use crate::storage::sql_common::events_mapping;
-use crate::storage::TopicClause;
+use crate::storage::{TableOptions, TopicClause};
 
 fn render(table: &str, columns: &Columns, visibility_delay: Duration) -> Statements {
     Statements::render(&Shape {
         table: &Ident::new(table).unwrap(),
-        columns,
-        strict_ordering: true,
-        dead_holds_key: false,
-        visibility_delay,
-        max_row_bytes: 1 << 22,
+        options: &TableOptions {
+            columns: columns.clone(),
+            visibility_delay,
+            ..TableOptions::default()
+        },
     })
 }
 

@@ -6,15 +6,17 @@ use crate::storage::mysql::claim::ClaimShape;
 use crate::storage::mysql::schema::Schema;
 use crate::storage::mysql::shape::{derived_name, quote, Shape, Statements};
 use crate::storage::sql_common::events_mapping;
+use crate::storage::TableOptions;
 
 fn render(database: Option<&str>, table: &str, columns: &Columns) -> Statements {
     let database = database.map(|d| Ident::new(d).unwrap());
     Statements::render(&Shape {
         database: database.as_ref(),
         table: &Ident::new(table).unwrap(),
-        columns,
-        dead_holds_key: false,
-        max_row_bytes: 1 << 22,
+        options: &TableOptions {
+            columns: columns.clone(),
+            ..TableOptions::default()
+        },
     })
 }
 
@@ -27,9 +29,7 @@ fn identifiers_are_backtick_quoted_and_qualified() {
     let shape = Shape {
         database: Some(&database),
         table: &Ident::new("Outbox").unwrap(),
-        columns: &Columns::default(),
-        dead_holds_key: false,
-        max_row_bytes: 1 << 22,
+        options: &TableOptions::default(),
     };
     let schema = Schema::render(
         &sql.table.quoted,
