@@ -89,6 +89,9 @@ impl Answers {
     ) -> RelayResult<Vec<NackResult>> {
         limits::holder(owner)?;
         limits::ids(&nacks.iter().map(|n| n.id).collect::<Vec<_>>())?;
+        if nacks.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut cut = Vec::with_capacity(nacks.len());
         for nack in nacks {
             limits::text("error", nack.error)?;

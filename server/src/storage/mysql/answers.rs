@@ -3,6 +3,9 @@
 //! RETURNING`: every multi-row answer is a short transaction that locks the rows the
 //! owner holds ([`Statements::held`]), updates exactly those, and returns their ids. One
 //! attempt each; `mod.rs` retries them once after a lock conflict.
+//!
+//! An answer naming no rows returns at once: `IN ()` is not SQL (the relay itself sends
+//! none, `relay/answers.rs`; the other backends' statements take an empty list).
 
 use std::time::Duration;
 

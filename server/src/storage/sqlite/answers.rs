@@ -2,6 +2,9 @@
 //! the leases of a subscriber that went away given back. Each is one `UPDATE ...
 //! RETURNING` on the writer, fenced by [`Statements::held`]; a batch of nacks is one
 //! write transaction, each nack a read, a write, and the later rows of its key given back.
+//!
+//! An answer naming no rows needs no check here: the relay answers it without a storage
+//! call (`relay/answers.rs`), and a statement given an empty JSON list changes nothing.
 
 use std::time::Duration;
 
@@ -118,9 +121,6 @@ impl SqliteStorage {
         ids: &SortedIds,
         owner: &str,
     ) -> StorageResult<Vec<(MessageId, u32)>> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
         let rows: Vec<(MessageId, i64)> = sqlx::query_as(&self.sql.held_attempts())
             .bind(json_list(ids.as_slice()))
             .bind(owner)
@@ -134,9 +134,6 @@ impl SqliteStorage {
     }
 
     pub(super) async fn ack_held(&self, ids: &SortedIds, owner: &str) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
         let statement = if self.options.delete_on_ack {
             self.sql.ack_delete()
         } else {
@@ -162,9 +159,6 @@ impl SqliteStorage {
         owner: &str,
         policy: &dyn RetryPolicy,
     ) -> StorageResult<Vec<NackResult>> {
-        if nacks.is_empty() {
-            return Ok(Vec::new());
-        }
         // One write transaction for the batch; each nack sees what the ones before it did.
         let mut tx = self.begin_immediate("nack").await?;
         let mut results = Vec::with_capacity(nacks.len());
@@ -181,9 +175,6 @@ impl SqliteStorage {
         owner: &str,
         delay: Duration,
     ) -> StorageResult<SortedIds> {
-        if ids.is_empty() {
-            return Ok(SortedIds::default());
-        }
         let mut conn = self.writer("release").await?;
         let now = now_ms();
         let applied: Vec<MessageId> = sqlx::query_scalar(&self.sql.release())
@@ -247,9 +238,6 @@ impl SqliteStorage {
     }
 
     pub(super) async fn return_held(&self, ids: &SortedIds, owner: &str) -> StorageResult<u64> {
-        if ids.is_empty() {
-            return Ok(0);
-        }
         let mut conn = self.writer("return leases").await?;
         let done = sqlx::query(&self.sql.return_leases())
             .bind(json_list(ids.as_slice()))
