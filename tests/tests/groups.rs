@@ -10,6 +10,8 @@ use txoutbox_tests::{eventually, Server, SqliteDb, Subscriber, TestDb, DEADLINE}
 
 #[path = "groups/admin.rs"]
 mod admin;
+#[path = "groups/mapped.rs"]
+mod mapped;
 
 /// Two groups on the outbox `orders`, ordered by key, short leases (handovers are quick).
 const GROUPS: &str = r#"

@@ -17,6 +17,8 @@
 //! `positions.rs` (flushes, seeks, the purge), `stats.rs`, `dead.rs` (dead letters) and
 //! `admin.rs` (blocked keys, pauses).
 
+use std::fmt::Display;
+
 use chrono::{DateTime, Utc};
 use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::{Arguments, Postgres, Row};
@@ -56,12 +58,12 @@ struct GroupSql {
     messages: String,
     /// The partition of row `o`.
     part: String,
-    /// The creation time of row `o`.
-    created_at: String,
     /// The columns of row `o` as a message, then its partition and position.
     row: String,
     ddl: String,
     lock_key: String,
+    /// The outbox table's columns: a mapped table names them its own way.
+    names: Names,
 }
 
 impl PostgresGroups {
@@ -97,12 +99,12 @@ impl PostgresGroups {
                 message(&n, "o", max_row_bytes)
             ),
             ddl: String::new(),
-            created_at: format!("o.{}", n.created_at),
             lock_key: format!("{}.{table}", schema.unwrap_or("")),
             part,
             table: t,
+            names: n,
         };
-        let ddl = sql.render_ddl(&n, table, schema, partitions);
+        let ddl = sql.render_ddl(table, schema, partitions);
         Ok(Self {
             pool,
             display_table: match schema {
@@ -134,9 +136,9 @@ impl PostgresGroups {
                 parts.iter().map(|p| (*p, xmin - 1, i64::MAX)).collect()
             }
             SeekTarget::Id(id) => {
-                let txid: Option<i64> = sqlx::query_scalar(&format!(
-                    "SELECT o.txid::text::int8 FROM {t} o WHERE o.id = $1",
-                    t = s.table
+                let txid: Option<i64> = sqlx::query_scalar(&s.fill(
+                    "SELECT o.txid::text::int8 FROM {t} o WHERE o.{id} = $1",
+                    &[],
                 ))
                 .bind(id)
                 .fetch_optional(&self.pool)
@@ -153,15 +155,13 @@ impl PostgresGroups {
             SeekTarget::Time(at) => {
                 // Per partition, just before its first row created at or after `at`; a
                 // partition with none is moved to the frontier.
-                sqlx::query_as::<_, (i32, i64, i64)>(&format!(
+                sqlx::query_as::<_, (i32, i64, i64)>(&s.fill(
                     "SELECT c.p, coalesce(f.txid, x.xmin - 1), coalesce(f.id - 1, {max}) \
                      FROM unnest($1::int4[]) AS c(p) \
                      CROSS JOIN (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::int8 AS xmin) x \
-                     LEFT JOIN LATERAL (SELECT o.txid::text::int8 AS txid, o.id FROM {t} o \
-                        WHERE {part} = c.p AND o.created_at >= $2 ORDER BY o.txid, o.id LIMIT 1) f ON true",
-                    max = i64::MAX,
-                    t = s.table,
-                    part = s.part,
+                     LEFT JOIN LATERAL (SELECT o.txid::text::int8 AS txid, o.{id}::int8 AS id FROM {t} o \
+                        WHERE {part} = c.p AND o.{created_at} >= $2 ORDER BY o.txid, o.{id} LIMIT 1) f ON true",
+                    &[("max", &i64::MAX)],
                 ))
                 .bind(&parts)
                 .bind(at)
@@ -174,6 +174,22 @@ impl PostgresGroups {
         };
         let _ = group;
         Ok(rows)
+    }
+}
+
+impl GroupSql {
+    /// A statement on the outbox table from `template` (see [`Names::fill`]): the roles
+    /// are the table's columns, `{t}` the table, `{part}` the partition of its row `o`,
+    /// `{row}` that row as a message, `{m}` the group messages table; `values` the rest.
+    fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> = vec![
+            ("t", &self.table),
+            ("part", &self.part),
+            ("row", &self.row),
+            ("m", &self.messages),
+        ];
+        all.extend_from_slice(values);
+        self.names.fill(template, &all)
     }
 }
 

@@ -13,6 +13,7 @@
 //! `positions.rs` (flushes, seeks, the purge), `stats.rs`, `dead.rs` (dead letters) and
 //! `admin.rs` (blocked keys, pauses).
 
+use std::fmt::Display;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -48,6 +49,8 @@ pub struct SqliteGroups {
     messages: String,
     message: String,
     ddl: String,
+    /// The outbox table's columns: a mapped table names them its own way.
+    names: Names,
 }
 
 fn ms(duration: Duration) -> i64 {
@@ -126,7 +129,26 @@ CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
             members,
             messages,
             ddl,
+            names: n,
         })
+    }
+
+    /// A statement on the outbox table from `template` (see [`Names::fill`]): the roles
+    /// are the table's columns, `{t}` the table, `{message}` its row as a message, `{m}`
+    /// the group messages table; `values` the rest.
+    fn fill(&self, template: &str, values: &[(&str, &dyn Display)]) -> String {
+        let mut all: Vec<(&str, &dyn Display)> = vec![
+            ("t", &self.table),
+            ("message", &self.message),
+            ("m", &self.messages),
+        ];
+        all.extend_from_slice(values);
+        self.names.fill(template, &all)
+    }
+
+    /// The statement of [`Self::last_id`], which `ensure` also runs in its transaction.
+    fn last_id_sql(&self) -> String {
+        self.fill("SELECT coalesce(max({id}), 0) FROM {t}", &[])
     }
 
     fn error(&self, action: &'static str) -> impl FnOnce(sqlx::Error) -> StorageError + '_ {
@@ -170,7 +192,7 @@ CREATE INDEX IF NOT EXISTS {messages_key_idx} ON {messages} (group_name, key);
 
     /// The last id of the table, or 0.
     async fn last_id(&self) -> StorageResult<i64> {
-        sqlx::query_scalar(&format!("SELECT coalesce(max(id), 0) FROM {}", self.table))
+        sqlx::query_scalar(&self.last_id_sql())
             .fetch_one(&self.pools.reader)
             .await
             .map_err(self.error("group position"))

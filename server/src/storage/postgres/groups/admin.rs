@@ -26,20 +26,18 @@ impl PostgresGroups {
         page: Page,
     ) -> StorageResult<Vec<BlockedKey>> {
         let s = &self.sql;
-        let statement = format!(
+        let holds_key = HOLDS_KEY.replace("{m}", &s.messages);
+        let statement = s.fill(
             "SELECT h.key, h.id, h.kind, h.attempts, h.error, h.due_at, h.updated_at, \
-                    {created_at} AS created_at, \
+                    o.{created_at} AS created_at, \
                     (SELECT count(*) FROM {m} b WHERE b.group_name = $1 AND b.key = h.key \
                        AND b.kind = 'held') AS behind \
              FROM (SELECT m.*, row_number() OVER (PARTITION BY m.key \
                      ORDER BY m.kind = 'retry' DESC, m.pos_txid, m.id) AS nth \
                    FROM {m} m WHERE m.group_name = $1 AND m.key IS NOT NULL AND {holds}) h \
-             JOIN {t} o ON o.id = h.id \
+             JOIN {t} o ON o.{id} = h.id \
              WHERE h.nth = 1 AND h.id > $3 ORDER BY h.id LIMIT $4",
-            created_at = s.created_at,
-            m = s.messages,
-            t = s.table,
-            holds = HOLDS_KEY.replace("{m}", &s.messages),
+            &[("holds", &holds_key)],
         );
         Postgres::blocked_keys(&self.pool, &statement, holds, page)
             .await

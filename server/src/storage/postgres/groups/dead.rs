@@ -10,13 +10,11 @@ use crate::storage::{MessageId, StorageResult};
 impl PostgresGroups {
     pub(super) async fn list_dead(&self, group: &str, page: Page) -> StorageResult<Vec<GroupDead>> {
         let s = &self.sql;
-        sqlx::query(&format!(
+        sqlx::query(&s.fill(
             "SELECT {row}, g.error AS group_error, g.updated_at AS dead_at, g.attempts AS group_attempts \
-             FROM {m} g JOIN {t} o ON o.id = g.id \
+             FROM {m} g JOIN {t} o ON o.{id} = g.id \
              WHERE g.group_name = $1 AND g.kind = 'dead' AND g.id > $2 ORDER BY g.id LIMIT $3",
-            row = s.row,
-            m = s.messages,
-            t = s.table
+            &[],
         ))
         .bind(group)
         .bind(page.after_id)

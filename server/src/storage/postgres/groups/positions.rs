@@ -118,12 +118,11 @@ impl PostgresGroups {
             return Err(unknown_group(group));
         }
         let positions = self.positions_for(group, target).await?;
-        let rows_ahead: i64 = sqlx::query_scalar_with(&format!(
+        let rows_ahead: i64 = sqlx::query_scalar_with(&s.fill(
             "SELECT coalesce(sum(n), 0)::int8 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL (SELECT count(*) AS n FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i)) r",
-            t = s.table,
-            part = s.part
+                WHERE {part} = c.p AND (o.txid, o.{id}) > (c.tx::text::xid8, c.i)) r",
+            &[],
         ), positions.arguments())
         .fetch_one(&self.pool)
         .await
@@ -172,15 +171,13 @@ impl PostgresGroups {
         let mut total = 0;
         for (partition, txid, id) in bounds {
             total += crate::storage::in_batches(|| async move {
-                sqlx::query(&format!(
-                    "DELETE FROM {t} WHERE id IN (SELECT o.id FROM {t} o \
-                        WHERE {part} = $1 AND (o.txid, o.id) <= ($2::text::xid8, $3) \
-                          AND o.created_at < now() - $4 \
-                          AND NOT EXISTS (SELECT 1 FROM {m} g WHERE g.id = o.id) \
-                        ORDER BY o.txid, o.id LIMIT $5)",
-                    t = s.table,
-                    part = s.part,
-                    m = s.messages
+                sqlx::query(&s.fill(
+                    "DELETE FROM {t} WHERE {id} IN (SELECT o.{id} FROM {t} o \
+                        WHERE {part} = $1 AND (o.txid, o.{id}) <= ($2::text::xid8, $3) \
+                          AND o.{created_at} < now() - $4 \
+                          AND NOT EXISTS (SELECT 1 FROM {m} g WHERE g.id = o.{id}) \
+                        ORDER BY o.txid, o.{id} LIMIT $5)",
+                    &[],
                 ))
                 .bind(partition)
                 .bind(txid)

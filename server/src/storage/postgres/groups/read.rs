@@ -22,16 +22,14 @@ impl PostgresGroups {
         let s = &self.sql;
         let positions: Positions = cursors.iter().map(|(p, at)| (*p, at)).collect();
         let rows = sqlx::query_with(
-            &format!(
+            &s.fill(
                 "SELECT r.* FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL ( \
                 SELECT {row} FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
+                WHERE {part} = c.p AND (o.txid, o.{id}) > (c.tx::text::xid8, c.i) \
                   AND o.txid < pg_snapshot_xmin(pg_current_snapshot()) \
-                ORDER BY o.txid, o.id LIMIT $4) r",
-                row = s.row,
-                t = s.table,
-                part = s.part,
+                ORDER BY o.txid, o.{id} LIMIT $4) r",
+                &[],
             ),
             positions.arguments(),
         )
@@ -79,10 +77,9 @@ impl PostgresGroups {
 
     pub(super) async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {
         let s = &self.sql;
-        sqlx::query(&format!(
-            "SELECT {row} FROM {t} o WHERE o.id = ANY($1) ORDER BY o.txid, o.id",
-            row = s.row,
-            t = s.table
+        sqlx::query(&s.fill(
+            "SELECT {row} FROM {t} o WHERE o.{id} = ANY($1) ORDER BY o.txid, o.{id}",
+            &[],
         ))
         .bind(ids)
         .fetch_all(&self.pool)

@@ -123,15 +123,9 @@ impl PostgresGroups {
 }
 
 impl GroupSql {
-    /// The groups' DDL for a table with these names (`n`) in `schema`.
-    pub(super) fn render_ddl(
-        &self,
-        n: &Names,
-        table: &str,
-        schema: Option<&str>,
-        partitions: u32,
-    ) -> String {
-        ddl(self, n, table, schema, partitions)
+    /// The groups' DDL for the table in `schema`.
+    pub(super) fn render_ddl(&self, table: &str, schema: Option<&str>, partitions: u32) -> String {
+        ddl(self, &self.names, table, schema, partitions)
     }
 }
 

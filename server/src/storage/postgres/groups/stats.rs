@@ -32,14 +32,13 @@ impl PostgresGroups {
             .map(|p| (p.partition, &p.position))
             .collect();
         let (lag_rows, oldest): (i64, Option<f64>) = sqlx::query_as_with(
-            &format!(
+            &s.fill(
             "SELECT coalesce(sum(r.n), 0)::int8, extract(epoch FROM now() - min(r.oldest))::float8 \
              FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
-             CROSS JOIN LATERAL (SELECT count(*) AS n, min(o.created_at) AS oldest FROM {t} o \
-                WHERE {part} = c.p AND (o.txid, o.id) > (c.tx::text::xid8, c.i) \
+             CROSS JOIN LATERAL (SELECT count(*) AS n, min(o.{created_at}) AS oldest FROM {t} o \
+                WHERE {part} = c.p AND (o.txid, o.{id}) > (c.tx::text::xid8, c.i) \
                   AND o.txid < pg_snapshot_xmin(pg_current_snapshot())) r",
-            t = s.table,
-            part = s.part
+            &[],
         ),
             positions.arguments(),
         )

@@ -26,19 +26,18 @@ impl SqliteGroups {
         holds: Holds<'_>,
         page: Page,
     ) -> StorageResult<Vec<BlockedKey>> {
-        let statement = format!(
+        let holds_key = HOLDS_KEY.replace("{m}", &self.messages);
+        let statement = self.fill(
             "SELECT h.key, h.id, h.kind, h.attempts, h.error, h.due_at, h.updated_at, \
-                    o.created_at AS created_at, \
+                    o.{created_at} AS created_at, \
                     (SELECT count(*) FROM {m} b WHERE b.group_name = ?1 AND b.key = h.key \
                        AND b.kind = 'held') AS behind \
              FROM (SELECT m.*, row_number() OVER (PARTITION BY m.key \
                      ORDER BY m.kind = 'retry' DESC, m.id) AS nth \
                    FROM {m} m WHERE m.group_name = ?1 AND m.key IS NOT NULL AND {holds}) h \
-             JOIN {t} o ON o.id = h.id \
+             JOIN {t} o ON o.{id} = h.id \
              WHERE h.nth = 1 AND h.id > ?3 ORDER BY h.id LIMIT ?4",
-            m = self.messages,
-            t = self.table,
-            holds = HOLDS_KEY.replace("{m}", &self.messages),
+            &[("holds", &holds_key)],
         );
         Sqlite::blocked_keys(&self.pools.reader, &statement, holds, page)
             .await

@@ -97,10 +97,10 @@ impl SqliteGroups {
             SeekTarget::Oldest => 0,
             SeekTarget::Now => self.last_id().await?,
             SeekTarget::Id(id) => id - 1,
-            SeekTarget::Time(at) => sqlx::query_scalar(&format!(
-                "SELECT coalesce((SELECT min(id) - 1 FROM {t} WHERE created_at >= ?), \
-                                 (SELECT coalesce(max(id), 0) FROM {t}))",
-                t = self.table
+            SeekTarget::Time(at) => sqlx::query_scalar(&self.fill(
+                "SELECT coalesce((SELECT min({id}) - 1 FROM {t} WHERE {created_at} >= ?), \
+                                 (SELECT coalesce(max({id}), 0) FROM {t}))",
+                &[],
             ))
             .bind(at.timestamp_millis())
             .fetch_one(&self.pools.reader)
@@ -108,7 +108,7 @@ impl SqliteGroups {
             .map_err(self.error("seek group"))?,
         };
         let rows_ahead: i64 =
-            sqlx::query_scalar(&format!("SELECT count(*) FROM {} WHERE id > ?", self.table))
+            sqlx::query_scalar(&self.fill("SELECT count(*) FROM {t} WHERE {id} > ?", &[]))
                 .bind(to)
                 .fetch_one(&self.pools.reader)
                 .await
@@ -159,12 +159,11 @@ impl SqliteGroups {
         let Some(bound) = bound else { return Ok(0) };
         let cutoff = now_ms() - ms(retention);
         crate::storage::in_batches(|| async move {
-            sqlx::query(&format!(
-                "DELETE FROM {t} WHERE id IN (SELECT o.id FROM {t} o WHERE o.id <= ? \
-                    AND o.created_at < ? \
-                    AND NOT EXISTS (SELECT 1 FROM {m} g WHERE g.id = o.id) ORDER BY o.id LIMIT ?)",
-                t = self.table,
-                m = self.messages
+            sqlx::query(&self.fill(
+                "DELETE FROM {t} WHERE {id} IN (SELECT o.{id} FROM {t} o WHERE o.{id} <= ? \
+                    AND o.{created_at} < ? \
+                    AND NOT EXISTS (SELECT 1 FROM {m} g WHERE g.id = o.{id}) ORDER BY o.{id} LIMIT ?)",
+                &[],
             ))
             .bind(bound)
             .bind(cutoff)

@@ -22,10 +22,9 @@ impl SqliteGroups {
         let asked: BTreeMap<u32, i64> = cursors.iter().map(|(p, c)| (*p, c.id)).collect();
         // One walk of the id range for every partition asked.
         let span = i64::from(limit) * i64::try_from(asked.len()).unwrap_or(1);
-        let raw = sqlx::query(&format!(
-            "SELECT {m} FROM {t} WHERE id > ? ORDER BY id LIMIT ?",
-            m = self.message,
-            t = self.table
+        let raw = sqlx::query(&self.fill(
+            "SELECT {message} FROM {t} WHERE {id} > ? ORDER BY {id} LIMIT ?",
+            &[],
         ))
         .bind(from)
         .bind(span)
@@ -76,10 +75,9 @@ impl SqliteGroups {
 
     pub(super) async fn fetch(&self, ids: &[MessageId]) -> StorageResult<Vec<GroupRow>> {
         let list = serde_json::to_string(ids).expect("a list of ids serialises");
-        let raw = sqlx::query(&format!(
-            "SELECT {m} FROM {t} WHERE id IN (SELECT value FROM json_each(?)) ORDER BY id",
-            m = self.message,
-            t = self.table
+        let raw = sqlx::query(&self.fill(
+            "SELECT {message} FROM {t} WHERE {id} IN (SELECT value FROM json_each(?)) ORDER BY {id}",
+            &[],
         ))
         .bind(list)
         .fetch_all(&self.pools.reader)

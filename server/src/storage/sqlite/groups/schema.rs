@@ -57,12 +57,10 @@ impl SqliteGroups {
             }
             let start_id: i64 = match start {
                 GroupStart::Oldest => 0,
-                GroupStart::Now => {
-                    sqlx::query_scalar(&format!("SELECT coalesce(max(id), 0) FROM {}", self.table))
-                        .fetch_one(&mut *tx)
-                        .await
-                        .map_err(self.error("create groups"))?
-                }
+                GroupStart::Now => sqlx::query_scalar(&self.last_id_sql())
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(self.error("create groups"))?,
             };
             for partition in 0..partitions {
                 sqlx::query(&format!(

@@ -24,9 +24,9 @@ impl SqliteGroups {
             .iter()
             .map(|p| (p.partition, p.position.id))
             .collect();
-        let rows: Vec<(i64, Option<String>, i64)> = sqlx::query_as(&format!(
-            "SELECT id, key, created_at FROM {} WHERE id > ? ORDER BY id",
-            self.table
+        let rows: Vec<(i64, Option<String>, i64)> = sqlx::query_as(&self.fill(
+            "SELECT {id}, {key}, {created_at} FROM {t} WHERE {id} > ? ORDER BY {id}",
+            &[],
         ))
         .bind(from)
         .fetch_all(&self.pools.reader)
