@@ -178,6 +178,15 @@ impl Subscriber {
         .await
     }
 
+    pub async fn dead_letter(&mut self, id: i64, error: &str) -> v1::Settled {
+        self.answer(Req::DeadLetter(v1::DeadLetterMessage {
+            id,
+            error: error.into(),
+            ..Default::default()
+        }))
+        .await
+    }
+
     /// Ends the stream from the client side (a clean close).
     pub fn close(&mut self) {
         self.requests = None;

@@ -6,7 +6,6 @@ use std::process::Output;
 
 use serde_json::Value;
 use tonic::Code;
-use txoutbox_proto::v1::subscribe_request::Request as Req;
 use txoutbox_proto::v1::{self};
 use txoutbox_tests::{eventually, Server, TestDb, DEADLINE};
 
@@ -87,14 +86,7 @@ async fn a_groups_blocked_keys_are_its_retrying_and_dead_holding_keys_as_stats_c
     // Key c: its first row dead-lettered, which holds the key in this group.
     let c0 = db.insert("t", Some("c"), b"c:0").await;
     assert_eq!(sub.take(1).await[0].id, c0);
-    let dead = sub
-        .answer(Req::DeadLetter(v1::DeadLetterMessage {
-            id: c0,
-            error: "poison".into(),
-            ..Default::default()
-        }))
-        .await;
-    assert_eq!(dead.dead_lettered, [c0]);
+    assert_eq!(sub.dead_letter(c0, "poison").await.dead_lettered, [c0]);
     db.insert("t", Some("c"), b"c:1").await;
     // Key b flows.
     let b0 = db.insert("t", Some("b"), b"b:0").await;

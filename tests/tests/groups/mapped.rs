@@ -5,7 +5,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use txoutbox_proto::v1::subscribe_request::Request as Req;
 use txoutbox_proto::v1::{self, seek_group_request::To};
 use txoutbox_tests::outbox_db::TEAM_MAPPING;
 use txoutbox_tests::{eventually, MappedPgDb, OutboxDb, Server, SqliteDb, DEADLINE};
@@ -172,14 +171,7 @@ async fn a_group_works_on_a_mapped_table(table: TeamTable) {
     let [a, b, c] = [new[0], new[1], new[2]];
     assert_eq!(sub.nack(a, "broker down", Some(60_000)).await.retried, [a]);
     assert_eq!(sub.ack(&[b]).await.acked, [b]);
-    let dead = sub
-        .answer(Req::DeadLetter(v1::DeadLetterMessage {
-            id: c,
-            error: "poison".into(),
-            ..Default::default()
-        }))
-        .await;
-    assert_eq!(dead.dead_lettered, [c]);
+    assert_eq!(sub.dead_letter(c, "poison").await.dead_lettered, [c]);
     // A later row of a is held behind the retry.
     table.insert("a", 0).await;
 
