@@ -7,8 +7,8 @@
 //! - rows decoded: a message, a topic's stats, times ([`StoredTime`]);
 //! - what differs only in its statement and its pool: the pauses read, lease holders, the
 //!   delivered count, the purge, an insert's values, generic over [`sqlx::Database`];
-//! - the driver failures that mean the database is unavailable, and what the backends'
-//!   tests share.
+//! - the driver failures that mean the database is unavailable (PostgreSQL's errors are
+//!   classified by it too), and what the backends' tests share.
 
 use std::collections::BTreeMap;
 use std::fmt::Display;

@@ -12,6 +12,7 @@ use sqlx::types::Json;
 use sqlx::Row;
 
 use crate::storage::rows::{self, attempts, count, headers_from_json};
+use crate::storage::sql_common;
 use crate::storage::{BlockedKey, HeadState, MessageId, OutboxMessage, StorageError, TopicStats};
 
 /// The pool and the table its statements run on: each part of the backend holds one
@@ -34,11 +35,7 @@ impl Conn {
 pub(super) fn classify(err: sqlx::Error, table: &str, action: &str) -> StorageError {
     let unavailable = |err: &sqlx::Error| StorageError::Unavailable(format!("{action}: {err}"));
     match &err {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => unavailable(&err),
+        err if sql_common::is_unreachable(err) => unavailable(err),
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // Class 08: connection exception. 57P01-03: admin/crash shutdown, cannot
             // connect now. 53300: too many connections. 25006: read-only transaction, a
