@@ -10,7 +10,9 @@ use txoutbox_proto::v1;
 use crate::relay::subscribers::StreamView;
 use crate::relay::subscription::{Event, Settlement};
 use crate::relay::Outbox;
-use crate::storage::{BlockedKey, LeaseHolder, OutboxMessage, Pauses, Stats, TopicStats};
+use crate::storage::{
+    BlockedKey, DeadLetter, LeaseHolder, OutboxMessage, Pauses, Stats, TopicStats,
+};
 
 pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
     Timestamp {
@@ -225,6 +227,78 @@ fn topic_stats(stats: TopicStats) -> v1::TopicStats {
         retry_waiting: stats.waiting,
         oldest_pending_age: stats.oldest_pending_age.and_then(|age| age.try_into().ok()),
     }
+}
+
+/// A dead row as the admin calls hand it out.
+pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
+    let message = row.message;
+    v1::DeadLetter {
+        payload_omitted: message.too_large.is_some(),
+        stored_bytes: message.too_large.unwrap_or(0),
+        id: message.id,
+        topic: message.topic,
+        key: message.key,
+        payload: message.payload,
+        headers: message.headers.into_iter().collect(),
+        attempts: message.attempts,
+        last_error: row.last_error,
+        created_at: Some(timestamp(message.created_at)),
+        died_at: row.died_at.map(timestamp),
+    }
+}
+
+/// A page of a read of at most `page` rows: as many of `rows` as fit in `budget` bytes,
+/// and where the next page starts when more may follow (this one was full, or cut).
+pub fn dead_letter_page(
+    rows: Vec<DeadLetter>,
+    page: u32,
+    budget: usize,
+) -> v1::ListDeadLettersResponse {
+    let full = rows.len() == page as usize;
+    let (dead_letters, truncated) = within(rows, budget);
+    let next_after_id = match dead_letters.last() {
+        Some(last) if full || truncated => last.id,
+        _ => 0,
+    };
+    v1::ListDeadLettersResponse {
+        dead_letters,
+        next_after_id,
+        truncated,
+    }
+}
+
+/// The id-ordered prefix of `rows` that fits in `budget` bytes on the wire, and whether
+/// rows were left out for it. A row too large on its own goes without its payload and
+/// headers (the database may already have left them out), so a page always moves on.
+fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
+    use prost::Message as _;
+    // The element's tag and length prefix in the repeated field.
+    const FRAMING: usize = 6;
+    let mut kept = Vec::new();
+    let mut used = 0;
+    for row in rows {
+        let mut row = dead_letter(row);
+        if row.encoded_len() + FRAMING > budget {
+            row.stored_bytes = (row.payload.len()
+                + row
+                    .headers
+                    .iter()
+                    .map(|(k, v)| k.len() + v.len())
+                    .sum::<usize>()
+                + row.topic.len()
+                + row.key.as_ref().map_or(0, String::len)) as u64;
+            row.payload_omitted = true;
+            row.payload = Vec::new();
+            row.headers.clear();
+        }
+        let bytes = row.encoded_len() + FRAMING;
+        if !kept.is_empty() && used + bytes > budget {
+            return (kept, true);
+        }
+        used += bytes;
+        kept.push(row);
+    }
+    (kept, false)
 }
 
 #[cfg(test)]

@@ -8,12 +8,12 @@ use chrono::{DateTime, Utc};
 use tonic::Status;
 use txoutbox_proto::v1;
 
-use super::convert::timestamp;
+use super::convert::dead_letter_page;
 use crate::config::Scope;
 use crate::relay::limits::echo;
 use crate::relay::Relay;
 use crate::security::{audit, Caller};
-use crate::storage::{DeadFilter, DeadLetter};
+use crate::storage::DeadFilter;
 
 /// The selector as the storage takes it; times must be valid timestamps.
 pub fn filter(selector: Option<v1::DeadLetterSelector>) -> Result<DeadFilter, Status> {
@@ -61,23 +61,6 @@ fn describe(filter: &DeadFilter) -> String {
     parts.join(" ")
 }
 
-pub fn dead_letter(row: DeadLetter) -> v1::DeadLetter {
-    let message = row.message;
-    v1::DeadLetter {
-        payload_omitted: message.too_large.is_some(),
-        stored_bytes: message.too_large.unwrap_or(0),
-        id: message.id,
-        topic: message.topic,
-        key: message.key,
-        payload: message.payload,
-        headers: message.headers.into_iter().collect(),
-        attempts: message.attempts,
-        last_error: row.last_error,
-        created_at: Some(timestamp(message.created_at)),
-        died_at: row.died_at.map(timestamp),
-    }
-}
-
 /// `ListDeadLetters`, audited: it hands out payloads, which may hold what a `read`
 /// holder should be seen reading.
 pub async fn list(
@@ -98,7 +81,11 @@ pub async fn list(
             .list_dead(&filter, request.after_id, request.limit)
             .await?;
         let page = crate::relay::dead_letters::limit(request.limit)?;
-        Ok(page_of(rows, page, outbox.claims.response_budget()))
+        Ok(dead_letter_page(
+            rows,
+            page,
+            outbox.claims.response_budget(),
+        ))
     }
     .await;
     if let Ok(response) = &outcome {
@@ -116,60 +103,6 @@ pub async fn list(
         &outcome,
     );
     outcome
-}
-
-/// A page of a read of at most `page` rows: as many of `rows` as fit in `budget` bytes,
-/// and where the next page starts when more may follow (this one was full, or cut).
-pub(super) fn page_of(
-    rows: Vec<DeadLetter>,
-    page: u32,
-    budget: usize,
-) -> v1::ListDeadLettersResponse {
-    let full = rows.len() == page as usize;
-    let (dead_letters, truncated) = within(rows, budget);
-    let next_after_id = match dead_letters.last() {
-        Some(last) if full || truncated => last.id,
-        _ => 0,
-    };
-    v1::ListDeadLettersResponse {
-        dead_letters,
-        next_after_id,
-        truncated,
-    }
-}
-
-/// The id-ordered prefix of `rows` that fits in `budget` bytes on the wire, and whether
-/// rows were left out for it. A row too large on its own goes without its payload and
-/// headers (the database may already have left them out), so a page always moves on.
-fn within(rows: Vec<DeadLetter>, budget: usize) -> (Vec<v1::DeadLetter>, bool) {
-    use prost::Message as _;
-    // The element's tag and length prefix in the repeated field.
-    const FRAMING: usize = 6;
-    let mut kept = Vec::new();
-    let mut used = 0;
-    for row in rows {
-        let mut row = dead_letter(row);
-        if row.encoded_len() + FRAMING > budget {
-            row.stored_bytes = (row.payload.len()
-                + row
-                    .headers
-                    .iter()
-                    .map(|(k, v)| k.len() + v.len())
-                    .sum::<usize>()
-                + row.topic.len()
-                + row.key.as_ref().map_or(0, String::len)) as u64;
-            row.payload_omitted = true;
-            row.payload = Vec::new();
-            row.headers.clear();
-        }
-        let bytes = row.encoded_len() + FRAMING;
-        if !kept.is_empty() && used + bytes > budget {
-            return (kept, true);
-        }
-        used += bytes;
-        kept.push(row);
-    }
-    (kept, false)
 }
 
 pub async fn count(

@@ -146,7 +146,7 @@ pub async fn list_dead(
                 died_at: Some(row.dead_at),
             })
             .collect();
-        Ok(super::dead_letters::page_of(
+        Ok(super::convert::dead_letter_page(
             rows,
             page,
             outbox.claims.response_budget(),
