@@ -14,7 +14,6 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
-use super::subscription::{Settlement, SubscriptionSpec};
 use super::{Admin, RelayResult};
 use crate::storage::LeaseHolder;
 
@@ -37,6 +36,16 @@ pub struct Connection {
     pub identity: Option<String>,
     pub topics: Vec<String>,
     pub connected_since: DateTime<Utc>,
+}
+
+/// What answers settled, as a stream's listing counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Answered {
+    pub acked: usize,
+    /// Retried or dead-lettered by a nack, or dead-lettered by the subscriber.
+    pub nacked: usize,
+    /// About rows the stream no longer held.
+    pub fenced: usize,
 }
 
 /// One connected stream, as its loop keeps it.
@@ -80,19 +89,12 @@ impl Drop for Registration {
 }
 
 impl Subscribers {
-    /// Lists the stream `spec` opened, with lease owner `owner`, until the registration
-    /// is dropped.
-    pub fn register(self: &Arc<Self>, spec: &SubscriptionSpec, owner: &str) -> Registration {
+    /// Lists the stream that connected as `connection`, with `window` rows at most in
+    /// flight, until the registration is dropped.
+    pub fn register(self: &Arc<Self>, connection: Connection, window: u32) -> Registration {
         let info = Arc::new(StreamInfo {
-            connection: Connection {
-                name: spec.subscriber.clone(),
-                owner: owner.to_owned(),
-                peer: spec.peer.clone(),
-                identity: spec.identity.clone(),
-                topics: spec.topics.clone(),
-                connected_since: Utc::now(),
-            },
-            window: AtomicU32::new(spec.max_in_flight),
+            connection,
+            window: AtomicU32::new(window),
             in_flight: AtomicUsize::new(0),
             acked: AtomicU64::new(0),
             nacked: AtomicU64::new(0),
@@ -136,23 +138,20 @@ impl StreamInfo {
         self.in_flight.store(rows, Ordering::Relaxed);
     }
 
-    /// Counts the outcomes of answers just settled.
-    pub fn settled(&self, settlements: &[Settlement]) {
-        if settlements.is_empty() {
-            return;
+    /// Counts the outcomes of answers just settled; an empty round is no answer.
+    pub fn answered(&self, rounds: impl IntoIterator<Item = Answered>) {
+        let mut any = false;
+        for round in rounds {
+            any = true;
+            self.acked.fetch_add(round.acked as u64, Ordering::Relaxed);
+            self.nacked
+                .fetch_add(round.nacked as u64, Ordering::Relaxed);
+            self.fenced
+                .fetch_add(round.fenced as u64, Ordering::Relaxed);
         }
-        let count = |field: fn(&Settlement) -> usize| -> u64 {
-            settlements.iter().map(field).sum::<usize>() as u64
-        };
-        self.acked
-            .fetch_add(count(|s| s.acked.len()), Ordering::Relaxed);
-        self.nacked.fetch_add(
-            count(|s| s.retried.len() + s.dead_lettered.len()),
-            Ordering::Relaxed,
-        );
-        self.fenced
-            .fetch_add(count(|s| s.fenced.len()), Ordering::Relaxed);
-        *self.last_answer.lock().unwrap() = Some(Utc::now());
+        if any {
+            *self.last_answer.lock().unwrap() = Some(Utc::now());
+        }
     }
 }
 
@@ -170,41 +169,38 @@ impl Admin {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
-    fn spec(name: &str) -> SubscriptionSpec {
-        SubscriptionSpec {
-            subscriber: name.to_owned(),
-            topics: vec!["t".to_owned()],
-            max_in_flight: 8,
-            lease: Duration::from_secs(30),
+    fn connection(name: &str, owner: &str) -> Connection {
+        Connection {
+            name: name.to_owned(),
+            owner: owner.to_owned(),
             peer: Some("127.0.0.1:5000".to_owned()),
             identity: None,
-            bytes: None,
+            topics: vec!["t".to_owned()],
+            connected_since: Utc::now(),
         }
     }
 
     #[test]
     fn a_stream_is_listed_with_its_counts_until_its_registration_drops() {
         let subscribers = Arc::new(Subscribers::default());
-        let first = subscribers.register(&spec("a"), "a:1");
-        let second = subscribers.register(&spec("b"), "b:2");
+        let first = subscribers.register(connection("a", "a:1"), 8);
+        let second = subscribers.register(connection("b", "b:2"), 8);
         first.info.set_in_flight(3);
         first.info.set_window(4);
-        first.info.settled(&[
-            Settlement {
-                acked: vec![1, 2],
-                fenced: vec![3],
-                ..Settlement::default()
+        first.info.answered([
+            Answered {
+                acked: 2,
+                fenced: 1,
+                ..Answered::default()
             },
-            Settlement {
-                retried: vec![4],
-                dead_lettered: vec![5],
-                ..Settlement::default()
+            Answered {
+                nacked: 2,
+                ..Answered::default()
             },
         ]);
+        second.info.answered([]);
         let listed = subscribers.list();
         assert_eq!(listed.len(), 2);
         let a = &listed[0];

@@ -68,7 +68,9 @@ pub async fn run(
         &format!("{}:{}", spec.subscriber, uuid::Uuid::new_v4().simple()),
     );
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
-    let registration = outbox.subscribers.register(&spec, &member_id);
+    let registration = outbox
+        .subscribers
+        .register(spec.connection(&member_id), spec.max_in_flight);
     let mut runner = Runner {
         insert_signal: outbox.storage().insert_signal(),
         membership: groups.membership(),
@@ -518,7 +520,7 @@ impl Runner {
                     settlement.fenced.extend(fenced);
                 }
             }
-            self.info.settled(std::slice::from_ref(&settlement));
+            self.info.answered([settlement.answered()]);
             self.send(Event::Settled(settlement)).await;
         }
         Ok(())

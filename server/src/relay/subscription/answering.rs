@@ -170,7 +170,7 @@ impl Subscription {
                 fenced: stale,
                 ..Settlement::default()
             };
-            self.info.settled(std::slice::from_ref(&settlement));
+            self.info.answered([settlement.answered()]);
             self.send(Event::Settled(settlement)).await;
             return Ok(());
         };
@@ -304,7 +304,8 @@ impl Subscription {
             settlement.strip(|id| unseen.contains(&id));
         }
         self.info.set_in_flight(self.held.len());
-        self.info.settled(&applied.settlements);
+        self.info
+            .answered(applied.settlements.iter().map(Settlement::answered));
         for settlement in applied.settlements {
             self.send(Event::Settled(settlement)).await;
         }

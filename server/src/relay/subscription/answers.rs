@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::super::subscribers::Answered;
 use super::super::{limits, Outbox, RelayError, RelayResult};
 use crate::config::MAX_WINDOW;
 use crate::storage::{MessageId, NackRequest, NackResult};
@@ -178,6 +179,15 @@ pub struct Settlement {
 }
 
 impl Settlement {
+    /// What it settled, as the stream's listing counts it.
+    pub fn answered(&self) -> Answered {
+        Answered {
+            acked: self.acked.len(),
+            nacked: self.retried.len() + self.dead_lettered.len(),
+            fenced: self.fenced.len(),
+        }
+    }
+
     /// Every id the settlement names.
     pub(super) fn ids(&self) -> impl Iterator<Item = MessageId> + '_ {
         [

@@ -92,7 +92,7 @@ use super::drain::Drain;
 use super::idle::{changed, PollGroup};
 #[cfg(test)]
 use super::response_size::message_bytes;
-use super::subscribers::StreamInfo;
+use super::subscribers::{Connection, StreamInfo};
 use super::{Outbox, RelayError, RelayResult};
 use crate::storage::{Claimed, MessageId, StorageError};
 
@@ -113,6 +113,20 @@ pub struct SubscriptionSpec {
     pub identity: Option<String>,
     /// The identity's `max_bytes_in_flight`, when it has one.
     pub bytes: Option<Arc<BytesInFlight>>,
+}
+
+impl SubscriptionSpec {
+    /// What the stream connected as, its rows leased to `owner`.
+    pub fn connection(&self, owner: &str) -> Connection {
+        Connection {
+            name: self.subscriber.clone(),
+            owner: owner.to_owned(),
+            peer: self.peer.clone(),
+            identity: self.identity.clone(),
+            topics: self.topics.clone(),
+            connected_since: Utc::now(),
+        }
+    }
 }
 
 /// What the subscription tells its subscriber.
@@ -180,7 +194,9 @@ pub async fn run(
         crate::relay::lease_token::holder(spec.identity.as_deref(), &stream).into();
     let _open = outbox.metrics().stream_opened(&spec.subscriber);
     let held = Held::new(outbox.metrics().in_flight.clone(), spec.bytes.clone());
-    let registration = outbox.subscribers.register(&spec, &owner);
+    let registration = outbox
+        .subscribers
+        .register(spec.connection(&owner), spec.max_in_flight);
     let strict = outbox.config.strict_ordering;
     let mut state = Subscription {
         info: Arc::clone(&registration.info),
