@@ -13,6 +13,7 @@ use tonic::transport::Server;
 use txoutbox_proto::v1::admin_server::AdminServer;
 use txoutbox_proto::v1::relay_server::RelayServer;
 
+use crate::config::columns::Columns;
 use crate::config::{Backend, Config, OutboxConfig};
 use crate::grpc::admin_service::AdminService;
 use crate::grpc::relay_service::RelayService;
@@ -24,7 +25,6 @@ use crate::security::caps::Caps;
 use crate::security::layer::AuthLayer;
 use crate::security::reload::ReloadingAccess;
 use crate::security::tls::ReloadingTls;
-use crate::storage::columns::Columns;
 use crate::storage::groups::GroupStore;
 use crate::storage::mysql::{self, MySqlStorage};
 use crate::storage::postgres::groups::PostgresGroups;

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Backend, Config, Overrides, EMBEDDED_NAME};
-use crate::storage::{sqlite, StorageError};
+use crate::config::{self, Backend, Config, Overrides, EMBEDDED_NAME};
+use crate::storage::StorageError;
 use crate::{app, telemetry};
 
 /// Looked for in the working directory when no `--config` is given.
@@ -119,7 +119,7 @@ async fn schema(config: &Config, outbox: &str) -> ExitCode {
             // that only prints.
             let url = &config.databases[&config.outboxes[outbox].database].url;
             let absent_file = url.backend() == Backend::Sqlite
-                && sqlite::database_file(url.expose()).is_ok_and(|file| !file.exists());
+                && config::sqlite_database_file(url.expose()).is_ok_and(|file| !file.exists());
             if absent_file {
                 return ExitCode::SUCCESS;
             }
@@ -183,7 +183,7 @@ fn announce_embedded_default(config: &Config, listener: &tokio::net::TcpListener
         .databases
         .get(&outbox.database)
         .filter(|database| database.url.backend() == Backend::Sqlite)
-        .and_then(|database| sqlite::database_file(database.url.expose()).ok());
+        .and_then(|database| config::sqlite_database_file(database.url.expose()).ok());
     let Some(file) = file.map(|file| file.display().to_string()) else {
         // The environment moved the default outbox off SQLite: nothing to demo here.
         tracing::info!(outbox = EMBEDDED_NAME, "serving the embedded default");

@@ -3,7 +3,9 @@
 //! Start reading at [`app::run`], which assembles the pieces:
 //! - [`config`]: the TOML file, environment and flag overrides, validation; each
 //!   database's URL is a secret and names its [`config::Backend`] once; the embedded
-//!   default when there is no file;
+//!   default when there is no file; and the values the other layers are built from
+//!   ([`config::columns`], [`config::ident`], [`config::Timeouts`]): it imports none of
+//!   them;
 //! - [`storage`]: the [`storage::Storage`] trait and what every backend shares
 //!   ([`storage::TableOptions`], [`storage::names`] with each dialect's quoting,
 //!   [`storage::columns`], [`storage::rows`], [`storage::SortedIds`] (the ids a

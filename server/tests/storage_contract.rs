@@ -42,7 +42,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
+use txoutbox_server::config::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::{
     ClaimRequest, FailureDecision, Inserts, MessageId, NewMessage, OutboxMessage, RetryPolicy,
     Storage, StorageError, MAX_KEY_CHARS,

@@ -1,18 +1,13 @@
-//! `[databases.NAME]`: a connection URL, held as a secret, and the backend it names,
-//! decided once from its scheme; each backend checks its own URL and the outbox keys that
-//! mean something only there.
+//! `[databases.NAME]`: a connection URL (see `url.rs`), its pool and time bounds, and
+//! PostgreSQL's `synchronous_commit`; each backend checks the outbox keys that mean
+//! something only there.
 
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use super::url::{mysql_url_names_database, Backend, DatabaseUrl};
 use super::OutboxConfig;
-use crate::storage::postgres::SynchronousCommit;
-use crate::storage::timed::Timeouts;
-use crate::storage::{mysql, sqlite};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,46 +49,71 @@ fn default_statement_timeout() -> Duration {
 /// database would turn calls UNAVAILABLE.
 const MIN_DATABASE_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// The database servers and files the relay works with.
+/// PostgreSQL's `synchronous_commit` for the relay's sessions. The default, `off`, lets a
+/// claim or an answer return before its commit record reaches the disk: a database crash
+/// may then lose the last few hundred milliseconds of claims and acks, which only means
+/// redeliveries (at-least-once allows them), while a flush per claim and per ack was the
+/// largest cost of a drain (BENCHMARKS.md). `on` (or a replication level) makes every
+/// ack durable before it is answered, for a team whose consumers cannot tolerate the
+/// redeliveries of a crash. Configured per database: `databases.NAME.synchronous_commit`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SynchronousCommit {
+    #[default]
+    Off,
+    Local,
+    On,
+    RemoteWrite,
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The setting as PostgreSQL spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Local => "local",
+            Self::On => "on",
+            Self::RemoteWrite => "remote_write",
+            Self::RemoteApply => "remote_apply",
+        }
+    }
+}
+
+/// The time bounds of one `[databases.NAME]`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-    /// `mysql://` or `mariadb://`. An outbox's `schema` is the database (MySQL's "schema")
-    /// holding its table.
-    MySql,
-    /// `sqlite://PATH` or `sqlite:PATH`.
-    Sqlite,
+pub struct Timeouts {
+    /// Longest wait for a pooled connection (connecting included).
+    pub acquire: Duration,
+    /// Longest a statement may run (the database's own session limit), and what a call
+    /// may spend waiting for its database's answers.
+    pub statement: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Self {
+            acquire: DEFAULT_ACQUIRE_TIMEOUT,
+            statement: DEFAULT_STATEMENT_TIMEOUT,
+        }
+    }
+}
+
+/// Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Far above any statement of the relay (milliseconds under load), below what a client
+/// waits before it gives up on a call.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Timeouts {
+    /// What a whole storage call may take: a connection, then its statements' answers.
+    pub fn call_deadline(&self) -> Duration {
+        self.acquire + self.statement
+    }
 }
 
 impl Backend {
-    /// The backend a URL's scheme names, if any.
-    pub fn of_url(url: &str) -> Option<Self> {
-        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Self::Postgres)
-        } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {
-            Some(Self::MySql)
-        } else if url.starts_with("sqlite:") {
-            Some(Self::Sqlite)
-        } else {
-            None
-        }
-    }
-
-    /// Why `url` cannot be used by this backend, if it cannot: parsed as `run` parses it,
-    /// so check-config passes only what run takes.
-    fn check_url(self, url: &str) -> Result<(), String> {
-        match self {
-            Self::Sqlite => sqlite::database_file(url).map(drop),
-            Self::Postgres => sqlx::postgres::PgConnectOptions::from_str(url)
-                .map(drop)
-                .map_err(|why| format!("not a usable PostgreSQL URL: {why}")),
-            Self::MySql => mysql::connect_options(url)
-                .map(drop)
-                .map_err(|why| format!("not a usable MySQL URL: {why:#}")),
-        }
-    }
-
     /// The problems of the outbox keys that mean something else, or nothing, on this
     /// backend; `key` is `outboxes.NAME`, `database` the name of the outbox's database.
     pub fn check_outbox(
@@ -140,68 +160,11 @@ impl Backend {
     }
 }
 
-/// A database URL: a secret (it may carry a password), shown redacted in `Debug` and in
-/// messages, with the backend its scheme names.
-///
-/// Read from a plain string (`from`, not `try_from`): an unsupported scheme is reported by
-/// [`DatabaseConfig::validate`] together with every other problem of the configuration,
-/// not alone by the parser.
-#[derive(Clone, Deserialize)]
-#[serde(from = "String")]
-pub struct DatabaseUrl {
-    secret: SecretString,
-    backend: Option<Backend>,
-}
-
-impl From<String> for DatabaseUrl {
-    fn from(url: String) -> Self {
-        Self {
-            backend: Backend::of_url(&url),
-            secret: url.into(),
-        }
-    }
-}
-
-impl From<&str> for DatabaseUrl {
-    fn from(url: &str) -> Self {
-        Self::from(url.to_owned())
-    }
-}
-
-impl DatabaseUrl {
-    /// The backend of a validated configuration's URL.
-    pub fn backend(&self) -> Backend {
-        self.backend
-            .expect("configuration validation refuses a URL of no supported backend")
-    }
-
-    /// The backend, or `None` when the scheme names none (which validation reports).
-    pub fn backend_if_known(&self) -> Option<Backend> {
-        self.backend
-    }
-
-    /// The URL itself, for the driver.
-    pub fn expose(&self) -> &str {
-        self.secret.expose_secret()
-    }
-
-    /// The URL with its password replaced, for messages and logs.
-    pub fn redacted(&self) -> String {
-        redact(self.expose())
-    }
-}
-
-impl fmt::Debug for DatabaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.redacted())
-    }
-}
-
 impl DatabaseConfig {
     /// The problems of `[databases.NAME]`, each naming its key.
     pub fn validate(&self, name: &str, problems: &mut Vec<String>) {
         let key = format!("databases.{name}");
-        match self.url.backend {
+        match self.url.backend_if_known() {
             Some(backend) => {
                 if let Err(why) = backend.check_url(self.url.expose()) {
                     let shown = match backend {
@@ -235,7 +198,7 @@ impl DatabaseConfig {
             MIN_DATABASE_TIMEOUT,
             "30s",
         );
-        let postgres = matches!(self.url.backend, Some(Backend::Postgres) | None);
+        let postgres = matches!(self.url.backend_if_known(), Some(Backend::Postgres) | None);
         if self.synchronous_commit.is_some() && !postgres {
             problems.push(format!(
                 "{key}.synchronous_commit: PostgreSQL only (this is not a PostgreSQL URL): \
@@ -252,54 +215,5 @@ impl DatabaseConfig {
             acquire: self.acquire_timeout,
             statement: self.statement_timeout,
         }
-    }
-}
-
-/// Whether a `mysql://` URL has a database path (`mysql://user@host:3306/db`).
-fn mysql_url_names_database(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.split(['?', '#']).next().unwrap_or_default();
-    let after_userinfo = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    after_userinfo
-        .split_once('/')
-        .is_some_and(|(_, path)| !path.is_empty())
-}
-
-/// A URL with its password replaced, for error messages and logs.
-pub fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let Some((userinfo, host)) = rest.split_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn passwords_are_redacted() {
-        assert_eq!(
-            redact("postgres://app:secret@db/app"),
-            "postgres://app:***@db/app"
-        );
-        assert_eq!(redact("postgres://app@db/app"), "postgres://app@db/app");
-    }
-
-    #[test]
-    fn the_backend_is_named_by_the_scheme_and_the_password_never_shown() {
-        let url = DatabaseUrl::from("mariadb://app:secret@db/shop");
-        assert_eq!(url.backend(), Backend::MySql);
-        assert_eq!(format!("{url:?}"), "mariadb://app:***@db/shop");
-        assert_eq!(url.expose(), "mariadb://app:secret@db/shop");
-        assert_eq!(Backend::of_url("postgresql://x"), Some(Backend::Postgres));
-        assert_eq!(Backend::of_url("sqlite:x.db"), Some(Backend::Sqlite));
-        assert_eq!(Backend::of_url("redis://x"), None);
     }
 }

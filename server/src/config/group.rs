@@ -7,8 +7,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::backoff::BackoffConfig;
+use super::ident;
 use super::{check_duration, Backend, MIN_LEASE};
-use crate::storage::ident;
 
 /// Most partitions an outbox's groups may spread keys over: each is a row of position and
 /// a lateral read per poll.

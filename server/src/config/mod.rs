@@ -13,10 +13,13 @@
 //! so `txoutboxd` with no arguments serves something a newcomer can try at once.
 
 mod backoff;
+pub mod columns;
 mod database;
 mod embedded;
 pub mod group;
+pub mod ident;
 mod outbox;
+mod url;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,12 +31,14 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 pub use self::backoff::BackoffConfig;
-pub use self::database::{redact, Backend, DatabaseConfig, DatabaseUrl};
+pub use self::database::{
+    DatabaseConfig, SynchronousCommit, Timeouts, DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT,
+};
 use self::embedded::{environment_declares_outboxes, sqlite_url};
 pub use self::embedded::{EMBEDDED_DEFAULT, EMBEDDED_NAME};
 pub use self::group::{GroupConfig, GroupOrdering, GroupSettings, GroupStart};
 pub use self::outbox::{OutboxConfig, PollConfig};
-pub use crate::storage::postgres::SynchronousCommit;
+pub use self::url::{mysql_connect_options, redact, sqlite_database_file, Backend, DatabaseUrl};
 
 mod security;
 pub use security::{AuthConfig, IdentityConfig, IdentityLimits, Scope, TlsConfig, EVERY_OUTBOX};

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 
 use super::backoff::{BackoffConfig, MAX_FACTOR};
 use super::group::{self, GroupConfig};
+use super::ident;
 use super::{check_duration, DatabaseConfig, MAX_WINDOW, MIN_LEASE};
-use crate::storage::columns::{ColumnMapping, Columns};
-use crate::storage::ident;
+use crate::config::columns::{ColumnMapping, Columns};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

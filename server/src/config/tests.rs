@@ -1,7 +1,6 @@
 use super::embedded::declares_outboxes;
 use super::*;
-use crate::storage::columns::{ColumnMapping, Columns};
-use crate::storage::sqlite;
+use crate::config::columns::{ColumnMapping, Columns};
 
 const MINIMAL: &str = r#"
     [databases.main]
@@ -255,7 +254,7 @@ fn the_embedded_default_is_one_sqlite_outbox_on_the_documented_port() {
     assert!(outbox.create_schema && outbox.strict_ordering);
     assert_eq!(outbox.poll.max, Duration::from_secs(1));
     assert_eq!(
-        sqlite::database_file(config.databases[EMBEDDED_NAME].url.expose()).unwrap(),
+        sqlite_database_file(config.databases[EMBEDDED_NAME].url.expose()).unwrap(),
         Path::new("txoutbox.db")
     );
 }
@@ -272,7 +271,7 @@ fn no_configuration_loads_the_embedded_default_and_db_moves_its_file() {
     assert_eq!(config.outboxes.keys().collect::<Vec<_>>(), [EMBEDDED_NAME]);
     let url = config.databases[EMBEDDED_NAME].url.expose();
     assert_eq!(
-        sqlite::database_file(url).unwrap(),
+        sqlite_database_file(url).unwrap(),
         Path::new("/tmp/odd ?#%.db")
     );
 }

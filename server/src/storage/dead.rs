@@ -149,7 +149,7 @@ pub fn conditions<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::Columns;
+    use crate::config::columns::Columns;
     use crate::storage::names::Dialect;
 
     const PLAIN: Dialect = Dialect {

@@ -46,8 +46,9 @@
 //!
 //! What is the same for every backend is written once here: the trait's types, the
 //! dead-letter selector ([`dead`]), blocked keys ([`blocked`]), pauses ([`pauses`]), a
-//! batch of nacks planned ([`nack`]), row values ([`rows`]), the column mapping
-//! ([`columns`], [`names`]); and [`timed`], which wraps every backend: the deadline of
+//! batch of nacks planned ([`nack`]), row values ([`rows`]), the columns (validated in
+//! [`crate::config::columns`]) checked against a live table and an insert shaped for them
+//! ([`columns`]), and named in SQL ([`names`]); and [`timed`], which wraps every backend: the deadline of
 //! each call and its tracing span, written as one table of the trait's calls. What MySQL
 //! and SQLite write and run alike (their placeholders and stored times aside) is in
 //! [`sql_common`], generic over [`sqlx::Database`] where it runs; the two group stores'
@@ -63,7 +64,6 @@ pub mod dead;
 #[cfg(test)]
 pub(crate) mod fake;
 pub mod groups;
-pub mod ident;
 pub mod ids;
 pub mod inserts;
 pub mod mysql;
@@ -95,10 +95,6 @@ pub use self::pauses::{Pauses, TopicClause, TopicFilter};
 
 /// Identifier of an outbox row. Insertion order is id order.
 pub type MessageId = i64;
-
-/// How long an operation waits for a pooled connection before the database counts as
-/// unreachable, unless `databases.NAME.acquire_timeout` says otherwise.
-pub const ACQUIRE_TIMEOUT: Duration = timed::DEFAULT_ACQUIRE_TIMEOUT;
 
 /// Rows deleted per statement by `purge`, so it never holds a long transaction (or, on
 /// SQLite, the file's write lock) for long.
@@ -454,8 +450,8 @@ pub trait Storage: Send + Sync + 'static {
 
     /// Checks, changing nothing, that the database answers, the table exists and its
     /// columns (types, defaults, what the backend needs besides: indexes, functions) are
-    /// what the outbox's [`columns::Columns`] need ([`StorageError::MismatchedTable`]
-    /// otherwise).
+    /// what the outbox's [`Columns`](crate::config::columns::Columns) need
+    /// ([`StorageError::MismatchedTable`] otherwise).
     async fn verify_table(&self) -> StorageResult<()>;
 
     /// Dead rows that `filter` selects with an id above `after_id`, in id order, at most

@@ -5,8 +5,8 @@
 
 use std::fmt::{Display, Write as _};
 
-use super::columns::{Columns, PayloadFormat, TopicSource};
-use super::ident::Ident;
+use crate::config::columns::{Columns, PayloadFormat, TopicSource};
+use crate::config::ident::Ident;
 
 /// How one SQL dialect writes names and strings.
 pub struct Dialect {
@@ -188,7 +188,7 @@ impl Placeholders {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::ColumnMapping;
+    use crate::config::columns::ColumnMapping;
 
     const QUOTED: Dialect = Dialect {
         column: |name, _| format!("\"{name}\""),

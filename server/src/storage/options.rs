@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::columns::Columns;
+use crate::config::columns::Columns;
 
 /// Per-outbox settings of a table, the same on every backend. What only one backend has
 /// (PostgreSQL's schema and insert channel, MySQL's database) is an argument of its own

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use super::columns::TopicSource;
 use super::ClaimRequest;
+use crate::config::columns::TopicSource;
 
 /// The `target` of the whole outbox's pause.
 pub const WHOLE_OUTBOX: &str = "";
@@ -119,7 +119,7 @@ impl<'a> TopicFilter<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::ident::Ident;
+    use crate::config::ident::Ident;
     use std::time::Duration;
 
     fn request<'a>(topics: &'a [String], paused: &'a [String]) -> ClaimRequest<'a> {

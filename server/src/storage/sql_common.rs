@@ -294,13 +294,13 @@ where
 /// A team's own `events` table, as the backends' tests map it: the message columns under
 /// names of their own (a test maps more, or less, as it needs).
 #[cfg(test)]
-pub fn events_mapping() -> super::columns::ColumnMapping {
-    super::columns::ColumnMapping {
+pub fn events_mapping() -> crate::config::columns::ColumnMapping {
+    crate::config::columns::ColumnMapping {
         id: "event_id".into(),
         topic: Some("event_type".into()),
         key: "aggregate_id".into(),
         payload: "body".into(),
-        payload_format: super::columns::PayloadFormat::Text,
+        payload_format: crate::config::columns::PayloadFormat::Text,
         headers: "meta".into(),
         ..Default::default()
     }

@@ -31,42 +31,10 @@ use super::{
     LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds,
     Stats, Storage, StorageError, StorageResult,
 };
+use crate::config::Timeouts;
 use crate::storage::blocked::BlockedKey;
 
 mod groups;
-
-/// The time bounds of one `[databases.NAME]`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Longest wait for a pooled connection (connecting included).
-    pub acquire: Duration,
-    /// Longest a statement may run (the database's own session limit), and what a call
-    /// may spend waiting for its database's answers.
-    pub statement: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            acquire: DEFAULT_ACQUIRE_TIMEOUT,
-            statement: DEFAULT_STATEMENT_TIMEOUT,
-        }
-    }
-}
-
-/// Short, so an outage surfaces as [`StorageError::Unavailable`] quickly.
-pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// Far above any statement of the relay (milliseconds under load), below what a client
-/// waits before it gives up on a call.
-pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
-
-impl Timeouts {
-    /// What a whole storage call may take: a connection, then its statements' answers.
-    pub fn call_deadline(&self) -> Duration {
-        self.acquire + self.statement
-    }
-}
 
 /// What the DDL of `create_schema` may take: it may add an index to a large table, which
 /// the databases run without their statement limit (PostgreSQL's `SET LOCAL

@@ -11,7 +11,7 @@
 use super::*;
 use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Executor};
-use txoutbox_server::storage::columns::{ColumnMapping, Columns};
+use txoutbox_server::config::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::mysql::{self, MySqlStorage};
 use txoutbox_server::storage::{StorageError, TableOptions};
 
@@ -615,7 +615,7 @@ async fn the_printed_schema_fits_a_fresh_and_an_existing_table() {
 /// calls it `max_execution_time`): the database ends a statement past it.
 #[tokio::test]
 async fn sessions_end_a_statement_past_the_configured_statement_timeout() {
-    let timeouts = txoutbox_server::storage::timed::Timeouts {
+    let timeouts = txoutbox_server::config::Timeouts {
         acquire: Duration::from_secs(3),
         statement: Duration::from_millis(300),
     };

@@ -5,7 +5,8 @@ use super::pg_backend::*;
 use super::*;
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{Connection, Executor};
-use txoutbox_server::storage::postgres::{lazy_pool, PostgresStorage, SynchronousCommit};
+use txoutbox_server::config::SynchronousCommit;
+use txoutbox_server::storage::postgres::{lazy_pool, PostgresStorage};
 use txoutbox_server::storage::StorageError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -638,7 +639,7 @@ async fn a_claim_ahead_follows_the_owners_own_rows() {
 /// database ends a statement past it, and the relay reads that as UNAVAILABLE.
 #[tokio::test]
 async fn sessions_end_a_statement_past_the_configured_statement_timeout() {
-    let timeouts = txoutbox_server::storage::timed::Timeouts {
+    let timeouts = txoutbox_server::config::Timeouts {
         acquire: Duration::from_secs(3),
         statement: Duration::from_millis(300),
     };

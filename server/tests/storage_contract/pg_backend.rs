@@ -4,7 +4,7 @@
 use super::*;
 use sqlx::postgres::{PgConnection, PgPoolOptions};
 use sqlx::{Connection, Executor};
-use txoutbox_server::storage::columns::{ColumnMapping, Columns};
+use txoutbox_server::config::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::postgres::{PostgresExtras, PostgresStorage};
 use txoutbox_server::storage::TableOptions;
 

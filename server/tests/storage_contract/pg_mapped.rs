@@ -3,7 +3,7 @@
 
 use super::pg_backend::{mapped_storage, team_mapping, PgBackend};
 use super::*;
-use txoutbox_server::storage::columns::{ColumnMapping, PayloadFormat};
+use txoutbox_server::config::columns::{ColumnMapping, PayloadFormat};
 use txoutbox_server::storage::StorageError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use super::*;
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Executor;
-use txoutbox_server::storage::columns::{ColumnMapping, Columns};
+use txoutbox_server::config::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::sqlite::{SqliteStorage, BUSY_TIMEOUT};
 use txoutbox_server::storage::{StorageError, TableOptions};
 

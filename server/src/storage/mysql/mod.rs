@@ -66,10 +66,9 @@ mod strict;
 mod tests;
 
 use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use async_trait::async_trait;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::Executor;
@@ -77,13 +76,13 @@ use sqlx::Executor;
 use self::convert::Conn;
 use self::schema::Table;
 use self::shape::{Shape, Statements};
-use super::ident::Ident;
-use super::timed::Timeouts;
 use super::{
     BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, LeaseHolder,
     MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds, Stats, Storage,
     StorageResult, TableOptions,
 };
+use crate::config::ident::Ident;
+use crate::config::{mysql_connect_options, Timeouts};
 
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
 /// is 50; MariaDB counts whole seconds). Only write-backs ever wait for a row lock, and
@@ -235,13 +234,7 @@ pub fn lazy_pool_with(
 /// Options from a `mysql://` or `mariadb://` URL, with the session time zone forced to UTC
 /// (the driver's date conversions assume it).
 pub fn connect_options(url: &str) -> anyhow::Result<MySqlConnectOptions> {
-    let url = match url.strip_prefix("mariadb://") {
-        Some(rest) => format!("mysql://{rest}"),
-        None => url.to_owned(),
-    };
-    // The url is not echoed: it may carry a password.
-    let options = MySqlConnectOptions::from_str(&url).context("invalid mysql url")?;
-    Ok(options.timezone(Some("+00:00".to_owned())))
+    Ok(mysql_connect_options(url)?.timezone(Some("+00:00".to_owned())))
 }
 
 #[async_trait]

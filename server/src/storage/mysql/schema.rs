@@ -35,8 +35,9 @@ use sqlx::Executor;
 
 use super::convert::{self, Conn};
 use super::shape::{derived_name, pauses_table, quote, Shape, PENDING_INDEX};
+use crate::config::columns::{ColumnKind, Columns, PayloadFormat};
 use crate::storage::columns::check_live_columns;
-use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
+use crate::storage::columns::LiveColumn;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 
@@ -464,8 +465,8 @@ impl Table {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::ColumnMapping;
-    use crate::storage::ident::Ident;
+    use crate::config::columns::ColumnMapping;
+    use crate::config::ident::Ident;
     use crate::storage::sql_common::events_mapping;
     use crate::storage::TableOptions;
 

@@ -19,7 +19,7 @@
 use std::fmt::Display;
 use std::time::Duration;
 
-use crate::storage::ident::Ident;
+use crate::config::ident::Ident;
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::rows;
 use crate::storage::sql_common::TableSql;

@@ -14,7 +14,8 @@ use tokio::time::Instant;
 use super::convert::{decode_blocked, decode_message, decode_topic_stats, interval};
 use super::shape::{insert, message, Shape, StrictObjects};
 use super::Shared;
-use crate::storage::columns::{insert_row, Columns, InsertPayload};
+use crate::config::columns::Columns;
+use crate::storage::columns::{insert_row, InsertPayload};
 use crate::storage::dead::{self, DeadCountRow, FilterDialect, FilterValue};
 use crate::storage::names::Names;
 use crate::storage::{

@@ -310,8 +310,8 @@ fn claim(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::Columns;
-    use crate::storage::ident::Ident;
+    use crate::config::columns::Columns;
+    use crate::config::ident::Ident;
     use crate::storage::postgres::shape::{test_shape as shape, DIALECT};
     use crate::storage::TableOptions;
 

@@ -25,10 +25,10 @@ use sqlx::{Arguments, Postgres, Row};
 
 use super::convert::{classify, decode_message};
 use super::shape::{message, DIALECT};
-use crate::storage::columns::Columns;
+use crate::config::columns::Columns;
+use crate::config::ident::{quote, Ident};
 use crate::storage::groups::sql::GroupDb;
 use crate::storage::groups::{GroupRow, PartitionView, Position, SeekTarget};
-use crate::storage::ident::{quote, Ident};
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 

@@ -50,7 +50,6 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use async_trait::async_trait;
-use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -64,49 +63,18 @@ use self::listen::InsertSignal;
 use self::schema::Schema;
 use self::shape::{Shape, StrictObjects};
 use self::strict::Strict;
-use super::ident::Ident;
 use super::{
     BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, HeldKeys,
     Inserts, LeaseHolder, MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy,
     SortedIds, Stats, Storage, StorageResult, TableOptions,
 };
-use crate::storage::timed::Timeouts;
+use crate::config::ident::Ident;
+use crate::config::{SynchronousCommit, Timeouts};
 
 /// Longest wait of a relay statement for a lock; then the call fails and is retried.
 const LOCK_TIMEOUT: &str = "10s";
 /// The relay opens no transaction that waits on it; this ends one if that ever changes.
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "10s";
-
-/// PostgreSQL's `synchronous_commit` for the relay's sessions. The default, `off`, lets a
-/// claim or an answer return before its commit record reaches the disk: a database crash
-/// may then lose the last few hundred milliseconds of claims and acks, which only means
-/// redeliveries (at-least-once allows them), while a flush per claim and per ack was the
-/// largest cost of a drain (BENCHMARKS.md). `on` (or a replication level) makes every
-/// ack durable before it is answered, for a team whose consumers cannot tolerate the
-/// redeliveries of a crash. Configured per database: `databases.NAME.synchronous_commit`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SynchronousCommit {
-    #[default]
-    Off,
-    Local,
-    On,
-    RemoteWrite,
-    RemoteApply,
-}
-
-impl SynchronousCommit {
-    /// The setting as PostgreSQL spells it.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Off => "off",
-            Self::Local => "local",
-            Self::On => "on",
-            Self::RemoteWrite => "remote_write",
-            Self::RemoteApply => "remote_apply",
-        }
-    }
-}
 
 /// What only a PostgreSQL table has, besides its [`TableOptions`].
 #[derive(Debug, Clone, Default)]

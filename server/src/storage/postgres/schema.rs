@@ -10,7 +10,8 @@ use super::convert::Conn;
 use super::shape::StrictObjects;
 use super::shape::{derived_name, Shape, LOCK_CLASS_DDL};
 use super::strict;
-use crate::storage::columns::{check_live_columns, ColumnKind, Columns, LiveColumn, PayloadFormat};
+use crate::config::columns::{ColumnKind, Columns, PayloadFormat};
+use crate::storage::columns::{check_live_columns, LiveColumn};
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 
@@ -476,8 +477,8 @@ pub(super) fn accepts(kind: ColumnKind, column: &LiveColumn) -> Result<(), &'sta
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::{ColumnMapping, Columns};
-    use crate::storage::ident::Ident;
+    use crate::config::columns::{ColumnMapping, Columns};
+    use crate::config::ident::Ident;
     use crate::storage::postgres::shape::{
         insert, message, test_options, test_shape as shape, DIALECT,
     };

@@ -4,9 +4,9 @@
 //! of a row a claim dead-lettered. Rendered once per table; nothing here runs a statement.
 
 #[cfg(test)]
-use crate::storage::columns::Columns;
-use crate::storage::columns::PayloadFormat;
-use crate::storage::ident::{self, Ident};
+use crate::config::columns::Columns;
+use crate::config::columns::PayloadFormat;
+use crate::config::ident::{self, Ident};
 use crate::storage::names::{self, Dialect, Names};
 use crate::storage::TableOptions;
 

@@ -23,10 +23,10 @@ use sqlx::{Row, Sqlite};
 use super::convert::{classify, datetime, decode_messages, now_ms, Place};
 use super::shape::{message, DIALECT};
 use super::{SqlitePools, BUSY_TIMEOUT};
-use crate::storage::columns::Columns;
+use crate::config::columns::Columns;
+use crate::config::ident::quote;
 use crate::storage::groups::sql::GroupDb;
 use crate::storage::groups::{partition_of, GroupRow, PartitionView, Position};
-use crate::storage::ident::quote;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 

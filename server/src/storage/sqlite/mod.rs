@@ -55,19 +55,20 @@ use sqlx::sqlite::{
 
 use self::convert::{classify, Place};
 use self::shape::{Shape, Statements};
-use super::ident::Ident;
 use super::{
     BlockedKey, ClaimRequest, Claimed, DeadCounts, DeadFilter, DeadLetter, Extended, LeaseHolder,
     MessageId, NackRequest, NackResult, NewMessage, Pauses, RetryPolicy, SortedIds, Stats, Storage,
     StorageError, StorageResult, TableOptions,
 };
+use crate::config::ident::Ident;
+use crate::config::sqlite_database_file;
 
 /// How long a statement waits for another process's write lock before giving up.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long an operation waits for a pooled connection: longer than the servers'
-/// [`ACQUIRE_TIMEOUT`](crate::storage::ACQUIRE_TIMEOUT). The writer pool has a single
-/// connection, so writes queue here; past the busy timeout of the write ahead of them,
-/// plus a margin, the file counts as unavailable.
+/// [`DEFAULT_ACQUIRE_TIMEOUT`](crate::config::DEFAULT_ACQUIRE_TIMEOUT). The writer pool
+/// has a single connection, so writes queue here; past the busy timeout of the write
+/// ahead of them, plus a margin, the file counts as unavailable.
 const WRITE_QUEUE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The connections to one database file: a single writer, and readers for stats and
@@ -90,7 +91,7 @@ impl SqlitePools {
 /// `max_connections` (at least 1: configuration checks it) sizes the reader pool; there
 /// is always one writer.
 pub fn lazy_pools(url: &str, max_connections: u32) -> anyhow::Result<SqlitePools> {
-    let file = database_file(url).map_err(|why| anyhow!("invalid sqlite url: {why}"))?;
+    let file = sqlite_database_file(url).map_err(|why| anyhow!("invalid sqlite url: {why}"))?;
     let options = SqliteConnectOptions::from_str(url)
         .context("invalid sqlite url")?
         .busy_timeout(BUSY_TIMEOUT)
@@ -118,28 +119,6 @@ pub fn lazy_pools(url: &str, max_connections: u32) -> anyhow::Result<SqlitePools
         reader,
         file,
     })
-}
-
-/// The file a `sqlite://PATH` (or `sqlite:PATH`) URL names, or why it names none that
-/// a relay can use. Relative paths are relative to the working directory.
-pub fn database_file(url: &str) -> Result<PathBuf, String> {
-    let rest = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-        .ok_or_else(|| "expected sqlite://PATH".to_owned())?;
-    let path = rest.split_once('?').map_or(rest, |(path, _)| path);
-    if path.is_empty() {
-        return Err("no file: write sqlite://PATH, for example sqlite://txoutbox.db".to_owned());
-    }
-    if path == ":memory:" || url.contains("mode=memory") {
-        return Err(
-            "an in-memory database is private to this process; the relay and your \
-                    producers must share a file: write sqlite://PATH"
-                .to_owned(),
-        );
-    }
-    let options = SqliteConnectOptions::from_str(url).map_err(|err| err.to_string())?;
-    Ok(options.get_filename().to_path_buf())
 }
 
 fn has_mode(url: &str) -> bool {
@@ -374,30 +353,6 @@ impl Storage for SqliteStorage {
 mod unit {
     use super::*;
     use crate::storage::sql_common::assert_names_invalid_identifier;
-
-    #[test]
-    fn urls_name_a_file() {
-        assert_eq!(
-            database_file("sqlite://txoutbox.db").unwrap(),
-            PathBuf::from("txoutbox.db")
-        );
-        assert_eq!(
-            database_file("sqlite:///var/lib/txoutbox/outbox.db?mode=rwc").unwrap(),
-            PathBuf::from("/var/lib/txoutbox/outbox.db")
-        );
-        assert_eq!(
-            database_file("sqlite:data/a%3Fb.db").unwrap(),
-            PathBuf::from("data/a?b.db")
-        );
-        for url in ["sqlite::memory:", "sqlite://x.db?mode=memory"] {
-            assert!(
-                database_file(url).unwrap_err().contains("in-memory"),
-                "{url}"
-            );
-        }
-        assert!(database_file("sqlite://").unwrap_err().contains("no file"));
-        assert!(database_file("sqlite://x.db?bogus=1").is_err());
-    }
 
     #[tokio::test]
     async fn the_table_name_is_checked_and_named() {

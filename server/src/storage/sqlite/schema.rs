@@ -24,9 +24,10 @@ use sqlx::Executor;
 
 use super::shape::{pauses_table, NOW_MS};
 use super::SqliteStorage;
+use crate::config::columns::{ColumnKind, Columns, PayloadFormat};
+use crate::config::ident::{self, Ident};
 use crate::storage::columns::check_live_columns;
-use crate::storage::columns::{ColumnKind, Columns, LiveColumn, PayloadFormat};
-use crate::storage::ident::{self, Ident};
+use crate::storage::columns::LiveColumn;
 use crate::storage::names::Names;
 use crate::storage::MAX_KEY_CHARS;
 use crate::storage::{StorageError, StorageResult};
@@ -380,7 +381,7 @@ fn dead_holds_schema(
     if dead_holds_key {
         schema.indexes += &format!(
             "CREATE INDEX IF NOT EXISTS {} ON {t} ({}, {}) WHERE {} = 'dead';\n",
-            crate::storage::ident::quote(&format!("{table}_key_dead_idx")),
+            crate::config::ident::quote(&format!("{table}_key_dead_idx")),
             c.key,
             c.id,
             c.status
@@ -392,7 +393,7 @@ fn dead_holds_schema(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::columns::ColumnMapping;
+    use crate::config::columns::ColumnMapping;
     use crate::storage::sql_common::events_mapping;
 
     fn schema(table: &str, columns: &Columns) -> Schema {

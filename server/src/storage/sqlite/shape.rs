@@ -20,7 +20,7 @@
 
 use std::fmt::Display;
 
-use crate::storage::ident::{self, Ident};
+use crate::config::ident::{self, Ident};
 use crate::storage::names::{Dialect, Names};
 use crate::storage::sql_common::TableSql;
 use crate::storage::TableOptions;

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::shape::{Shape, Statements};
-use crate::storage::columns::{ColumnMapping, Columns};
-use crate::storage::ident::Ident;
+use crate::config::columns::{ColumnMapping, Columns};
+use crate::config::ident::Ident;
 use crate::storage::sql_common::events_mapping;
 use crate::storage::{TableOptions, TopicClause};
 

@@ -26,11 +26,13 @@ async fn identifiers_are_checked_and_named() {
 }
 
 #[test]
-fn mariadb_urls_are_accepted_and_sessions_run_in_utc() {
-    let options = connect_options("mariadb://app:secret@db.internal:3307/shop").unwrap();
-    assert_eq!(options.get_host(), "db.internal");
-    assert_eq!(options.get_port(), 3307);
-    assert_eq!(options.get_database(), Some("shop"));
-    let options = connect_options("mysql://root@localhost/test?timezone=%2B02:00").unwrap();
-    assert_eq!(options.get_database(), Some("test"));
+fn sessions_run_in_utc_whatever_the_url_says() {
+    // The options have no getter for it; their Debug shows it.
+    for url in [
+        "mariadb://app@db.internal/shop",
+        "mysql://root@localhost/test?timezone=%2B02:00",
+    ] {
+        let options = format!("{:?}", connect_options(url).unwrap());
+        assert!(options.contains(r#"timezone: Some("+00:00")"#), "{options}");
+    }
 }

@@ -1,7 +1,7 @@
 //! The rendering of the statements: quoting, placeholders, names.
 
-use crate::storage::columns::{ColumnMapping, Columns};
-use crate::storage::ident::Ident;
+use crate::config::columns::{ColumnMapping, Columns};
+use crate::config::ident::Ident;
 use crate::storage::mysql::claim::ClaimShape;
 use crate::storage::mysql::schema::Schema;
 use crate::storage::mysql::shape::{derived_name, quote, Shape, Statements};

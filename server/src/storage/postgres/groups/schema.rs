@@ -4,10 +4,10 @@
 use sqlx::{Executor, Postgres};
 
 use super::{GroupSql, PostgresGroups, LOCK_CLASS_GROUPS};
+use crate::config::ident::quote;
 use crate::config::GroupStart;
 use crate::storage::groups::sql::{partitions_changed, GroupDb};
 use crate::storage::groups::OutboxGroups;
-use crate::storage::ident::quote;
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
 
