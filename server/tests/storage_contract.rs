@@ -1,10 +1,12 @@
 //! The storage contract: what every backend must do, written once.
 //!
-//! `storage_contract!(name, factory)` expands to one `#[tokio::test]` per case in
-//! [`cases`] (`storage_contract/cases.rs`), each with a fresh [`Backend`] from `factory`
-//! (an expression that may `.await`). Adding a backend is one line at the bottom of this
-//! file plus its [`Backend`] impl, like [`pg_backend`]'s (`storage_contract/pg_backend.rs`). The cases carry the seed's `StorageContract` over and add what the
-//! server relies on (nack policy, successors, lease extension, purge, wake-ups, errors).
+//! `storage_contract!(name, factory)` expands to one `#[tokio::test]` per case in [`cases`]
+//! (`storage_contract/cases.rs`), each with a fresh [`Backend`] from `factory` (an
+//! expression that may `.await`). Adding a backend is one line at the bottom of this file
+//! plus its [`Backend`] impl, like [`pg_backend`]'s (`storage_contract/pg_backend.rs`). The
+//! cases cover the five calls of any outbox relay (claim, ack, nack, release, dead-letter)
+//! and what the server relies on besides (nack policy, successors, lease extension, purge,
+//! wake-ups, errors).
 //!
 //! PostgreSQL: every test gets a uniquely named schema in the database at
 //! `TXOUTBOX_TEST_POSTGRES_URL` (default `postgres://postgres@127.0.0.1:5432/test`),

@@ -1,6 +1,6 @@
 //! Where outbox rows live. One trait, [`Storage`], one module per backend.
 //!
-//! The trait mirrors the seed's five storage methods (claim, ack, nack, release,
+//! The trait has the five calls of any outbox relay (claim, ack, nack, release,
 //! dead-letter) plus what a server needs: lease extension, giving back the leases of a
 //! lost subscriber, stats, purge, the DDL ([`Storage::ensure_table`]) and a check of the
 //! live table that changes nothing ([`Storage::verify_table`]), an insert for tests and
@@ -48,11 +48,11 @@
 //! dead-letter selector ([`dead`]), blocked keys ([`blocked`]), pauses ([`pauses`]), a
 //! batch of nacks planned ([`nack`]), row values ([`rows`]), the columns (validated in
 //! [`crate::config::columns`]) checked against a live table and an insert shaped for them
-//! ([`columns`]), and named in SQL ([`names`]); and [`timed`], which wraps every backend: the deadline of
-//! each call and its tracing span, written as one table of the trait's calls. What MySQL
-//! and SQLite write and run alike (their placeholders and stored times aside) is in
-//! [`sql_common`], generic over [`sqlx::Database`] where it runs; the two group stores'
-//! alike in `groups/sql.rs`.
+//! ([`columns`]), and named in SQL ([`names`]); and [`timed`], which wraps every backend:
+//! the deadline of each call and its tracing span, written as one table of the trait's
+//! calls. What MySQL and SQLite write and run alike (their placeholders and stored times
+//! aside) is in [`sql_common`], generic over [`sqlx::Database`] where it runs; the two
+//! group stores' alike in `groups/sql.rs`.
 //!
 //! Statements are templates written with the columns' roles (`{status}`, `{leased_by}`)
 //! and filled by [`names::Names::fill`] with the table's names for them: a mapped table's

@@ -406,7 +406,7 @@ pub async fn strict_ordering_under_concurrent_claims_of_two_servers(backend: &im
     }
 }
 
-/// Beyond the seed: a claim restricted to some topics must not overtake an earlier row
+/// A claim restricted to some topics must not overtake an earlier row
 /// of the same key in another topic.
 pub async fn strict_ordering_is_kept_across_topic_filters(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;

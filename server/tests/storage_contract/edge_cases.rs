@@ -112,7 +112,7 @@ pub async fn insert_signal_ends_with_the_storage(backend: &impl Backend) {
 /// A nack (or an extension) sent just before its lease ran out, applied while another
 /// worker's claim runs just after: the claim may see the row claimable, then find it
 /// waiting for its retry once it reaches it. It must then hand out none of the key's
-/// later rows, or they would be published before the row they follow (issue 9).
+/// later rows, or they would be published before the row they follow.
 pub async fn a_claim_racing_a_late_nack_hands_out_no_later_row_of_the_key(backend: &impl Backend) {
     let storage = backend.open(Setup::default()).await;
     let other_server = backend.open(Setup::default()).await;

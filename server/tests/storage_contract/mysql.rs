@@ -313,7 +313,7 @@ async fn servers_starting_together_create_the_schema_once() {
 
 /// The relay's sessions: READ COMMITTED in UTC, a lock wait of a second (an ack stuck
 /// behind a stopped replica's transaction becomes UNAVAILABLE for its caller to retry),
-/// and a stopped replica's idle transaction ended by the server (issue 9).
+/// and a stopped replica's idle transaction ended by the server.
 #[tokio::test]
 async fn sessions_run_at_read_committed_in_utc_with_short_lock_bounds() {
     let pool = mysql::lazy_pool(&url(), 1).unwrap();
@@ -429,7 +429,7 @@ async fn a_blocked_hot_key_does_not_hide_other_keys() {
 
 /// A claim stuck between its statements (its replica paused, or its database link cut)
 /// keeps the rows it locked. Another claim still takes the other keys' rows, and none of
-/// the locked keys' later rows (issue 9: it came back empty until the stuck transaction
+/// the locked keys' later rows (it came back empty until the stuck transaction
 /// ended, its candidates all being the later rows of the locked keys).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_stuck_on_some_keys_heads_does_not_stop_another_claim() {

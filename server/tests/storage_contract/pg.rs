@@ -229,7 +229,7 @@ async fn a_head_left_behind_by_an_ack_is_moved_on_by_the_next_claim() {
 }
 
 /// A replica restarting with `create_schema` on a table whose schema is current runs no
-/// DDL, so it takes no lock a producer's insert needs (issue 9): `DROP TRIGGER` and
+/// DDL, so it takes no lock a producer's insert needs: `DROP TRIGGER` and
 /// `CREATE INDEX` would wait here for the producer's open transaction, and every other
 /// producer's insert would queue behind them. A missing object is still put back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

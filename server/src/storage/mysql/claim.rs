@@ -43,7 +43,7 @@ impl Statements {
     /// (tested on MariaDB 10.11, READ COMMITTED). The scan walks past the rows other
     /// claimers hold, so a claim stopped between its statements (its replica paused, its
     /// database link cut) held them all, and their holders' acks waited behind it until
-    /// their leases ran out (issue 9). Locking by primary key only keeps the locks of
+    /// their leases ran out. Locking by primary key only keeps the locks of
     /// rows that match.
     ///
     /// Parameters, in order: `now`, the id to scan after; with a visibility delay,
@@ -51,16 +51,17 @@ impl Statements {
     /// ordering `now`, then `visible_before`, the topics and the paused topics again for
     /// the predecessor test; the row count.
     ///
-    /// With strict ordering an earlier pending row of the key holds a row back unless it
-    /// is claimable by this very claim (it then comes first in id order and is taken in
-    /// the same batch). Not claimable: leased or waiting for a retry, or, beyond the seed,
-    /// not visible yet or outside the topic filter. This is a pre-filter that keeps
-    /// batches full; the guarantee itself comes from [`Statements::claim_successors`], run
-    /// after the candidates are locked.
+    /// With strict ordering an earlier pending row of the key holds a row back unless it is
+    /// claimable by this very claim (it then comes first in id order and is taken in the
+    /// same batch). Not claimable: leased or waiting for a retry, not visible yet or
+    /// outside the topic filter. This is a pre-filter that keeps batches full; the
+    /// guarantee itself comes from [`Statements::claim_successors`], run after the
+    /// candidates are locked.
     ///
     /// The scan is pinned to the `(status, id)` index: it walks pending rows in id order
     /// and stops at the row count. Left to itself the optimizer may pick the primary key
-    /// for `ORDER BY id LIMIT` and walk every delivered row too (SEED-PITFALLS #3).
+    /// for `ORDER BY id LIMIT` and walk every delivered row too: a claim then costs as
+    /// much as the table's whole history.
     pub fn claim_candidates(&self, shape: &ClaimShape) -> String {
         let mut filters = self.shape_filters(
             "o.",
@@ -206,8 +207,8 @@ impl MySqlStorage {
     /// Rounds of scan, lock, check: a round that takes less than it scanned (rows another
     /// transaction holds locked, or behind an earlier row of their key outside the batch)
     /// goes on past what it scanned, without the keys it found taken, so another claim
-    /// stuck on a few keys' heads does not fill every batch with rows of those keys
-    /// (issue 9). Bounded by `CLAIM_ROUNDS`.
+    /// stuck on a few keys' heads does not fill every batch with rows of those keys.
+    /// Bounded by `CLAIM_ROUNDS`.
     async fn claim_rounds(
         &self,
         tx: &mut MySqlConnection,

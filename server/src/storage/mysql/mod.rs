@@ -29,7 +29,7 @@
 //!   tested in `tests/locks.rs`), so a transaction stopped after it holds no other owner's row. A
 //!   round that takes fewer rows than it scanned (locked by another claim, or behind an
 //!   earlier row of their key) scans on past them without their keys, a few rounds at
-//!   most, so a claim stuck on some keys' heads does not stop the others (issue 9).
+//!   most, so a claim stuck on some keys' heads does not stop the others.
 //! - **Strict ordering without a lock.** MariaDB has no transaction-scoped advisory locks
 //!   (`GET_LOCK` is held by the session: a cancelled claim would leave it on a pooled
 //!   connection). Instead, once a claim has locked its candidates, a fresh statement drops
@@ -50,10 +50,10 @@
 //!   transaction left idle [`IDLE_TRANSACTION_TIMEOUT_SECS`] (its replica stopped inside
 //!   it) is ended by MariaDB, its locks released.
 //! - **Known cost**: while the oldest pending row of a key is leased or waiting for its
-//!   retry, a strict claim still walks the rows queued behind it (the seed's pitfall #1;
-//!   about 10 us per row, against 26 us with MariaDB's subquery cache on). PostgreSQL
-//!   avoids it with a key-heads table kept by a statement-level trigger; MariaDB has only
-//!   row-level triggers, so that is left for later.
+//!   retry, a strict claim still walks the rows queued behind it (about 10 us per row,
+//!   against 26 us with MariaDB's subquery cache on). PostgreSQL avoids it with a key-heads
+//!   table kept by a statement-level trigger; MariaDB has only row-level triggers, so that
+//!   is left for later.
 
 mod admin;
 mod answers;
@@ -87,7 +87,7 @@ use crate::config::{mysql_connect_options, Timeouts};
 /// `innodb_lock_wait_timeout` of the relay's sessions, in seconds (the server's default
 /// is 50; MariaDB counts whole seconds). Only write-backs ever wait for a row lock, and
 /// only for other relay transactions, which take milliseconds; a longer wait means a
-/// transaction stuck on a stopped or partitioned replica (issue 9). So an ack gives up
+/// transaction stuck on a stopped or partitioned replica. So an ack gives up
 /// after this, tries once more, then reports [`StorageError::Unavailable`] for its
 /// caller to retry: at most two seconds, where PostgreSQL's relay waits at most its
 /// `lock_timeout`.

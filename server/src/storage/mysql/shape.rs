@@ -161,7 +161,7 @@ pub(super) fn placeholders(n: usize) -> String {
 
 /// `FORCE INDEX (PRIMARY) WHERE id IN (NULL, ?...)` with `n` ids: how every locking read
 /// of this backend finds its rows, so that it keeps locked only the rows that match the
-/// rest of its `WHERE` (issue 9). Under READ COMMITTED, InnoDB releases the lock of a
+/// rest of its `WHERE`. Under READ COMMITTED, InnoDB releases the lock of a
 /// row that does not match only when it was read by a range scan of the primary key
 /// (tested on MariaDB 10.11, `pending_rows_of_others_stay_unlocked` in the contract
 /// suite): a scan of a secondary index (which the optimizer picks for `status =

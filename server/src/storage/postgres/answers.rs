@@ -53,10 +53,10 @@ impl Answers {
         // (`persistent(false)`), so PostgreSQL plans each for the table as it is: their
         // `status = 'pending'` lets a scan of a whole partial index serve them too, and a
         // cached generic plan made while the table held a few rows chose that scan, and
-        // kept it with 20,000 pending rows (each ack read them all, issue 16). The price,
+        // kept it with 20,000 pending rows (each ack read them all). The price,
         // per statement (which answers many rows at once): tens of microseconds of planning,
         // and a round trip of its own in which sqlx prepares it (`Parse`, `Describe`,
-        // `Sync`), which PostgreSQL counts as a transaction (BENCHMARKS.md, issue 16).
+        // `Sync`), which PostgreSQL counts as a transaction (BENCHMARKS.md).
         let held = n.fill(
             "WHERE {id} = ANY($1) AND {leased_by} = $2 AND {status} = 'pending'",
             &[],

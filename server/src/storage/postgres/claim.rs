@@ -222,8 +222,8 @@ impl ClaimStatements {
 /// The messages come back from the claim itself, not from a read once it committed (as
 /// the strict claim's do): the rows it locks meanwhile are ones every other claim skips
 /// (`SKIP LOCKED`) and only this owner may answer, and it takes no table-wide lock, so
-/// however slowly this server reads, nobody waits (issue 9). One statement per batch
-/// fewer: a round trip, a snapshot and an index probe per row (BENCHMARKS.md, issue 16).
+/// however slowly this server reads, nobody waits. One statement per batch
+/// fewer: a round trip, a snapshot and an index probe per row (BENCHMARKS.md).
 ///
 /// The rows are chosen in two parts, `above` the floor and `below` it (at or under), which
 /// between them hold every id: `below` is asked only for what `above` left of the batch,

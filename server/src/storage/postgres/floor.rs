@@ -8,7 +8,7 @@
 //! entries the acks left behind: an ack changes `status`, so it is not a HOT update, and
 //! the old entry stays in the pending index until a vacuum; PostgreSQL marks it dead on
 //! the first visit, and every later claim still reads the leaf pages they fill. `EXPLAIN
-//! (ANALYZE, BUFFERS)` of one claim of 100 in such a table (BENCHMARKS.md, issue 16):
+//! (ANALYZE, BUFFERS)` of one claim of 100 in such a table (BENCHMARKS.md):
 //! 800 rows removed by the filter and 135 buffers in the index scan, against 0 and 11
 //! from the floor.
 //!

@@ -22,7 +22,7 @@
 //!
 //! Every operation is one statement (or one function call) in a transaction of its own:
 //! no transaction of the relay waits for a round trip to this server, so a paused or
-//! partitioned server holds no lock another server or a producer needs (issue 9). What
+//! partitioned server holds no lock another server or a producer needs. What
 //! spans several statements (a claim and the read of its messages, an ack and the move of
 //! its keys' heads) is correct after any one of them alone.
 //!
@@ -282,7 +282,7 @@ fn connect_options(
     // analyzed since: autovacuum off, or the first minute) scans it whole when that is
     // cheaper than an index, and keeps doing so as the table grows: locking and reading a
     // claim's 5 rows cost 0.3 ms each at 6,600 rows, and grow with every delivered row
-    // kept (issue 16). Off, PostgreSQL still scans a table whole where no index applies.
+    // kept. Off, PostgreSQL still scans a table whole where no index applies.
     let statement_timeout = format!("{}ms", statement_timeout.as_millis().max(1));
     Ok(options.options([
         ("jit", "off"),

@@ -136,7 +136,7 @@ const FUNCTIONS_PRESENT: &str = "SELECT count(*) FROM unnest($1::text[]) AS f(na
 /// comment of the pending index (see [`schema`]). A restarting replica with
 /// `create_schema` then runs no DDL: `DROP TRIGGER` and `CREATE INDEX` take table locks
 /// that producers' inserts queue behind while the lock waits for the relay's own
-/// transactions (issue 9: the relay must not hold up a producer's insert).
+/// transactions (the relay must not hold up a producer's insert).
 #[derive(Debug)]
 pub(super) struct SchemaCheck {
     /// Quoted, qualified names of every relation the DDL creates.
@@ -171,7 +171,7 @@ pub(super) const LIVE_COLUMNS: &str = "SELECT a.attname::text AS name, \
 /// with PostgreSQL's default (100) the pages of a backlog are full, and every claim
 /// inserted into the four indexes of pending rows instead. Half-full pages make every
 /// claim of a freshly written backlog HOT: WAL per keyless message 1,026 -> 433 bytes
-/// (BENCHMARKS.md, issue 16), at the price of a table twice the size while rows wait.
+/// (BENCHMARKS.md), at the price of a table twice the size while rows wait.
 const FILLFACTOR: u8 = 50;
 
 /// The DDL of the table and what it needs: indexes, strict ordering's objects, the

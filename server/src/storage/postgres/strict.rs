@@ -1,10 +1,10 @@
 //! Strict per-key ordering without scanning blocked backlogs, and without a lock held
 //! across a round trip: the key-heads table and the two functions of a strict table.
 //!
-//! The seed held a row back with `NOT EXISTS (earlier pending row of the key that is not
-//! claimable)`. A claim walking the pending rows in id order then visits every row queued
-//! behind a blocked key before it finds anything claimable: with one hot key whose head is
-//! leased, a claim costs seconds at a million pending rows (SEED-PITFALLS.md #1).
+//! The plain way holds a row back with `NOT EXISTS (earlier pending row of the key that is
+//! not claimable)`. A claim walking the pending rows in id order then visits every row
+//! queued behind a blocked key before it finds anything claimable: with one hot key whose
+//! head is leased, a claim costs seconds at a million pending rows.
 //!
 //! Here every key with pending rows has one row in `<table>_heads` whose `head_id` is at
 //! or before its oldest pending row. A strict claim walks the heads in `head_id` order
@@ -42,7 +42,7 @@
 //! one table run one at a time across servers), then chooses rows in a new snapshot that
 //! sees what the claim before it leased. The lock is a transaction lock and the call is
 //! its own transaction, so it ends when the function returns, whatever becomes of the
-//! server that called it: a paused or partitioned replica never holds it (issue 9). The
+//! server that called it: a paused or partitioned replica never holds it. The
 //! claim then locks the rows it chose and checks them again: an answer that committed in
 //! between (a late nack making the key's first row wait, a late ack settling it) may have
 //! changed them, and a key's later rows are handed out only behind rows that are still
@@ -50,8 +50,8 @@
 //! committed), so a slow reader never holds the lock either.
 //!
 //! Both functions run their statements on cached (generic) plans, planned once per session
-//! rather than on every call (`SET plan_cache_mode = force_generic_plan` on the function,
-//! issue 16; BENCHMARKS.md has the counts). Left to PostgreSQL's own rule, a session kept
+//! rather than on every call (`SET plan_cache_mode = force_generic_plan` on the function;
+//! BENCHMARKS.md has the counts). Left to PostgreSQL's own rule, a session kept
 //! planning afresh whenever its first few custom plans looked cheaper than the generic
 //! one, which depends on the rows present when the session started: a claim of 5 new rows
 //! then spent 0.32 ms planning its choice of rows, more than the claim itself, and every
@@ -78,13 +78,13 @@ use crate::storage::{blocked, ClaimRequest, HeldKeys, StorageResult, TopicFilter
 /// first at or above it (past the last, the statement limited by the batch size itself).
 /// Each statement bounds its parts (the key-heads walk, each key's run, the keyless rows)
 /// by the literal, and only then by the batch size. That is for the plan cache, as in the
-/// non-strict claim (`claim.rs`): limited by a variable only, a generic plan has to
-/// assume it takes a tenth of what it could, so PostgreSQL planned the statement anew on
-/// every call of a full batch (0.9-1.1 ms of a 4.5 ms claim of 100 rows over 1,000 keys,
-/// issue 16). Bounded by a literal near the batch, the generic plan walks the same indexes
-/// as the custom ones, and the function runs it (see the module docs). Each cap is eight
-/// times the one before: a relay's claims ask for between half its `max_batch_size` and
-/// all of it, so a session uses one or two of the statements.
+/// non-strict claim (`claim.rs`): limited by a variable only, a generic plan has to assume
+/// it takes a tenth of what it could, so PostgreSQL planned the statement anew on every
+/// call of a full batch (0.9-1.1 ms of a 4.5 ms claim of 100 rows over 1,000 keys). Bounded
+/// by a literal near the batch, the generic plan walks the same indexes as the custom ones,
+/// and the function runs it (see the module docs). Each cap is eight times the one before:
+/// a relay's claims ask for between half its `max_batch_size` and all of it, so a session
+/// uses one or two of the statements.
 const CLAIM_CAPS: [u32; 3] = [16, 128, 1024];
 /// How many heads an empty claim looks at to move on heads left behind (see the claim).
 const HEADS_REPAIRED_BY_AN_EMPTY_CLAIM: u32 = 16;

@@ -2,7 +2,7 @@
 //! `TXOUTBOX_TEST_MYSQL_URL`, default `mysql://root@127.0.0.1:3306/test`; a database of
 //! its own per test). A transaction stopped right after its locking read (its replica
 //! paused, its database link cut) must hold only the rows it matched: never rows another
-//! owner leased meanwhile, whose acks would wait on it (issue 9). Here in the backend
+//! owner leased meanwhile, whose acks would wait on it. Here in the backend
 //! rather than in the contract suite: it runs the backend's own statements.
 
 use sqlx::{Connection, Executor, MySqlConnection};
