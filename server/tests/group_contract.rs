@@ -97,6 +97,7 @@ macro_rules! group_contract {
                 discard_drops_dead_rows_for_good_and_fences_their_partitions,
                 a_seek_to_the_oldest_row_replays_everything_and_fences_the_owners,
                 a_seek_to_an_id_replays_from_that_row_on,
+                a_seek_to_an_id_the_table_does_not_hold_is_refused_and_moves_nothing,
                 a_seek_to_a_time_replays_the_rows_created_from_then_on,
                 a_seek_to_now_skips_everything_committed_so_far,
                 stats_count_the_rows_past_the_positions_and_their_age,

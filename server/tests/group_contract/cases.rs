@@ -1105,6 +1105,32 @@ pub async fn a_seek_to_an_id_replays_from_that_row_on(backend: &impl GroupBacken
     assert_eq!(ahead(&store, "g", 7).await, ids[1..]);
 }
 
+pub async fn a_seek_to_an_id_the_table_does_not_hold_is_refused_and_moves_nothing(
+    backend: &impl GroupBackend,
+) {
+    let store = ready(backend, &[("g", Oldest)]).await;
+    let ids = produce_keys(backend, &["a", "b", "c"]).await;
+    readable(&store, &every_partition(Position::START), ids.len()).await;
+    store
+        .seek("g", SeekTarget::Id(ids[1]), false)
+        .await
+        .unwrap();
+    let before = placed_all(&store, "g").await;
+
+    for dry_run in [true, false] {
+        let refused = store
+            .seek("g", SeekTarget::Id(ids[2] + 1000), dry_run)
+            .await;
+        assert!(
+            matches!(refused, Err(StorageError::InvalidMessage(_))),
+            "a seek to a row that is not there: {refused:?}"
+        );
+    }
+    assert_eq!(placed_all(&store, "g").await, before);
+    let later = backend.produce(Some("a"), "later", 0).await;
+    assert_eq!(ahead(&store, "g", 3).await, [ids[1], ids[2], later]);
+}
+
 pub async fn a_seek_to_a_time_replays_the_rows_created_from_then_on(backend: &impl GroupBackend) {
     let store = ready(backend, &[("g", Oldest)]).await;
     let mut old = Vec::new();
