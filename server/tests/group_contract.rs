@@ -102,6 +102,7 @@ macro_rules! group_contract {
                 a_seek_to_now_skips_everything_committed_so_far,
                 stats_count_the_rows_past_the_positions_and_their_age,
                 purge_deletes_only_old_rows_every_group_has_passed_and_none_keeps,
+                rows_inserted_after_a_purge_of_every_passed_row_are_read,
                 a_pause_is_per_group_kept_and_seen_by_every_replica,
             );
         }

@@ -1315,6 +1315,24 @@ pub async fn purge_deletes_only_old_rows_every_group_has_passed_and_none_keeps(
     assert_eq!(store.stats("g", false).await.unwrap().lag_rows, 0);
 }
 
+/// A purge may take every row a group passed, the newest too; the rows inserted after
+/// it must still come after the group's positions (SQLite gives a rowid table without
+/// `AUTOINCREMENT`, the mapped one, the largest id left plus one).
+pub async fn rows_inserted_after_a_purge_of_every_passed_row_are_read(backend: &impl GroupBackend) {
+    let store = ready(backend, &[("g", Oldest)]).await;
+    let mut ids = Vec::new();
+    for key in ["a", "b", "c"] {
+        ids.push(backend.produce(Some(key), "old", 1).await);
+    }
+    readable(&store, &every_partition(Position::START), ids.len()).await;
+    store.seek("g", SeekTarget::Now, false).await.unwrap();
+    assert!(store.purge(Duration::ZERO).await.unwrap() >= 2);
+    assert!(store.fetch(&ids[..2]).await.unwrap().is_empty());
+
+    let new = produce_keys(backend, &["a", "d"]).await;
+    assert_eq!(ahead(&store, "g", 2).await, new, "the rows after the purge");
+}
+
 // -- pauses ------------------------------------------------------------------------------
 
 pub async fn a_pause_is_per_group_kept_and_seen_by_every_replica(backend: &impl GroupBackend) {

@@ -165,6 +165,10 @@ impl SqliteGroups {
                 .await
                 .map_err(self.error("purge"))?;
         let Some(bound) = bound else { return Ok(0) };
+        // Never the table's last row: a rowid table without AUTOINCREMENT (a team's own
+        // table may be one) gives the next row the largest id left plus one, which would
+        // sit at or below the positions and never be read.
+        let bound = bound.min(self.last_id().await? - 1);
         let cutoff = now_ms() - ms(retention);
         crate::storage::in_batches(|| async move {
             sqlx::query(&self.fill(
