@@ -78,6 +78,7 @@ macro_rules! group_contract {
                 a_group_starts_at_its_start_and_ensuring_again_changes_nothing,
                 a_group_added_later_starts_at_its_own_start,
                 a_partition_count_other_than_the_groups_were_created_with_is_refused,
+                without_create_ensure_needs_the_printed_schema,
                 heartbeats_list_the_live_members_sorted_and_every_partition,
                 a_member_whose_heartbeat_ran_out_is_no_longer_listed,
                 a_free_partition_is_taken_once_with_a_new_epoch,

@@ -127,6 +127,29 @@ pub async fn a_partition_count_other_than_the_groups_were_created_with_is_refuse
     assert_eq!(views(&store, "g").await.len(), PARTITIONS as usize);
 }
 
+pub async fn without_create_ensure_needs_the_printed_schema(backend: &impl GroupBackend) {
+    let store = backend.store(PARTITIONS).await;
+    let missing = store
+        .ensure(&groups(&[("g", Oldest)]), PARTITIONS, false)
+        .await;
+    match &missing {
+        Err(StorageError::MismatchedTable { problems, .. }) => {
+            let text = problems.join("\n");
+            assert!(text.contains("txoutboxd schema"), "{text}");
+        }
+        other => panic!("missing group tables must be reported as such: {other:?}"),
+    }
+
+    // What `txoutboxd schema` prints, run by an operator, is what ensure checks for.
+    backend.run(&store.schema_sql()).await;
+    store
+        .ensure(&groups(&[("g", Oldest)]), PARTITIONS, false)
+        .await
+        .expect("the printed schema is enough");
+    let id = backend.produce(Some("a"), "after", 0).await;
+    assert_eq!(ahead(&store, "g", 1).await, [id]);
+}
+
 // -- membership and leases ---------------------------------------------------------------
 
 pub async fn heartbeats_list_the_live_members_sorted_and_every_partition(
