@@ -48,6 +48,9 @@ const PARTITIONS: u32 = 4;
 const LEASE: Duration = Duration::from_secs(30);
 /// A lease that runs out during a test; real time, since the database keeps the clock.
 const SHORT_LEASE: Duration = Duration::from_millis(300);
+/// A lease that runs out during a test, but not before the next few statements on a
+/// busy machine.
+const BRIEF_LEASE: Duration = Duration::from_secs(1);
 /// Longest wait for something that should happen.
 const DEADLINE: Duration = Duration::from_secs(10);
 /// The topic of every produced row.

@@ -187,7 +187,7 @@ pub async fn heartbeats_list_the_live_members_sorted_and_every_partition(
 
 pub async fn a_member_whose_heartbeat_ran_out_is_no_longer_listed(backend: &impl GroupBackend) {
     let store = ready(backend, &[("g", Oldest)]).await;
-    store.heartbeat("g", "gone", SHORT_LEASE).await.unwrap();
+    store.heartbeat("g", "gone", BRIEF_LEASE).await.unwrap();
     let beat = store.heartbeat("g", "stays", LEASE).await.unwrap();
     assert_eq!(beat.members, ["gone", "stays"]);
     until(
@@ -284,10 +284,17 @@ pub async fn heartbeats_renew_the_leases_of_the_members_own_partitions(
     backend: &impl GroupBackend,
 ) {
     let store = ready(backend, &[("g", Oldest)]).await;
-    // Long enough for the heartbeat below to come first, short enough to wait out.
-    let lease = Duration::from_secs(1);
-    store.acquire("g", "a", 0, lease).await.unwrap().unwrap();
-    store.acquire("g", "b", 1, lease).await.unwrap().unwrap();
+    // b's lease runs out after a's would have.
+    store
+        .acquire("g", "a", 0, BRIEF_LEASE)
+        .await
+        .unwrap()
+        .unwrap();
+    store
+        .acquire("g", "b", 1, BRIEF_LEASE)
+        .await
+        .unwrap()
+        .unwrap();
     let beat = store.heartbeat("g", "a", LEASE).await.unwrap();
     assert!(!beat.partitions[0].expired);
     until(
