@@ -37,8 +37,12 @@ mod pg;
 mod pg_backend;
 #[path = "storage_contract/pg_mapped.rs"]
 mod pg_mapped;
+#[path = "shared/pg_schema.rs"]
+mod pg_schema;
 #[path = "storage_contract/sqlite_file.rs"]
 mod sqlite_file;
+#[path = "shared/team_tables.rs"]
+mod team_tables;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -8,10 +8,8 @@ use txoutbox_server::config::columns::{ColumnMapping, Columns};
 use txoutbox_server::storage::postgres::{PostgresExtras, PostgresStorage};
 use txoutbox_server::storage::TableOptions;
 
-pub fn url() -> String {
-    std::env::var("TXOUTBOX_TEST_POSTGRES_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
+pub use crate::pg_schema::url;
+use crate::pg_schema::{fresh_schema, DropSchema};
 
 /// A fresh schema per test, so tests run in parallel without seeing each other.
 pub struct PgBackend {
@@ -24,43 +22,18 @@ pub struct PgBackend {
     _drop: DropSchema,
 }
 
-/// "A team's own table" for the mapped contract run: other names for every column, an
-/// `integer` id, `varchar` topic and key, and `json` (not `jsonb`) headers. Text and JSON
-/// payloads have cases of their own below (the contract sends binary payloads).
-const TEAM_TABLE: &str = "CREATE TABLE IF NOT EXISTS {table} (
-    event_id     serial PRIMARY KEY,
-    event_type   varchar(200) NOT NULL,
-    aggregate_id varchar(200),
-    body         bytea NOT NULL,
-    meta         json NOT NULL DEFAULT '{}',
-    occurred_at  timestamptz NOT NULL DEFAULT now()
-)";
+/// "A team's own table" for the mapped contract run (see [`crate::team_tables`]). Text
+/// and JSON payloads have cases of their own (the contract sends binary payloads).
+const TEAM_TABLE: &str = crate::team_tables::POSTGRES_TABLE;
 
 /// The mapping of [`TEAM_TABLE`], bookkeeping columns included.
 pub fn team_mapping() -> ColumnMapping {
-    ColumnMapping {
-        id: "event_id".to_owned(),
-        topic: Some("event_type".to_owned()),
-        key: "aggregate_id".to_owned(),
-        payload: "body".to_owned(),
-        headers: "meta".to_owned(),
-        created_at: "occurred_at".to_owned(),
-        status: "relay_status".to_owned(),
-        attempts: "relay_attempts".to_owned(),
-        available_at: "relay_due_at".to_owned(),
-        leased_by: "relay_owner".to_owned(),
-        last_error: "relay_error".to_owned(),
-        processed_at: "relay_done_at".to_owned(),
-        ..ColumnMapping::default()
-    }
+    crate::team_tables::postgres_mapping()
 }
 
 impl PgBackend {
     pub async fn new() -> Self {
-        let schema = format!(
-            "contract_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..8]
-        );
+        let schema = fresh_schema();
         Self {
             _drop: DropSchema(schema.clone()),
             schema,
@@ -313,31 +286,6 @@ impl OpenWrite for PgOpenWrite {
 
     async fn commit(mut self: Box<Self>) {
         self.conn.execute("COMMIT").await.unwrap();
-    }
-}
-
-/// Drops the schema when the test ends, pass or fail, on a thread of its own since
-/// `Drop` cannot await.
-struct DropSchema(String);
-
-impl Drop for DropSchema {
-    fn drop(&mut self) {
-        let sql = format!(
-            "SET lock_timeout = '5s'; DROP SCHEMA IF EXISTS \"{}\" CASCADE",
-            self.0
-        );
-        let dropper = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("runtime");
-            runtime.block_on(async {
-                if let Ok(mut conn) = PgConnection::connect(&url()).await {
-                    let _ = conn.execute(sql.as_str()).await;
-                }
-            });
-        });
-        let _ = dropper.join();
     }
 }
 

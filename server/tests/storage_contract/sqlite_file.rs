@@ -12,7 +12,7 @@ use txoutbox_server::storage::sqlite::{SqliteStorage, BUSY_TIMEOUT};
 use txoutbox_server::storage::{StorageError, TableOptions};
 
 /// The machine clock in epoch milliseconds, as a team's own table would default it.
-const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+const NOW_MS: &str = crate::team_tables::SQLITE_NOW_MS;
 
 /// A fresh database file per test, in a temporary directory removed when the test ends.
 pub struct SqliteBackend {
@@ -42,27 +42,8 @@ impl SqliteBackend {
     /// none of the relay's; `create_schema` adds those, some under mapped names too.
     /// The payload stays binary: the contract round-trips bytes that are not UTF-8.
     pub async fn mapped() -> Self {
-        let mapping = ColumnMapping {
-            id: "event_id".into(),
-            topic: Some("event_type".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
-            headers: "meta".into(),
-            created_at: "occurred_at".into(),
-            status: "relay_status".into(),
-            leased_by: "claimed_by".into(),
-            ..ColumnMapping::default()
-        };
-        let own_table = format!(
-            "CREATE TABLE IF NOT EXISTS order_events (
-                event_id     INTEGER PRIMARY KEY,
-                event_type   VARCHAR(100) NOT NULL,
-                aggregate_id TEXT,
-                body         BLOB NOT NULL,
-                meta         TEXT,
-                occurred_at  INTEGER NOT NULL DEFAULT ({NOW_MS})
-            )"
-        );
+        let mapping = crate::team_tables::sqlite_mapping();
+        let own_table = crate::team_tables::sqlite_table();
         Self {
             table: "order_events".to_owned(),
             columns: Columns::from_mapping(&mapping).unwrap(),

@@ -42,6 +42,27 @@ pub(crate) fn unknown_group(group: &str) -> StorageError {
     ))
 }
 
+/// The error of a start without `create_schema` on a table whose groups' `objects` (what
+/// the backend's schema adds) were never created.
+pub(crate) fn groups_missing(table: &str, objects: &str) -> StorageError {
+    StorageError::MismatchedTable {
+        table: table.to_owned(),
+        problems: vec![format!(
+            "the subscription groups' {objects} are missing: run the output of `txoutboxd \
+             schema` or set create_schema = true"
+        )],
+    }
+}
+
+/// The error of a seek to an id the table does not hold: no place in the log to move to,
+/// and a guess past the last row would skip the rows inserted until the ids reach it.
+pub(crate) fn no_row_to_seek(id: i64) -> StorageError {
+    StorageError::InvalidMessage(format!(
+        "seek to id {id}: the table holds no row with that id (purged, or never inserted); \
+         seek to a time or to the oldest row instead"
+    ))
+}
+
 /// The error of a start whose partition count is not the one `group` was created with.
 pub(crate) fn partitions_changed(
     table: &str,

@@ -27,7 +27,7 @@ use super::convert::{classify, decode_message};
 use super::shape::{message, DIALECT};
 use crate::config::columns::Columns;
 use crate::config::ident::{quote, Ident};
-use crate::storage::groups::sql::GroupDb;
+use crate::storage::groups::sql::{no_row_to_seek, GroupDb};
 use crate::storage::groups::{GroupRow, PartitionView, Position, SeekTarget};
 use crate::storage::names::Names;
 use crate::storage::{StorageError, StorageResult};
@@ -145,10 +145,7 @@ impl PostgresGroups {
                 .await
                 .map_err(self.error("seek group"))?;
                 let Some(txid) = txid else {
-                    return Err(StorageError::InvalidMessage(format!(
-                        "seek to id {id}: the table holds no row with that id (purged, or \
-                         never inserted); seek to a time or to the oldest row instead"
-                    )));
+                    return Err(no_row_to_seek(id));
                 };
                 parts.iter().map(|p| (*p, txid, id - 1)).collect()
             }

@@ -6,10 +6,10 @@ use sqlx::{Executor, Postgres};
 use super::{GroupSql, PostgresGroups, LOCK_CLASS_GROUPS};
 use crate::config::ident::quote;
 use crate::config::GroupStart;
-use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::sql::{groups_missing, partitions_changed, GroupDb};
 use crate::storage::groups::OutboxGroups;
 use crate::storage::names::Names;
-use crate::storage::{StorageError, StorageResult};
+use crate::storage::StorageResult;
 
 impl PostgresGroups {
     /// See [`crate::storage::groups::GroupStore::schema_sql`].
@@ -52,14 +52,7 @@ impl PostgresGroups {
                 .await
                 .map_err(self.error("check groups"))?;
             if present.is_none() {
-                return Err(StorageError::MismatchedTable {
-                    table: self.display_table.clone(),
-                    problems: vec![
-                        "the subscription groups' column and tables are missing: run the \
-                         output of `txoutboxd schema` or set create_schema = true"
-                            .to_owned(),
-                    ],
-                });
+                return Err(groups_missing(&self.display_table, "column and tables"));
             }
         }
         let mismatched = Postgres::other_partitions(&mut *tx, &s.groups, partitions)

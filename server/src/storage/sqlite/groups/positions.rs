@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::super::convert::now_ms;
 use super::{ms, SqliteGroups};
-use crate::storage::groups::sql::unknown_group;
+use crate::storage::groups::sql::{no_row_to_seek, unknown_group};
 use crate::storage::groups::{Flush, Member, SeekOutcome, SeekTarget};
 use crate::storage::rows::count;
 use crate::storage::{StorageResult, PURGE_BATCH};
@@ -96,7 +96,15 @@ impl SqliteGroups {
         let to: i64 = match target {
             SeekTarget::Oldest => 0,
             SeekTarget::Now => self.last_id().await?,
-            SeekTarget::Id(id) => id - 1,
+            SeekTarget::Id(id) => {
+                let held: Option<i64> =
+                    sqlx::query_scalar(&self.fill("SELECT {id} FROM {t} WHERE {id} = ?", &[]))
+                        .bind(id)
+                        .fetch_optional(&self.pools.reader)
+                        .await
+                        .map_err(self.error("seek group"))?;
+                held.ok_or_else(|| no_row_to_seek(id))? - 1
+            }
             SeekTarget::Time(at) => sqlx::query_scalar(&self.fill(
                 "SELECT coalesce((SELECT min({id}) - 1 FROM {t} WHERE {created_at} >= ?), \
                                  (SELECT coalesce(max({id}), 0) FROM {t}))",
@@ -157,6 +165,10 @@ impl SqliteGroups {
                 .await
                 .map_err(self.error("purge"))?;
         let Some(bound) = bound else { return Ok(0) };
+        // Never the table's last row: a rowid table without AUTOINCREMENT (a team's own
+        // table may be one) gives the next row the largest id left plus one, which would
+        // sit at or below the positions and never be read.
+        let bound = bound.min(self.last_id().await? - 1);
         let cutoff = now_ms() - ms(retention);
         crate::storage::in_batches(|| async move {
             sqlx::query(&self.fill(

@@ -5,7 +5,7 @@ use sqlx::{Executor, Sqlite};
 
 use super::SqliteGroups;
 use crate::config::GroupStart;
-use crate::storage::groups::sql::{partitions_changed, GroupDb};
+use crate::storage::groups::sql::{groups_missing, partitions_changed, GroupDb};
 use crate::storage::groups::OutboxGroups;
 use crate::storage::StorageResult;
 
@@ -30,6 +30,18 @@ impl SqliteGroups {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(self.error("create groups"))?;
+        if !create {
+            let present: Option<String> = sqlx::query_scalar(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = ?",
+            )
+            .bind(format!("{}_group_messages", self.place.table))
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(self.error("check groups"))?;
+            if present.is_none() {
+                return Err(groups_missing(&self.place.table, "tables"));
+            }
+        }
         let mismatched = Sqlite::other_partitions(&mut *tx, &self.groups, partitions)
             .await
             .map_err(self.error("check groups"))?;
