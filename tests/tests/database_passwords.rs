@@ -6,7 +6,7 @@
 use tonic::Code;
 use txoutbox_proto::v1;
 use txoutbox_tests::server::run_to_exit;
-use txoutbox_tests::{eventually, MariaDb, Server, TestDb, DEADLINE};
+use txoutbox_tests::{MariaDb, Server, TestDb};
 
 use crate::cli_client::txoutbox;
 
@@ -101,10 +101,7 @@ async fn a_refused_mariadb_password_is_never_shown() {
     let refused = assert_answers_hide_it(&server).await.expect("refused");
     assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
     assert!(refused.message().contains("Access denied"), "{refused:?}");
-    eventually("the refusal to be logged", DEADLINE, || async {
-        server.log_contains("Access denied").then_some(())
-    })
-    .await;
+    server.wait_for_log("Access denied").await;
     assert_log_hides_it(&server);
     maria.drop().await;
 }
