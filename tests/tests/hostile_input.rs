@@ -441,6 +441,12 @@ async fn echoed_names_are_bounded_and_names_cannot_carry_control_characters() {
     let status = Subscriber::open_with(&server, open(forged, &[])).await;
     assert_invalid("subscriber", status.map(|_| ()));
     assert_invalid("worker_id", relay.claim(claim("w\r\nx", 1)).await);
+    // A stream opened after them, and its line waited for: whatever the refused calls
+    // logged is in by then, so the absence below is not read too early.
+    let _after = Subscriber::open_with(&server, open("after-the-forgeries", &[]))
+        .await
+        .unwrap();
+    server.wait_for_log("after-the-forgeries").await;
     assert!(!server.log_contains("forged line"));
     db.drop().await;
 }
