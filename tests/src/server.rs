@@ -276,12 +276,35 @@ impl Server {
         log.iter().filter(|line| line.contains(needle)).count()
     }
 
+    /// Whether a line read so far contains `needle`: for a line that must not be there
+    /// (read it after waiting for a later line, or it passes before the line could
+    /// arrive). A line that must be there is waited for with [`Server::wait_for_log`].
     pub fn log_contains(&self, needle: &str) -> bool {
         self.log
             .lock()
             .unwrap()
             .iter()
             .any(|line| line.contains(needle))
+    }
+
+    /// The first log line containing `needle`, waited for. The log comes through a pipe
+    /// read by a task of the test, so a line the server wrote before it answered a call
+    /// may still be on its way when the answer is in.
+    pub async fn wait_for_log(&self, needle: &str) -> String {
+        self.wait_for_log_line(&format!("a log line with {needle:?}"), |line| {
+            line.contains(needle)
+        })
+        .await
+    }
+
+    /// The first log line that `matches`, waited for as [`Server::wait_for_log`] does;
+    /// `what` names it when none comes.
+    pub async fn wait_for_log_line(&self, what: &str, matches: impl Fn(&str) -> bool) -> String {
+        eventually(what, DEADLINE, || async {
+            let log = self.log.lock().unwrap();
+            log.iter().find(|line| matches(line)).cloned()
+        })
+        .await
     }
 }
 
@@ -300,10 +323,15 @@ async fn echo_log(
             let short: String = line.chars().take(300).collect();
             eprintln!("[txoutboxd] {short}");
         }
-        if let Some(sender) = address.take_if(|_| line.contains("txoutboxd listening")) {
-            let _ = sender.send(listening_address(&line));
-        }
+        let listening = (address.is_some() && line.contains("txoutboxd listening"))
+            .then(|| listening_address(&line));
+        // In the log before the address is handed over: a test may read the listening
+        // line (and every line before it) as soon as `start` returns.
         log.lock().unwrap().push(line);
+        if let Some(said) = listening {
+            let sender = address.take().expect("checked above");
+            let _ = sender.send(said);
+        }
     }
 }
 

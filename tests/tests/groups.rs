@@ -367,12 +367,7 @@ async fn a_partition_handed_over_behind_a_waiting_row_delivers_nothing_twice() {
     assert_eq!(first.ack(&[b1]).await.acked, vec![b1]);
 
     let second = join(&server, "kafka", "a-second", 100).await;
-    eventually("first handing the partition over", DEADLINE, || async {
-        server
-            .log_contains("handing the partition over")
-            .then_some(())
-    })
-    .await;
+    server.wait_for_log("handing the partition over").await;
     assert_eq!(first.ack(&a1).await.acked, a1);
     // From here both streams ack whatever comes, until the second gets a row inserted
     // once it owns the partition.

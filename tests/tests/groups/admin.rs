@@ -204,11 +204,7 @@ async fn a_paused_group_gets_nothing_while_the_other_flows_and_after_a_restart_r
         .collect();
     assert_eq!(groups, ["kafka"]);
     assert!(paused.paused_since.is_none(), "the outbox itself runs");
-    // The log reaches the test through a pipe after the answer: waited for, not raced.
-    eventually("the pause audited", DEADLINE, || async {
-        server.log_contains("group=`kafka`").then_some(())
-    })
-    .await;
+    server.wait_for_log("group=`kafka`").await;
     // A topic's pause is per-row only: refused with a group, saying so.
     let topic = admin
         .pause(v1::PauseRequest {

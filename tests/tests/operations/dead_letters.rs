@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use tonic::Code;
 use txoutbox_proto::v1::{self, DeadLetterSelector};
 use txoutbox_tests::journal::parse;
-use txoutbox_tests::{eventually, OutboxDb, Server, Subscriber, DEADLINE};
+use txoutbox_tests::{OutboxDb, Server, Subscriber};
 
 use crate::cli_client::{json, stdout, txoutbox};
 
@@ -248,10 +248,7 @@ pub async fn dead_letters_are_listed_counted_and_discarded(db: impl OutboxDb) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    eventually("the discards audited", DEADLINE, || async {
-        server.log_contains("\"action\":\"discard\"").then_some(())
-    })
-    .await;
+    server.wait_for_log("\"action\":\"discard\"").await;
     db.drop().await;
 }
 

@@ -143,10 +143,7 @@ pub async fn the_command_line_pauses_shows_it_and_resumes(db: impl OutboxDb) {
     assert!(stdout(&resumed).contains("outbox orders is running"));
     let stats = json(&txoutbox(&url, &["--format", "json", "stats"]).await);
     assert!(stats["paused_since"].is_null());
-    eventually("the pause audited", DEADLINE, || async {
-        server.log_contains("\"action\":\"pause\"").then_some(())
-    })
-    .await;
+    server.wait_for_log("\"action\":\"pause\"").await;
     db.drop().await;
 }
 
@@ -254,11 +251,8 @@ pub async fn the_command_line_pauses_a_topic_and_resumes_it(db: impl OutboxDb) {
         .await,
     );
     assert_eq!(resumed["paused_topics"], serde_json::json!({}), "{resumed}");
-    eventually("the topic pause audited", DEADLINE, || async {
-        server
-            .log_contains("\"arguments\":\"topics=`orders.paid`\"")
-            .then_some(())
-    })
-    .await;
+    server
+        .wait_for_log("\"arguments\":\"topics=`orders.paid`\"")
+        .await;
     db.drop().await;
 }

@@ -79,6 +79,18 @@ async fn refusals_are_logged_at_warn_with_the_peer_and_throttled_per_peer() {
         let status = admin.schema(schema(Some("not-a-token"))).await.unwrap_err();
         assert_eq!(status.code(), Code::Unauthenticated);
     }
+    // A call that goes through after them, its audit event waited for: by then every
+    // refusal's line is in, so the count is neither short nor about to grow.
+    admin.schema(schema(Some(OPERATOR_TOKEN))).await.unwrap();
+    eventually("the audit event of the second schema", DEADLINE, || async {
+        let by_ops = lines_with(&server, "admin action")
+            .into_iter()
+            .filter(|line| line["fields"]["action"] == "schema")
+            .filter(|line| line["fields"]["identity"] == "ops")
+            .count();
+        (by_ops == 2).then_some(())
+    })
+    .await;
     let logged = lines_with(&server, "call refused");
     assert!(
         (10..=12).contains(&logged.len()),

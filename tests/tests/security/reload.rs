@@ -44,18 +44,19 @@ async fn a_rewritten_token_file_takes_effect_and_an_invalid_one_keeps_the_old_se
     })
     .await;
     assert_eq!(listing(&server, "first-token").await, Code::Unauthenticated);
-    assert!(server.log_contains("identities reloaded"));
+    // Logged once the new identities are in use, so possibly after they answered.
+    server.wait_for_log("identities reloaded").await;
 
     // An empty file would let in `Bearer ` with nothing after it: refused, the previous
     // token keeps working.
     std::fs::write(&token_file, "\n").unwrap();
-    eventually("the empty token file refused", DEADLINE, || async {
-        server
-            .log_contains("identities not reloaded; the previous ones stay in use")
-            .then_some(())
-    })
-    .await;
-    assert!(server.log_contains("is empty"), "the reason is logged");
+    let refused = server
+        .wait_for_log("identities not reloaded; the previous ones stay in use")
+        .await;
+    assert!(
+        refused.contains("is empty"),
+        "the reason is logged: {refused}"
+    );
     assert_eq!(listing(&server, "second-token-of-ops").await, Code::Ok);
     assert_eq!(server.pid(), pid, "no restart");
     db.drop().await;
