@@ -288,7 +288,10 @@ pub trait GroupStore: Send + Sync + 'static {
     /// transaction; returns the partitions it no longer owns (nothing applied for them).
     async fn flush(&self, group: &str, member: &str, flushes: &[Flush]) -> StorageResult<Vec<u32>>;
 
-    /// Rows past each cursor, up to `limit` per partition, below the frontier.
+    /// Rows past each cursor, below the frontier, about `limit` per partition: PostgreSQL
+    /// reads up to `limit` of each; SQLite walks the id range once, up to `limit` times the
+    /// partitions asked in all, which one busy partition may take most of. [`Read`] says
+    /// how far each partition was read and which may have more.
     async fn read(&self, cursors: &[(u32, Position)], limit: u32) -> StorageResult<Read>;
 
     /// The state rows of a partition.

@@ -121,7 +121,7 @@ impl PostgresGroups {
     }
 
     /// Each partition's position after a seek to `target`.
-    async fn positions_for(&self, group: &str, target: SeekTarget) -> StorageResult<Positions> {
+    async fn positions_for(&self, target: SeekTarget) -> StorageResult<Positions> {
         let s = &self.sql;
         let parts: Vec<i32> = (0..self.partitions as i32).collect();
         let rows: Positions = match target {
@@ -169,7 +169,6 @@ impl PostgresGroups {
                 .collect()
             }
         };
-        let _ = group;
         Ok(rows)
     }
 }

@@ -117,7 +117,7 @@ impl PostgresGroups {
         if known.is_none() {
             return Err(unknown_group(group));
         }
-        let positions = self.positions_for(group, target).await?;
+        let positions = self.positions_for(target).await?;
         let rows_ahead: i64 = sqlx::query_scalar_with(&s.fill(
             "SELECT coalesce(sum(n), 0)::int8 FROM unnest($1::int4[], $2::int8[], $3::int8[]) AS c(p, tx, i) \
              CROSS JOIN LATERAL (SELECT count(*) AS n FROM {t} o \
