@@ -204,3 +204,35 @@ async fn an_open_transaction_holds_back_later_commits_and_its_row_goes_first_on(
     assert_eq!(ids_of(&rows), [before, a_row, b], "log order");
     assert!(rows[1].position < rows[2].position);
 }
+
+// -- only PostgreSQL has: an index per partition count -----------------------------------
+
+/// The log index is named for its partition count, so a start with another count would
+/// add one; a start refused for that count adds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_refused_for_its_partition_count_adds_no_index() {
+    let backend = PgSchema::new().await;
+    ready(&backend, &[("g", GroupStart::Oldest)]).await;
+    let more = backend.store(PARTITIONS * 2).await;
+    let refused = more
+        .ensure(&groups(&[("g", GroupStart::Oldest)]), PARTITIONS * 2, true)
+        .await;
+    assert!(refused.is_err(), "a changed partition count: {refused:?}");
+    let index = |partitions: u32| {
+        format!(
+            "SELECT to_regclass('\"{}\".\"{}_log_p{partitions}_idx\"')::text",
+            backend.schema, backend.table
+        )
+    };
+    let mut conn = PgConnection::connect(&url()).await.expect("connect");
+    let kept: Option<String> = sqlx::query_scalar(&index(PARTITIONS))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(kept.is_some(), "the first start's index is there");
+    let added: Option<String> = sqlx::query_scalar(&index(PARTITIONS * 2))
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(added, None, "the refused start added its index");
+}

@@ -104,7 +104,7 @@ impl PostgresGroups {
             table: t,
             names: n,
         };
-        let ddl = sql.render_ddl(table, schema, partitions);
+        let ddl = sql.render_ddl(table, partitions);
         Ok(Self {
             pool,
             display_table: match schema {

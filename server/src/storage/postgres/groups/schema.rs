@@ -21,6 +21,16 @@ impl PostgresGroups {
         let OutboxGroups { groups, partitions } = outbox;
         let s = &self.sql;
         if create {
+            // Refused before the DDL, which would add the new count's index for nothing;
+            // the check under the groups' lock below still decides a race.
+            let created: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+                .bind(&s.groups)
+                .fetch_one(&self.pool)
+                .await
+                .map_err(self.error("check groups"))?;
+            if created.is_some() {
+                self.refuse_other_partitions(&self.pool, partitions).await?;
+            }
             // One simple query, one transaction; servers starting together wait for each
             // other on the advisory lock.
             let run = format!(
@@ -55,19 +65,30 @@ impl PostgresGroups {
                 return Err(groups_missing(&self.display_table, "column and tables"));
             }
         }
-        let mismatched = Postgres::other_partitions(&mut *tx, &s.groups, partitions)
+        self.refuse_other_partitions(&mut *tx, partitions).await?;
+        self.create_groups(&mut tx, groups, partitions).await?;
+        tx.commit().await.map_err(self.error("create groups"))
+    }
+
+    /// The groups' partition count is fixed when the first group is created: a start
+    /// with another is refused.
+    async fn refuse_other_partitions<'e>(
+        &self,
+        executor: impl sqlx::Executor<'e, Database = Postgres>,
+        partitions: u32,
+    ) -> StorageResult<()> {
+        let mismatched = Postgres::other_partitions(executor, &self.sql.groups, partitions)
             .await
             .map_err(self.error("create groups"))?;
-        if let Some((group, was)) = mismatched {
-            return Err(partitions_changed(
+        match mismatched {
+            Some((group, was)) => Err(partitions_changed(
                 &self.display_table,
                 &group,
                 was,
                 partitions,
-            ));
+            )),
+            None => Ok(()),
         }
-        self.create_groups(&mut tx, groups, partitions).await?;
-        tx.commit().await.map_err(self.error("create groups"))
     }
     /// The groups not created yet, each with its partitions at its start, in the
     /// transaction that holds the groups' lock.
@@ -116,17 +137,15 @@ impl PostgresGroups {
 }
 
 impl GroupSql {
-    /// The groups' DDL for the table in `schema`.
-    pub(super) fn render_ddl(&self, table: &str, schema: Option<&str>, partitions: u32) -> String {
-        ddl(self, &self.names, table, schema, partitions)
+    /// The groups' DDL for `table` (its bare name).
+    pub(super) fn render_ddl(&self, table: &str, partitions: u32) -> String {
+        ddl(self, &self.names, table, partitions)
     }
 }
 
-fn ddl(s: &GroupSql, n: &Names, table: &str, schema: Option<&str>, partitions: u32) -> String {
-    let index = match schema {
-        Some(_) => quote(&format!("{table}_log_p{partitions}_idx")),
-        None => quote(&format!("{table}_log_p{partitions}_idx")),
-    };
+fn ddl(s: &GroupSql, n: &Names, table: &str, partitions: u32) -> String {
+    // Unqualified: PostgreSQL creates an index in its table's schema.
+    let index = quote(&format!("{table}_log_p{partitions}_idx"));
     // The index expression is the read's, without the alias.
     let part = s.part.replace("o.", "");
     format!(
