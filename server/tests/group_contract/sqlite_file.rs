@@ -44,7 +44,7 @@ impl SqliteFile {
     pub async fn mapped() -> Self {
         Self {
             table: "order_events".to_owned(),
-            columns: Columns::from_mapping(&team_tables::sqlite_mapping()).unwrap(),
+            columns: Columns::from_mapping(&team_tables::mariadb_and_sqlite_mapping()).unwrap(),
             own_table: Some(team_tables::sqlite_table()),
             ..Self::new().await
         }

@@ -54,8 +54,9 @@ pub fn sqlite_table() -> String {
     )
 }
 
-/// The mapping of [`sqlite_table`].
-pub fn sqlite_mapping() -> ColumnMapping {
+/// The mapping of [`sqlite_table`], and of the storage contract's MariaDB team table,
+/// which has the same names.
+pub fn mariadb_and_sqlite_mapping() -> ColumnMapping {
     ColumnMapping {
         id: "event_id".into(),
         topic: Some("event_type".into()),

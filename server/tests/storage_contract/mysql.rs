@@ -63,17 +63,7 @@ impl MySqlBackend {
     /// `create_schema` adds those, some under mapped names too. The payload stays binary:
     /// the contract round-trips bytes that are not UTF-8.
     pub async fn mapped() -> Self {
-        let mapping = ColumnMapping {
-            id: "event_id".into(),
-            topic: Some("event_type".into()),
-            key: "aggregate_id".into(),
-            payload: "body".into(),
-            headers: "meta".into(),
-            created_at: "occurred_at".into(),
-            status: "relay_status".into(),
-            leased_by: "claimed_by".into(),
-            ..ColumnMapping::default()
-        };
+        let mapping = crate::team_tables::mariadb_and_sqlite_mapping();
         Self {
             table: "order_events".to_owned(),
             columns: Columns::from_mapping(&mapping).unwrap(),

@@ -42,7 +42,7 @@ impl SqliteBackend {
     /// none of the relay's; `create_schema` adds those, some under mapped names too.
     /// The payload stays binary: the contract round-trips bytes that are not UTF-8.
     pub async fn mapped() -> Self {
-        let mapping = crate::team_tables::sqlite_mapping();
+        let mapping = crate::team_tables::mariadb_and_sqlite_mapping();
         let own_table = crate::team_tables::sqlite_table();
         Self {
             table: "order_events".to_owned(),
